@@ -1,0 +1,21 @@
+localrules:
+    windows,
+
+
+rule windows:
+    input:
+        manifest=rules.get_model.output.manifest,
+    output:
+        windows="results/{model}/windows.h5",
+    log:
+        "logs/windows/{model}.log",
+    params:
+        source=config["corpus"]["source"],
+        n_samples=config["n_samples"],
+        seq_len=config["seq_len"],
+        seed=config["window_seed"],
+        config_hash=CONFIG_HASH,
+    conda:
+        "../envs/posgen.yaml"
+    script:
+        "../workflow_scripts/windows.py"

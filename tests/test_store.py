@@ -1,0 +1,62 @@
+import numpy as np
+import pytest
+import xarray as xr
+
+from posgen.store import QKWriter, open_dataset, write_netcdf
+
+
+def _writer(path, rng, n_samples=2):
+    rope = {
+        "inv_freq": np.tile(10000.0 ** -(np.arange(4) / 4), (3, 1)),
+        "attention_scaling": np.ones(3),
+        "scaling": np.full(3, 8 ** -0.5),
+        "sliding_window": np.array([4, 0, 4]),
+        "kv_group": np.array([0, 0, 1, 1]),
+    }
+    return QKWriter(path, n_samples=n_samples, n_layers=3, n_heads=4, n_kv_heads=2, n_tokens=10, head_dim=8,
+                    ref_samples=[0], ref_layers=[0, 2], rope=rope, attrs={"model": "m", "seed": 3, "extra": {"a": 1}})
+
+
+def test_qk_round_trip_through_xarray_with_named_dims(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "qk.h5"
+    q = rng.standard_normal((2, 3, 4, 10, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 2, 10, 8)).astype(np.float32)
+    ref = rng.standard_normal((2, 4, 10, 10)).astype(np.float32)
+    with _writer(path, rng) as w:
+        for s in range(2):
+            w.write_sample(s, q[s], k[s], np.arange(10) + s, ref if s == 0 else None)
+    ds = open_dataset(path)
+    assert not [d for d in ds.dims if str(d).startswith("phony")]
+    assert ds["q"].dims == ("sample", "layer", "head", "token", "dim")
+    assert ds["k"].dims == ("sample", "layer", "kv_head", "token", "dim")
+    np.testing.assert_array_equal(ds["q"].values, q)
+    np.testing.assert_array_equal(ds["k"].values, k)
+    np.testing.assert_array_equal(ds["logits_ref"].sel(ref_sample=0).values, ref)
+    assert ds["ref_layer"].values.tolist() == [0, 2]
+    assert ds["sliding_window"].values.tolist() == [4, 0, 4]
+    assert ds.attrs["model"] == "m" and ds.attrs["seed"] == 3 and ds.attrs["extra"] == '{"a": 1}'
+    assert ds.attrs["torch_version"] and ds.attrs["transformers_version"]
+    # one chunk per (sample, layer)
+    assert ds["q"].encoding["chunksizes"] == (1, 1, 4, 10, 8)
+
+
+def test_failed_or_incomplete_write_leaves_no_file(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "qk.h5"
+    with pytest.raises(ZeroDivisionError):
+        with _writer(path, rng) as w:
+            1 / 0
+    with pytest.raises(RuntimeError, match=r"samples \[1\] were never written"):
+        with _writer(path, rng) as w:
+            w.write_sample(0, np.zeros((3, 4, 10, 8)), np.zeros((3, 2, 10, 8)), np.arange(10), np.zeros((2, 4, 10, 10)))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_netcdf_keeps_the_old_file_when_writing_fails(tmp_path):
+    path = tmp_path / "x.nc"
+    write_netcdf(xr.Dataset({"a": ("x", np.arange(3.0))}), path)
+    with pytest.raises(Exception):
+        write_netcdf(xr.Dataset({"a": ("x", np.array([object()]))}), path)
+    assert open_dataset(path, lazy=False)["a"].values.tolist() == [0.0, 1.0, 2.0]
+    assert [p.name for p in tmp_path.iterdir()] == ["x.nc"]

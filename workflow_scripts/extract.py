@@ -1,0 +1,22 @@
+from pathlib import Path
+
+from _common import setup
+
+setup(snakemake)
+from posgen.extract import extract  # noqa: E402
+
+p = snakemake.params
+extract(
+    Path(snakemake.input.manifest).parent,
+    snakemake.input.windows,
+    snakemake.output.qk,
+    model_name=snakemake.wildcards.model,
+    variant=snakemake.wildcards.variant,
+    dtype=p.dtype,
+    device=p.device,
+    ref_samples=p.extract["ref_samples"],
+    ref_layers=p.extract["ref_layers"],
+    check_rtol=p.extract["check_rtol"],
+    compression=p.extract["compression"],
+    config_hash=p.config_hash,
+)
