@@ -8,3 +8,6 @@ def setup(snakemake) -> None:
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
+    from posgen.testing import fail_once
+
+    fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/test_slurm.py)

@@ -66,7 +66,8 @@ def main(argv=None):
     captured, _ = load(model_dir, attn_implementation=backend_for(plain.config))
     windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
     ids = windows["token_id"].values
-    results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 write": []}
+    results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 (gzip 1)": [],
+               "capture + HDF5 (no gzip)": []}
     with tempfile.TemporaryDirectory() as tmp:
         windows_path = Path(tmp) / "windows.h5"
         write_netcdf(windows, windows_path)
@@ -74,8 +75,10 @@ def main(argv=None):
         for _ in range(args.rounds):
             results["plain forward"] += _plain(plain, ids)
             results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
-            report = extract(model_dir, windows_path, Path(tmp) / "qk.h5", model_name="bench", variant="trained")
-            results["capture + HDF5 write"] += report["seconds_per_window"]
+            for level, name in [(1, "capture + HDF5 (gzip 1)"), (0, "capture + HDF5 (no gzip)")]:
+                report = extract(model_dir, windows_path, Path(tmp) / "qk.h5", model_name="bench",
+                                 variant="trained", compression=level)
+                results[name] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
     print(f"model {model_dir.name}, {args.windows} windows x {args.seq_len} tokens, {args.rounds} rounds, "
           f"torch threads {torch.get_num_threads()}")
