@@ -38,9 +38,18 @@ def _eager_forward(module):
     return sys.modules[type(module).__module__].eager_attention_forward
 
 
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+# Attention backends that report to a running Capture; other modules add theirs (posgen.perturb's capped one).
+CAPTURING_BACKENDS = {BACKEND, BACKEND_EAGER}
+
+
+def notify(module, query, key, scaling, kwargs) -> None:
+    """Called by a capturing backend with the rotated q/k it is about to attend with."""
     if _active is not None:
         _active._on_attention(module, query, key, scaling, kwargs)
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    notify(module, query, key, scaling, kwargs)
     if kwargs.get("softcap") is not None:
         return _eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -135,7 +144,7 @@ class Capture:
 
     def __enter__(self):
         global _active
-        if self.model.config._attn_implementation not in (BACKEND, BACKEND_EAGER):
+        if self.model.config._attn_implementation not in CAPTURING_BACKENDS:
             raise RuntimeError(f"load the model with attn_implementation={BACKEND!r} to capture it")
         for m in self.modules:
             pre_q, pre_k = (m.q_norm, m.k_norm) if hasattr(m, "q_norm") and hasattr(m, "k_norm") else (m.q_proj, m.k_proj)

@@ -1,0 +1,178 @@
+"""Decomposition cost per (sample, layer) against its floor, the bare float32 matrix products it implies.
+
+The floor is, per query head, the (T x d) @ (d x T) products W = q k^T, f for each sink handling (two mean
+keys), and g for every dummy distance D of the sweep (g without the sink is g plus a row constant): what a
+direct implementation must multiply before it can score anything. ``floor_per_sink_g`` also multiplies g
+for each sink handling, as a naive implementation would. Both are timed on the same inputs and device in
+alternating rounds (medians reported), so machine noise hits both alike. Without ``--qk`` a synthetic store
+of the default config's shape (1 sample x 1 layer, T = 1200, 9 heads, 3 KV heads, head_dim 64; see the
+shape options) is written first and read back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posgen.decompose import SINKS, Decomposer, decompose_store, layer_rope
+from posgen.rope import rotate
+from posgen.store import QKWriter, open_dataset
+
+
+def synthetic_store(path, *, n_samples=1, n_layers=1, n_tokens=1200, n_heads=9, n_kv_heads=3, head_dim=64,
+                    rope_theta=100000.0, sliding_window=0, seed=0, compression=1) -> Path:
+    """A qk.h5 of random pre-RoPE q/k with a shared (mean) component, as real keys have."""
+    rng = np.random.default_rng(seed)
+    half = head_dim // 2
+    inv_freq = (rope_theta ** (-np.arange(half) / half)).astype(np.float32)
+    with QKWriter(
+        path, n_samples=n_samples, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        n_tokens=n_tokens, head_dim=head_dim, ref_samples=[0], ref_layers=[0],
+        rope={
+            "inv_freq": np.tile(inv_freq, (n_layers, 1)),
+            "attention_scaling": np.ones(n_layers),
+            "scaling": np.full(n_layers, head_dim ** -0.5),
+            "sliding_window": np.full(n_layers, sliding_window),
+            "kv_group": np.arange(n_heads) // (n_heads // n_kv_heads),
+        },
+        attrs={"model": "synthetic", "variant": "trained", "init_seed": -1}, compression=compression,
+    ) as writer:
+        for s in range(n_samples):
+            q = rng.standard_normal((n_layers, n_heads, n_tokens, head_dim)) + rng.standard_normal(head_dim)
+            k = rng.standard_normal((n_layers, n_kv_heads, n_tokens, head_dim)) + 2 * rng.standard_normal(head_dim)
+            writer.write_sample(s, q.astype(np.float32), k.astype(np.float32), np.zeros(n_tokens, np.int64),
+                                np.zeros((1, n_heads, n_tokens, n_tokens), np.float32))
+    return Path(path)
+
+
+def floor_inputs(dec: Decomposer, q, k, kv_group, rope):
+    """Rotated operands of the floor's products, prepared outside the timed region."""
+    dev = dec.device
+    q, k = torch.as_tensor(q, device=dev), torch.as_tensor(k, device=dev)
+    T, d = q.shape[-2:]
+    pos = torch.arange(T, device=dev)
+    theta, amp = rope.inv_freq.to(dev), rope.attention_scaling
+    groups = []
+    for g in np.unique(kv_group):
+        qg = q[torch.as_tensor(np.flatnonzero(kv_group == g), device=dev)]
+        kg = k[int(g)]
+        kbars = [kg.mean(0), kg[1:].mean(0)]
+        groups.append({
+            "q_rot": rotate(qg, pos, theta, amp),
+            "k_rot_t": rotate(kg, pos, theta, amp).T.contiguous(),
+            "kbar_rot_t": [rotate(kb.expand(T, d), pos, theta, amp).T.contiguous() for kb in kbars],
+            "p": [rotate(qg, torch.tensor(D), theta, amp) for D in dec.sweep],
+            "dk_t": [((kg - kb) * amp).T.contiguous() for kb in kbars],
+        })
+    return groups
+
+
+def floor(groups, per_sink_g: bool = False) -> None:
+    for g in groups:
+        torch.matmul(g["q_rot"], g["k_rot_t"])
+        for kb in g["kbar_rot_t"]:
+            torch.matmul(g["q_rot"], kb)
+        for p in g["p"]:
+            for dk in g["dk_t"][: 2 if per_sink_g else 1]:
+                torch.matmul(p, dk)
+
+
+def _sync(dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, dev) -> float:
+    _sync(dev)
+    start = time.perf_counter()
+    fn()
+    _sync(dev)
+    return time.perf_counter() - start
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m posgen.bench decompose", description=__doc__)
+    parser.add_argument("--qk", help="an existing qk.h5 (default: a synthetic one of the default config's shape)")
+    parser.add_argument("--sample", type=int, default=0)
+    parser.add_argument("--layer", type=int, default=0)
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
+    parser.add_argument("--default-D", type=int, default=1000)
+    parser.add_argument("--store-run", action="store_true",
+                        help="also run decompose_store over the whole store (time per unit, peak memory)")
+    shape = parser.add_argument_group("synthetic store shape")
+    shape.add_argument("--samples", type=int, default=1)
+    shape.add_argument("--layers", type=int, default=1)
+    shape.add_argument("--tokens", type=int, default=1200)
+    shape.add_argument("--heads", type=int, default=9)
+    shape.add_argument("--kv-heads", type=int, default=3)
+    shape.add_argument("--head-dim", type=int, default=64)
+    shape.add_argument("--rope-theta", type=float, default=100000.0)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        qk = Path(args.qk) if args.qk else synthetic_store(
+            Path(tmp) / "qk.h5", n_samples=args.samples, n_layers=args.layers, n_tokens=args.tokens,
+            n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rope_theta=args.rope_theta)
+        ds = open_dataset(qk, lazy=False)
+        start = time.perf_counter()
+        q = ds["q"].isel(sample=args.sample, layer=args.layer).values
+        k = ds["k"].isel(sample=args.sample, layer=args.layer).values
+        read_s = time.perf_counter() - start
+        kv_group = ds["kv_group"].values
+        rope = layer_rope(ds, args.layer)
+        ds.close()
+
+        dec = Decomposer(args.dummy_distances, args.default_D, device=args.device)
+        dev = dec.device
+        # first call: Method B factorisations (once per mask) and the bound tables, cached afterwards
+        setup_s = _timed(lambda: dec.unit(q, k, kv_group, rope), dev)
+        groups = floor_inputs(dec, q, k, kv_group, rope)
+        floor(groups)
+        t_floor, t_naive, t_full = [], [], []
+        for _ in range(args.rounds):
+            t_floor.append(_timed(lambda: floor(groups), dev))
+            t_naive.append(_timed(lambda: floor(groups, per_sink_g=True), dev))
+            t_full.append(_timed(lambda: dec.unit(q, k, kv_group, rope), dev))
+        full = statistics.median(t_full)
+        report = {
+            "device": str(dev),
+            "torch_threads": torch.get_num_threads(),
+            "shape": {"heads": int(q.shape[0]), "kv_heads": int(k.shape[0]), "tokens": int(q.shape[1]),
+                      "head_dim": int(q.shape[2])},
+            "dummy_distances": args.dummy_distances,
+            "floor_matmuls_per_head": 1 + len(SINKS) + len(args.dummy_distances),
+            "floor_per_sink_g_matmuls_per_head": 1 + len(SINKS) * (1 + len(args.dummy_distances)),
+            "read_s": round(read_s, 4),
+            "first_call_s": round(setup_s, 4),
+            "floor_s": round(statistics.median(t_floor), 5),
+            "floor_per_sink_g_s": round(statistics.median(t_naive), 5),
+            "decomposition_s": round(full, 5),
+            "ratio": round(full / statistics.median(t_floor), 2),
+            "ratio_vs_floor_per_sink_g": round(full / statistics.median(t_naive), 2),
+            "target_ratio": 3.0,
+            "lstsq_residual_max": dec.max_residual,
+        }
+        if args.store_run:
+            start = time.perf_counter()
+            out = decompose_store(qk, Path(tmp) / "decomposition.nc", dummy_distances=args.dummy_distances,
+                                  default_D=args.default_D, device=args.device, progress=False)
+            units = out.sizes["sample"] * out.sizes["layer"]
+            report["store_run_s_per_unit"] = round((time.perf_counter() - start) / units, 4)
+        report["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+        if dev.type == "cuda":
+            report["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+    print(json.dumps(report, indent=1))
+    return report

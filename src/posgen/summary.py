@@ -1,0 +1,151 @@
+"""Aggregates of decomposition.nc with 95 % bootstrap intervals over samples (science.md sections 4 and 6).
+
+Per (model, variant, method, sink): the mean of per-head r (over samples, layers, heads), the pooled r of
+all scored entries, per-layer means, and for every random-init variant the paired difference to the trained
+model. Samples are the resampling unit: every variant of a model saw the same token windows, so one set of
+bootstrap indices serves all variants (paired).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from posgen.config import VARIANT_TRAINED, init_seed
+from posgen.decompose import pearson_from_sums
+from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
+
+SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+COLUMNS = ["model", "variant", "method", "sink", "mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo",
+           "pooled_r_hi", "r2_f", "r2_g", "diff_vs_trained", "diff_lo", "diff_hi", "n_samples", "n_layers", "n_heads"]
+
+
+def bootstrap_indices(n_samples: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n_samples) resampling indices, with replacement."""
+    return np.random.default_rng(seed).integers(0, n_samples, size=(n_boot, n_samples))
+
+
+def interval(point_fn, values: np.ndarray, idx: np.ndarray):
+    """Point estimate and 95 % percentile interval of ``point_fn`` over the first axis of ``values``."""
+    boot = np.stack([point_fn(values[i]) for i in idx])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    return point_fn(values), lo, hi
+
+
+def _nanmean(v: np.ndarray, axis) -> np.ndarray:
+    """nanmean without the warning for all-NaN slices (heads whose r is undefined stay NaN)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(v, axis=axis)
+
+
+def _mean(v: np.ndarray) -> np.ndarray:
+    return _nanmean(v, 0)
+
+
+def _pooled(suff: np.ndarray) -> np.ndarray:
+    """Pearson r of summed sufficient statistics; ``suff`` is (sample, ..., 6)."""
+    total = suff.sum(0)
+    return pearson_from_sums(*(total[..., i] for i in range(len(SUFF))))
+
+
+def _variant_order(variant: str) -> int:
+    return init_seed(variant)  # trained (-1) first, then seeds in numeric order
+
+
+def load(paths) -> dict[str, dict[str, xr.Dataset]]:
+    """{model: {variant: dataset}} from decomposition.nc files, keyed by their ``model`` / ``variant`` attrs."""
+    out: dict[str, dict[str, xr.Dataset]] = {}
+    for path in paths:
+        ds = open_dataset(path, lazy=False)
+        missing = [v for v in ("r", "r2_f", "r2_g", *SUFF) if v not in ds]
+        if missing:
+            raise KeyError(f"{path}: missing variable(s) {', '.join(missing)}")
+        model, variant = ds.attrs.get("model"), ds.attrs.get("variant")
+        if not model or not variant:
+            raise KeyError(f"{path}: attrs 'model' and 'variant' are required")
+        if variant in out.setdefault(model, {}):
+            raise ValueError(f"{path}: a second decomposition for {model}/{variant}")
+        out[model][variant] = ds.load()
+        ds.close()
+    return out
+
+
+def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, seed: int):
+    """(rows of summary.csv, summary.nc dataset) for one model."""
+    variants = sorted(by_variant, key=_variant_order)
+    first = by_variant[variants[0]]
+    for v in variants[1:]:
+        if not np.array_equal(by_variant[v]["sample"].values, first["sample"].values):
+            raise ValueError(f"{model}/{v}: samples differ from {variants[0]}; the paired comparison needs the same windows")
+    methods, sinks, layers = list(first["method"].values), list(first["sink"].values), first["layer"].values
+    n_samples = first.sizes["sample"]
+    idx = bootstrap_indices(n_samples, n_boot, seed)
+    per_sample = {}
+    layer_r = np.full((len(variants), len(methods), len(sinks), len(layers)), np.nan)
+    layer_lo, layer_hi = layer_r.copy(), layer_r.copy()
+    rows = []
+    for vi, v in enumerate(variants):
+        ds = by_variant[v].transpose("sample", "layer", "head", "method", "sink", ...)
+        r = ds["r"].values  # (sample, layer, head, method, sink)
+        per_sample[v] = _nanmean(r, (1, 2))  # (sample, method, sink)
+        per_layer = _nanmean(r, 2)  # (sample, layer, method, sink)
+        suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
+        mean_r, mean_lo, mean_hi = interval(_mean, per_sample[v], idx)
+        pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
+        lr, llo, lhi = interval(_mean, per_layer, idx)
+        layer_r[vi], layer_lo[vi], layer_hi[vi] = (np.moveaxis(a, 0, -1) for a in (lr, llo, lhi))
+        if v != VARIANT_TRAINED and VARIANT_TRAINED in per_sample:
+            diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
+        else:
+            diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
+        r2 = {name: ds[name].transpose("sample", "layer", "head", "sink").values for name in ("r2_f", "r2_g")}
+        for mi, method in enumerate(methods):
+            for si, sink in enumerate(sinks):
+                # variance explained by f / g alone is a Method A quantity
+                r2_f = float(_nanmean(r2["r2_f"][..., si], None)) if method == "A" else np.nan
+                r2_g = float(_nanmean(r2["r2_g"][..., si], None)) if method == "A" else np.nan
+                rows.append({
+                    "model": model, "variant": v, "method": method, "sink": sink,
+                    "mean_r": mean_r[mi, si], "mean_r_lo": mean_lo[mi, si], "mean_r_hi": mean_hi[mi, si],
+                    "pooled_r": pooled[mi, si], "pooled_r_lo": pooled_lo[mi, si], "pooled_r_hi": pooled_hi[mi, si],
+                    "r2_f": r2_f, "r2_g": r2_g,
+                    "diff_vs_trained": diff[mi, si], "diff_lo": diff_lo[mi, si], "diff_hi": diff_hi[mi, si],
+                    "n_samples": n_samples, "n_layers": ds.sizes["layer"], "n_heads": ds.sizes["head"],
+                })
+    dims = ("variant", "method", "sink", "layer")
+    nc = xr.Dataset(
+        {"layer_r": (dims, layer_r), "layer_r_lo": (dims, layer_lo), "layer_r_hi": (dims, layer_hi)},
+        coords={"variant": variants, "method": methods, "sink": sinks, "layer": layers},
+    )
+    return rows, nc
+
+
+def summarize(decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 1000, seed: int = 0,
+              config_hash: str = "") -> pd.DataFrame:
+    """results/summary.csv over all models and variants, and results/<model>/summary.nc per model."""
+    data = load(decomposition_paths)
+    missing = sorted(set(nc_paths) - set(data))
+    if missing:
+        raise KeyError(f"summary: no decomposition.nc for model(s) {', '.join(missing)}")
+    prov = provenance(config_hash=config_hash, n_boot=int(n_boot), bootstrap_seed=int(seed), interval="95% percentile")
+    all_rows = []
+    for model in sorted(data):
+        rows, nc = summarize_model(model, data[model], n_boot, seed)
+        all_rows += rows
+        if model in nc_paths:
+            nc.attrs = {**prov, "model": model}
+            write_netcdf(nc, nc_paths[model])
+    table = pd.DataFrame(all_rows, columns=COLUMNS)
+    # provenance as constant columns, so that plain CSV readers keep working
+    table["config_hash"] = config_hash
+    table["posgen_version"] = prov["posgen_version"]
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
+    return table
+

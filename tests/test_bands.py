@@ -1,0 +1,64 @@
+"""Per-band feature statistics against analytic values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from posgen.bands import band_moments, band_stats
+from posgen.store import QKWriter
+
+
+def test_band_moments_pair_dims_l_and_l_plus_half():
+    # two tokens +-v in band 0 only (dims 0 and 2 of d = 4), a constant (3, 4) in band 1 (dims 1 and 3)
+    x = np.array([[1.0, 3.0, 2.0, 4.0], [-1.0, 3.0, -2.0, 4.0]])
+    mean_sq, var = band_moments(x)
+    np.testing.assert_allclose(mean_sq, [0.0, 25.0])
+    np.testing.assert_allclose(var, [5.0, 0.0])
+
+
+def test_band_moments_of_gaussian_tokens():
+    g = np.random.default_rng(0)
+    mu = np.array([3.0, 0.0, 4.0, 0.0])  # band 0 mean (3, 4), band 1 mean 0
+    x = mu + g.standard_normal((200_000, 4)) * np.array([1.0, 2.0, 1.0, 2.0])
+    mean_sq, var = band_moments(x)
+    np.testing.assert_allclose(mean_sq, [25.0, 0.0], atol=0.05)
+    np.testing.assert_allclose(var, [2.0, 8.0], rtol=0.02)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """2 samples, 2 layers, 2 heads / 1 KV head, T = 6, d = 4; every token of a sample is the same vector."""
+    N, L, H, T, d = 2, 2, 2, 6, 4
+    q = np.zeros((N, L, H, T, d), np.float32)
+    k = np.zeros((N, L, 1, T, d), np.float32)
+    q[0, ..., 0], q[1, ..., 0] = 1.0, 3.0  # band 0 of q: |mean|^2 = 1 and 9 -> average 5, variance 0
+    k[..., 1] = np.where(np.arange(T) % 2, 1.0, -1.0)  # band 1 of k: +-1 alternating: mean 0, variance 1
+    theta = np.array([[1.0, 0.01], [1.0, 0.0]], np.float32)
+    with QKWriter(tmp_path / "qk.h5", n_samples=N, n_layers=L, n_heads=H, n_kv_heads=1, n_tokens=T, head_dim=d,
+                  ref_samples=[0], ref_layers=[0],
+                  rope={"inv_freq": theta, "attention_scaling": np.ones(L), "scaling": np.full(L, 0.5),
+                        "sliding_window": np.zeros(L), "kv_group": np.zeros(H)},
+                  attrs={"model": "toy", "variant": "random-seed1", "init_seed": 1}) as w:
+        for s in range(N):
+            w.write_sample(s, q[s], k[s], np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
+    return tmp_path / "qk.h5", theta
+
+
+def test_band_stats_file(store, tmp_path):
+    path, theta = store
+    band_stats(path, tmp_path / "bands.nc", config_hash="h", progress=False)
+    ds = xr.open_dataset(tmp_path / "bands.nc", engine="h5netcdf")
+    assert ds["q_mean_sq"].dims == ("layer", "head", "band")
+    assert ds["k_var"].dims == ("layer", "kv_head", "band")
+    assert ds["theta"].dims == ("layer", "band")
+    np.testing.assert_allclose(ds["theta"], theta)
+    np.testing.assert_allclose(ds["q_mean_sq"].sel(band=0), 5.0)  # averaged over samples
+    np.testing.assert_allclose(ds["q_var"], 0.0)
+    np.testing.assert_allclose(ds["k_mean_sq"], 0.0)
+    np.testing.assert_allclose(ds["k_var"].sel(band=1), 1.0)
+    np.testing.assert_allclose(ds["k_var"].sel(band=0), 0.0)
+    assert np.isinf(ds["k_ratio"].sel(band=1)).all()  # variance without a mean component
+    np.testing.assert_allclose(ds["q_ratio"].sel(band=0), 0.0)
+    assert ds.attrs["variant"] == "random-seed1" and ds.attrs["config_hash"] == "h" and "posgen_version" in ds.attrs

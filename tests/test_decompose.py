@@ -1,0 +1,327 @@
+"""Decomposition (Methods A and B, bound, sweep) against direct computations and analytic answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+from posgen.decompose import (
+    SINKS,
+    AdditiveDesign,
+    Decomposer,
+    LayerRope,
+    MaskInfo,
+    decompose_store,
+    masked_square_sums,
+    matrix_sums,
+)
+from posgen.rope import causal_mask, rotate
+from posgen.store import QKWriter
+
+
+def inv_freq(d: int, base: float = 10000.0) -> torch.Tensor:
+    return base ** (-torch.arange(d // 2, dtype=torch.float32) / (d // 2))
+
+
+def random_qk(H=4, H_kv=2, T=24, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(H, T, d, generator=g) + 0.5
+    k = torch.randn(H_kv, T, d, generator=g) * 0.7 + torch.randn(d, generator=g)
+    k[:, 0] *= 4  # an outlier first key, like an attention sink
+    return q, k, np.repeat(np.arange(H_kv), H // H_kv)
+
+
+def direct(q, k, kv, rope: LayerRope, Ds, D0):
+    """Every statistic computed the obvious way: full matrices in float64, np.corrcoef, np.linalg.lstsq."""
+    H, T, d = q.shape
+    L = d // 2
+    s, amp, th = rope.scaling, rope.attention_scaling, rope.inv_freq
+    pos = torch.arange(T)
+    window = rope.sliding_window if 0 < rope.sliding_window < T else 0
+    out = {}
+    for h in range(H):
+        qh, kh = q[h].double(), k[kv[h]].double()
+        q_rot = rotate(q[h], pos, th, amp).double()
+        W = q_rot @ rotate(k[kv[h]], pos, th, amp).double().T * s
+        for sink in SINKS:
+            M = causal_mask(T, window).numpy().copy()
+            if sink == "without":
+                M[:, 0] = False
+            kbar = kh.mean(0) if sink == "with" else kh[1:].mean(0)
+            f = q_rot @ rotate(kbar.float().expand(T, d), pos, th, amp).double().T * s
+
+            def g(D):
+                return rotate(q[h], torch.tensor(D), th, amp).double() @ (amp * (kh - kbar)).T * s
+
+            w = W.numpy()[M]
+
+            def r(y):
+                return np.corrcoef(w, y.numpy()[M])[0, 1]
+
+            A = (f + g(D0)).numpy()[M]
+            out[h, sink, "r_A"] = r(f + g(D0))
+            out[h, sink, "r_sweep"] = [r(f + g(D)) for D in Ds]
+            out[h, sink, "r_f"], out[h, sink, "r_g"] = r(f), r(g(D0))
+            err = (W - f - g(D0)).abs().numpy()
+            qn = torch.hypot(qh[:, :L], qh[:, L:]).numpy()
+            dn = torch.hypot((kh - kbar)[:, :L], (kh - kbar)[:, L:]).numpy()
+            i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+            fac = np.abs(2 * np.sin(th.double().numpy() * (i - j - D0)[..., None] / 2))
+            bound = s * amp * amp * (qn[:, None, :] * dn[None, :, :] * fac).sum(-1)
+            out[h, sink, "err"], out[h, sink, "bound"] = err[M].mean(), bound[M].mean()
+            out[h, sink, "slack"] = (bound - err)[M].min()
+            ii, jj = np.nonzero(M)
+            nd = window or T
+            X = np.zeros((len(ii), nd + 2 * T))
+            rows = np.arange(len(ii))
+            X[rows, ii - jj] = X[rows, nd + ii] = X[rows, nd + T + jj] = 1
+            B = X @ np.linalg.lstsq(X, w, rcond=None)[0]
+            out[h, sink, "r_B"] = np.corrcoef(w, B)[0, 1]
+            for method, y in (("A", A), ("B", B)):
+                out[h, sink, method, "suff"] = [len(w), w.sum(), y.sum(), (w * w).sum(), (y * y).sum(), (w * y).sum()]
+    return out
+
+
+CASES = {
+    "global": dict(),
+    "window": dict(window=7),
+    "attention_scaling": dict(amp=1.3, D0=30, Ds=(30, 1, 60)),
+    "chunks_and_blocks": dict(T=40, window=10, memory=300, block_elems=2000),
+    "one_kv_head": dict(T=33, H=3, H_kv=1, d=16, D0=0, Ds=(0, 7)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_direct_computation(case):
+    c = {"T": 24, "H": 4, "H_kv": 2, "d": 8, "window": 0, "amp": 1.0, "D0": 5, "Ds": (0, 5, 30), **CASES[case]}
+    q, k, kv = random_qk(c["H"], c["H_kv"], c["T"], c["d"])
+    rope = LayerRope(inv_freq(c["d"]), c["d"] ** -0.5, c["amp"], c["window"])
+    dec = Decomposer(c["Ds"], c["D0"], device="cpu", memory=c.get("memory"), block_elems=c.get("block_elems"))
+    res = dec.unit(q, k, kv, rope)
+    ref = direct(q, k, kv, rope, list(c["Ds"]), c["D0"])
+    scale = max(abs(ref[0, "with", "bound"]), 1.0)
+    for h in range(c["H"]):
+        for si, sink in enumerate(SINKS):
+            np.testing.assert_allclose(res["r"][h, 0, si], ref[h, sink, "r_A"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r"][h, 1, si], ref[h, sink, "r_B"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_f"][h, si], ref[h, sink, "r_f"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_g"][h, si], ref[h, sink, "r_g"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_sweep"][h, si], ref[h, sink, "r_sweep"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["err_abs_mean"][h, si], ref[h, sink, "err"], rtol=2e-5)
+            np.testing.assert_allclose(res["bound_mean"][h, si], ref[h, sink, "bound"], rtol=2e-5)
+            np.testing.assert_allclose(res["bound_slack_min"][h, si], ref[h, sink, "slack"], rtol=0, atol=1e-5 * scale)
+            for mi, method in enumerate("AB"):
+                mine = [res[name][h, mi, si] for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")]
+                np.testing.assert_allclose(mine, ref[h, sink, method, "suff"], rtol=1e-5, atol=1e-5)
+    assert res["lstsq_residual"].max() < 1e-12
+
+
+def test_constant_keys_leave_no_semantic_term():
+    """Every key equals the mean key: g = 0, W = f exactly, so r(W, f) = r(W, A) = 1 at every D."""
+    q, _, kv = random_qk(H=4, H_kv=2, T=32, d=8)
+    k = torch.randn(2, 1, 8).expand(2, 32, 8).contiguous()
+    rope = LayerRope(inv_freq(8), 8 ** -0.5)
+    res = Decomposer([0, 10, 100], 10).unit(q, k, kv, rope)
+    assert np.all(res["r_f"] > 1 - 1e-6)
+    assert np.all(res["r"][:, 0] > 1 - 1e-6)
+    assert np.all(res["r_sweep"] > 1 - 1e-6)
+    typical = np.sqrt(res["sum_xx"][:, 0] / res["n"][:, 0])
+    assert np.all(res["err_abs_mean"] < 1e-5 * typical[:, None])  # W - f - g = 0 up to rounding
+    assert np.all(res["bound_mean"] < 1e-5 * typical[:, None])  # k_j - kbar = 0: the bound is 0 too
+
+
+def additive_case(T, seed=0):
+    g = np.random.default_rng(seed)
+    return g.standard_normal(T), g.standard_normal(T), g.standard_normal(T) * 2
+
+
+@pytest.mark.parametrize("window,sink", [(0, "with"), (0, "without"), (6, "with"), (6, "without")])
+def test_additive_fit_recovers_exact_structure(window, sink):
+    """W = a(i-j) + b(i) + c(j) exactly: the fit reproduces W; a and c come back up to the gauge."""
+    T = 30
+    a, b, c = additive_case(T)
+    i, j = np.meshgrid(np.arange(T), np.arange(T), indexing="ij")
+    W = a[np.clip(i - j, 0, None)] + b[i] + c[j]
+    info = MaskInfo.build(T, window, "cpu")
+    x = info.apply(torch.tensor(W, dtype=torch.float32)[None])
+    design = AdditiveDesign(T, window, sink, "cpu")
+    (a_hat, b_hat, c_hat), resid, sums = design.fit(*design.rhs(matrix_sums(x)))
+    assert float(resid.max()) < 1e-12
+    M = info.bool(sink).numpy()
+    nd = design.n_delta
+    fitted = (a_hat[0].numpy()[np.clip(i - j, 0, nd - 1)] + b_hat[0].numpy()[i] + c_hat[0].numpy()[j])
+    np.testing.assert_allclose(fitted[M], W[M], atol=2e-5)
+    # the differences live in the gauge: a + alpha + l*delta, c + gamma + l*j (same slope l)
+    delta = np.array([dl for dl in range(nd) if np.diagonal(M, -dl).any()])  # counted distances only
+    cols = np.flatnonzero(M.any(0))
+    da, dc = (a_hat[0].numpy() - a[:nd])[delta], (c_hat[0].numpy() - c)[cols]
+    la, ca = np.polyfit(delta, da, 1)
+    lc, cc = np.polyfit(cols, dc, 1)
+    np.testing.assert_allclose(da, ca + la * delta, atol=2e-5)
+    np.testing.assert_allclose(dc, cc + lc * cols, atol=2e-5)
+    np.testing.assert_allclose(la, lc, atol=2e-6)
+    # the fit's sums: sum(yhat) = sum(W), sum(yhat^2) = sum(W yhat) = sum(W^2) for an exact fit
+    w = W[M]
+    np.testing.assert_allclose(float(sums["sum_y"][0]), w.sum(), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(float(sums["sum_yy"][0]), (w * w).sum(), rtol=1e-5)
+    np.testing.assert_allclose(float(sums["sum_xy"][0]), (w * w).sum(), rtol=1e-5)
+
+
+def test_additive_logits_from_rope_give_method_b_r_one():
+    """q/k built so that the true logits are exactly a(i-j) + b(i) + c(j): Method B scores r = 1.
+
+    Rotating bands with constant q and k give a function of i - j; two bands with zero frequency
+    carry b(i) (query side) and c(j) (key side).
+    """
+    T, d, H = 48, 8, 2
+    g = torch.Generator().manual_seed(3)
+    theta = torch.tensor([0.9, 0.2, 0.0, 0.0])
+    q = torch.randn(H, 1, d, generator=g).expand(H, T, d).clone()
+    k = torch.randn(1, 1, d, generator=g).expand(1, T, d).clone()
+    q[:, :, 2], q[:, :, 6] = torch.randn(H, T, generator=g), 0.0  # band 2: b(i) = q_i2 * 1
+    k[:, :, 2], k[:, :, 6] = 1.0, 0.0
+    q[:, :, 3], q[:, :, 7] = 1.0, 0.0  # band 3: c(j) = 1 * k_j3
+    k[:, :, 3], k[:, :, 7] = torch.randn(1, T, generator=g), 0.0
+    for window in (0, 16):
+        res = Decomposer([0, 10], 10).unit(q, k, np.zeros(H, int), LayerRope(theta, 0.5, 1.0, window))
+        assert np.all(res["r"][:, 1] > 1 - 1e-6), res["r"][:, 1]
+        # the keys vary only in a band that never rotates, so the dummy distance costs Method A nothing either
+        assert np.all(res["r"][:, 0] > 1 - 1e-6) and np.all(res["bound_mean"] < 1e-5)
+
+
+def band_keys(T, d, bands, seed=0):
+    """Keys = one shared vector + Gaussian variation confined to the given bands."""
+    g = torch.Generator().manual_seed(seed)
+    half = d // 2
+    k = torch.randn(1, 1, d, generator=g).expand(1, T, d).clone() * 2
+    noise = torch.randn(1, T, d, generator=g)
+    mask = torch.zeros(d)
+    for b in bands:
+        mask[b] = mask[b + half] = 1
+    return k + noise * mask
+
+
+def test_low_frequency_key_variation_scores_higher():
+    """Token-specific key variation in low-frequency bands: g at distance D is nearly right; in high ones not."""
+    T, d = 96, 16
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(4, T, d, generator=g) + torch.randn(d, generator=g)
+    rope = LayerRope(inv_freq(d), d ** -0.5)
+    dec = Decomposer([0, 40], 40)
+    low = dec.unit(q, band_keys(T, d, [6, 7]), np.zeros(4, int), rope)
+    high = dec.unit(q, band_keys(T, d, [0, 1]), np.zeros(4, int), rope)
+    assert np.all(low["r"][:, 0] > high["r"][:, 0])
+    assert np.all(low["err_abs_mean"] < high["err_abs_mean"])
+    assert low["r"][:, 0].min() > 0.9
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_error_never_exceeds_bound(seed):
+    """The section 5 bound holds entry by entry (min slack >= 0 up to float32 rounding)."""
+    q, k, kv = random_qk(H=4, H_kv=2, T=64, d=16, seed=seed)
+    for window, D in ((0, 20), (16, 100), (0, 63)):
+        res = Decomposer([D], D).unit(q * 3, k, kv, LayerRope(inv_freq(16, 500.0), 0.25, 1.1, window))
+        assert np.all(res["bound_slack_min"] >= -1e-5 * res["bound_mean"])
+        assert np.all(res["err_abs_mean"] <= res["bound_mean"])
+
+
+def test_masked_square_sums_and_matrix_sums():
+    g = torch.Generator().manual_seed(0)
+    for T, window, block in ((50, 0, 8), (50, 7, 8), (37, 3, 16), (9, 0, 64), (40, 30, 8)):
+        p, dk = torch.randn(3, T, 6, generator=g), torch.randn(T, 6, generator=g)
+        m = causal_mask(T, window)
+        ref = ((p @ dk.T) ** 2 * m).sum((1, 2)).double()
+        np.testing.assert_allclose(masked_square_sums(p, dk, window, block), ref, rtol=1e-5)
+        x = torch.randn(2, T, T, generator=g) * m
+        diag, rows, cols, col0 = matrix_sums(x)
+        ref_diag = torch.stack([torch.stack([torch.diagonal(x[h], -dl).sum() for dl in range(T)]) for h in range(2)])
+        np.testing.assert_allclose(diag, ref_diag, atol=1e-5)
+        np.testing.assert_allclose(rows, x.sum(-1), atol=1e-5)
+        np.testing.assert_allclose(cols, x.sum(-2), atol=1e-5)
+        np.testing.assert_array_equal(col0, x[:, :, 0])
+
+
+@pytest.mark.parametrize("window,sink", [(0, "with"), (0, "without"), (5, "with"), (5, "without")])
+def test_design_products_match_dense_mask(window, sink):
+    T = 12
+    design = AdditiveDesign(T, window, sink, "cpu")
+    M = MaskInfo.build(T, window, "cpu").bool(sink).double()
+    nd = design.n_delta
+    nab, nac = torch.zeros(nd, T, dtype=torch.float64), torch.zeros(nd, T, dtype=torch.float64)
+    for dl in range(nd):
+        nab[dl, dl:] = nac[dl, : T - dl] = torch.diagonal(M, -dl)
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(2, n, dtype=torch.float64, generator=g) for n in (nd, T, T))
+    for got, want in ((design.nab(b), b @ nab.T), (design.nab_t(a), a @ nab), (design.nac(c), c @ nac.T),
+                      (design.nac_t(a), a @ nac), (design.m(c), c @ M.T), (design.m_t(b), b @ M)):
+        np.testing.assert_allclose(got, want, atol=1e-12)
+
+
+def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
+    """qk.h5 with the same layer params for every layer; q (N, L, H, T, d), k (N, L, H_kv, T, d)."""
+    N, L, H, T, d = q.shape
+    with QKWriter(
+        path, n_samples=N, n_layers=L, n_heads=H, n_kv_heads=k.shape[2], n_tokens=T, head_dim=d,
+        ref_samples=[0], ref_layers=[0],
+        rope={"inv_freq": np.tile(theta, (L, 1)), "attention_scaling": np.ones(L), "scaling": np.full(L, d ** -0.5),
+              "sliding_window": np.array([window if layer % 2 else 0 for layer in range(L)]), "kv_group": kv_group},
+        attrs={"model": "toy", "variant": "trained", "init_seed": -1},
+    ) as w:
+        for s in range(N):
+            w.write_sample(s, q[s], k[s], np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
+    return path
+
+
+def test_store_to_netcdf(tmp_path):
+    g = np.random.default_rng(0)
+    N, L, H, Hkv, T, d = 2, 2, 4, 2, 20, 8
+    q = g.standard_normal((N, L, H, T, d)).astype(np.float32)
+    k = (g.standard_normal((N, L, Hkv, T, d)) + 1).astype(np.float32)
+    theta = inv_freq(d).numpy()
+    qk = write_store(tmp_path / "qk.h5", q, k, np.array([0, 0, 1, 1]), theta, window=6)
+    decompose_store(qk, tmp_path / "decomposition.nc", dummy_distances=[0, 50], default_D=50, device="cpu",
+                    config_hash="abc", progress=False)
+    ds = xr.open_dataset(tmp_path / "decomposition.nc", engine="h5netcdf")
+    assert dict(ds.sizes) == {"sample": N, "layer": L, "head": H, "method": 2, "sink": 2, "D": 2}
+    assert ds["r"].dims == ("sample", "layer", "head", "method", "sink")
+    assert ds["r_sweep"].dims == ("sample", "layer", "head", "sink", "D")
+    for name in ("r_f", "r_g", "r2_f", "r2_g", "err_abs_mean", "bound_mean", "bound_slack_min", "lstsq_residual"):
+        assert ds[name].dims == ("sample", "layer", "head", "sink"), name
+    for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"):
+        assert ds[name].dims == ("sample", "layer", "head", "method", "sink"), name
+    assert list(ds["method"].values) == ["A", "B"] and list(ds["sink"].values) == ["with", "without"]
+    assert ds.attrs["default_D"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
+    np.testing.assert_allclose(ds["r2_f"], ds["r_f"] ** 2)
+    # the layer-1 slice is the windowed one and equals a direct call
+    ref = Decomposer([0, 50], 50).unit(q[1, 1], k[1, 1], [0, 0, 1, 1], LayerRope(torch.tensor(theta), d ** -0.5, 1.0, 6))
+    np.testing.assert_allclose(ds["r"].values[1, 1], ref["r"], atol=1e-12)
+    np.testing.assert_allclose(ds["n"].values[1, 1, :, 0, 0], sum(min(i + 1, 6) for i in range(T)))
+
+
+def test_bad_inputs_are_named(tmp_path):
+    q, k, kv = random_qk()
+    with pytest.raises(ValueError, match="shapes disagree"):
+        Decomposer([0], 0).unit(q, k[:, :10], kv, LayerRope(inv_freq(8), 0.3))
+    with pytest.raises(FileNotFoundError, match="missing.h5"):
+        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+    xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
+    with pytest.raises(KeyError, match="missing variable.*inv_freq"):
+        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+
+
+def test_bound_violation_is_reported(monkeypatch):
+    """A broken error (here: the bound's key factors halved) must stop the run, naming head and sink."""
+    import posgen.decompose as dec_mod
+
+    q, k, kv = random_qk(H=2, H_kv=1, T=32, d=8)
+    original = dec_mod.band_norms
+
+    def halved(x):
+        out = original(x)
+        return out * 0.5 if x.shape[0] == 1 else out  # only the key side (1 KV head)
+
+    monkeypatch.setattr(dec_mod, "band_norms", halved)
+    with pytest.raises(RuntimeError, match="bound of science.md section 5 violated: head"):
+        Decomposer([3], 3).unit(q, k, np.zeros(2, int), LayerRope(inv_freq(8), 0.3))

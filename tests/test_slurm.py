@@ -1,0 +1,368 @@
+"""SLURM dispatch, proven against a real one-node SLURM cluster started on this host (tests/slurm_cluster.py).
+
+One workflow run covers the acceptance of issue 5: the tiny end-to-end workflow runs with
+``--profile profiles/slurm`` (snakemake-executor-plugin-slurm), a recording ``sbatch`` first in PATH logs every
+submission, and ``POSGEN_FAIL_ONCE`` makes the first ``extract`` job fail once. The tests then check that every
+non-local job went through sbatch and ran as a SLURM job, that the extraction asks for a GPU, CPUs and memory,
+that the failed job was retried, that the outputs equal the local run's (``tiny_workflow``), and that the
+cluster stops cleanly. Without sbatch/slurmd/munged or root, the cluster tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+import yaml
+
+from conftest import ROOT, SNAKEMAKE, make_run
+from posgen.testing import ENV as FAIL_ONCE_ENV
+from posgen.testing import InjectedFailure, fail_once
+from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
+
+PROFILE = ROOT / "profiles" / "slurm"
+FAIL_RULE = "extract"
+# rules that must run on the submitting host: downloads (compute nodes are often offline), the corpus, and
+# the figures (fig_*) and report tables
+LOCAL_RULES = {"get_model", "windows", "reproduction"}
+# provenance that legitimately differs between two runs of the same job
+VOLATILE_ATTRS = {"created", "runtime_s"}
+WORKFLOW_TIMEOUT_S = 420
+
+NO_SLURM = missing_requirements()
+needs_slurm = pytest.mark.skipif(NO_SLURM is not None, reason=f"no test SLURM cluster: {NO_SLURM}")
+
+
+def must_be_local(rule: str) -> bool:
+    return rule in LOCAL_RULES or rule.startswith("fig_")
+
+
+def profile_settings(env: dict[str, str] | None = None) -> dict:
+    """profiles/slurm as snakemake parses it (YTE evaluated) under ``env``."""
+    from snakemake.profiles import ProfileConfigFileParser
+
+    saved = dict(os.environ)
+    try:
+        for key in ("POSGEN_SLURM_PARTITION", "POSGEN_SLURM_ACCOUNT"):
+            os.environ.pop(key, None)
+        os.environ.update(env or {})
+        with open(PROFILE / "config.yaml") as f:
+            return dict(ProfileConfigFileParser().parse(f))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def gpu_asks() -> dict[str, dict]:
+    """set-resources of profiles/slurm as {rule: {resource: value}}."""
+    asks: dict[str, dict] = {}
+    for item in profile_settings()["set-resources"]:
+        rule_res, value = item.split("=", 1)
+        rule, res = rule_res.split(":", 1)
+        asks.setdefault(rule, {})[res] = yaml.safe_load(value)
+    return asks
+
+
+# -- without a cluster ---------------------------------------------------------------------------------------
+
+
+def test_fail_once_is_inert_without_env(tmp_path, monkeypatch):
+    monkeypatch.delenv(FAIL_ONCE_ENV, raising=False)
+    fail_once(FAIL_RULE)  # must not raise
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"other_rule:{tmp_path / 'marker'}")
+    fail_once(FAIL_RULE)
+    assert not (tmp_path / "marker").exists()
+
+
+def test_fail_once_fails_exactly_once(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv(FAIL_ONCE_ENV, f"{FAIL_RULE}:{marker}")
+    with pytest.raises(InjectedFailure, match=FAIL_RULE):
+        fail_once(FAIL_RULE)
+    assert marker.read_text().startswith(f"{FAIL_RULE} ")
+    fail_once(FAIL_RULE)  # the retry finds the marker and runs
+    monkeypatch.setenv(FAIL_ONCE_ENV, "no-marker-given")
+    with pytest.raises(ValueError, match=FAIL_ONCE_ENV):
+        fail_once(FAIL_RULE)
+
+
+def test_profile_partition_and_account_come_from_env():
+    bare = profile_settings()
+    assert bare["executor"] == "slurm"
+    assert not any(r.startswith(("slurm_partition=", "slurm_account=")) for r in bare["default-resources"])
+    # a partition named like a Python builtin must stay a string when snakemake evaluates the resource
+    set_ = profile_settings({"POSGEN_SLURM_PARTITION": "sum", "POSGEN_SLURM_ACCOUNT": "proj-42"})
+    assert "slurm_partition='sum'" in set_["default-resources"]
+    assert "slurm_account='proj-42'" in set_["default-resources"]
+    assert int(set_["retries"]) >= 1
+    assert "HDF5_USE_FILE_LOCKING=FALSE" in set_["precommand"]
+
+
+_RULES_PY = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import (ConfigSettings, OutputSettings, ResourceSettings, StorageSettings,
+                                      WorkflowSettings)
+with SnakemakeApi(OutputSettings()) as api:
+    wf = api.workflow(resource_settings=ResourceSettings(), config_settings=ConfigSettings(),
+                      storage_settings=StorageSettings(), workflow_settings=WorkflowSettings(),
+                      snakefile=Path(sys.argv[1]), workdir=Path(sys.argv[2]))._workflow
+    print(json.dumps({"rules": sorted(r.name for r in wf.rules), "local": sorted(wf._localrules)}))
+"""
+
+
+def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
+    """set-resources silently ignores unknown rule names, so check them against the workflow itself."""
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    proc = subprocess.run([sys.executable, "-c", _RULES_PY, str(ROOT / "Snakefile"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    wf = json.loads(proc.stdout.strip().splitlines()[-1])
+    rules, local = set(wf["rules"]), set(wf["local"])
+    asks = gpu_asks()
+    assert "extract" in asks
+    assert set(asks) <= rules, f"profiles/slurm set-resources names unknown rules {set(asks) - rules}"
+    for rule, res in asks.items():
+        assert res["gpu"] == 1 and res["cpus_per_gpu"] >= 1 and res["mem_mb"] > 0 and res["runtime"] > 0, rule
+    required = {r for r in rules if must_be_local(r)}
+    assert {"get_model", "windows"} <= required
+    assert required <= local, f"{required - local} must be localrules"
+    assert not set(asks) & local, f"GPU rules {set(asks) & local} are localrules"
+
+
+def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
+    from posgen.config import load, variants
+
+    paper = load(ROOT / "config.paper.yaml")
+    repos = {m["source"].split("@")[0] for m in paper["models"]}
+    assert repos == {"hf:meta-llama/Llama-3.1-8B", "hf:mistralai/Mistral-7B-v0.1", "hf:Qwen/Qwen2.5-7B",
+                     "hf:google/gemma-2-9b"}
+    assert all(re.fullmatch(r"[0-9a-f]{40}", m["source"].split("@")[1]) for m in paper["models"]), "pin commits"
+    assert (paper["n_samples"], paper["seq_len"], paper["dtype"]) == (32, 4096, "bfloat16")
+    assert len(paper["random_init_seeds"]) == 3
+    # the Snakefile's own configfile must exist in the working directory; --configfile then overrides it
+    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    dry = subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n",
+                          "--profile", str(PROFILE), "--configfile", str(ROOT / "config.paper.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    blocks = re.findall(r"^rule extract:\n((?:\s{4}.*\n)+)", dry.stdout, re.M)
+    assert len(blocks) == len(paper["models"]) * len(variants(paper)) == 16
+    asks = gpu_asks()["extract"]
+    for block in blocks:
+        res = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block)[1].split(", "))
+        assert (res["gpu"], res["cpus_per_gpu"], res["mem_mb"], res["runtime"]) == tuple(
+            str(asks[k]) for k in ("gpu", "cpus_per_gpu", "mem_mb", "runtime")), block
+
+
+# -- against the cluster -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    if NO_SLURM:
+        pytest.skip(f"no test SLURM cluster: {NO_SLURM}")
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm") / "cluster")
+    c.start()
+    yield c
+    c.stop()
+    assert not any(c.alive().values()), f"daemons left running: {c.alive()}"
+
+
+class SlurmRun:
+    """The tiny workflow run through the cluster, with everything the tests inspect."""
+
+    def __init__(self, run, proc, seconds, records, marker):
+        self.run, self.proc, self.seconds, self.records, self.marker = run, proc, seconds, records, marker
+        logs = sorted((run.workdir / ".snakemake" / "log").glob("*.snakemake.log"))
+        log = logs[-1].read_text() if logs else proc.stdout + proc.stderr
+        # drop the failed jobs' logs that --show-failed-logs quotes: they hold the job step's own "rule X:" lines
+        self.log = re.sub(r"^Logfile .*:\n={80}\n.*?^={80}\n", "", log, flags=re.M | re.S)
+        # (local?, rule, snakemake jobid) of every job start; a retried job starts twice
+        self.starts = [(bool(m[1]), m[2], int(m[3])) for m in
+                       re.finditer(r"^(local)?rule (\S+):\n(?:\s{4}.*\n)*?\s{4}jobid: (\d+)$", self.log, re.M)]
+        self.submitted: dict[int, list[str]] = {}
+        for m in re.finditer(r"Job (\d+) has been submitted with SLURM jobid (\d+)", self.log):
+            self.submitted.setdefault(int(m[1]), []).append(m[2])
+
+    def context(self) -> str:
+        return f"snakemake rc={self.proc.returncode} after {self.seconds:.0f} s\n{self.log[-6000:]}"
+
+    def sbatch_of_rule(self, rule: str) -> list[dict]:
+        pattern = rf"rule_{rule}(_wildcards_.*)?"
+        return [r for r in self.records if re.fullmatch(pattern, _opt(r["argv"], "--comment") or "")]
+
+
+def _opt(argv: list[str], name: str) -> str | None:
+    """Value of ``name`` in an sbatch argv, as ``--name value`` or ``--name=value``."""
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _job_info(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env(), capture_output=True,
+                         text=True, timeout=30).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster, tiny_workflow, tmp_path_factory):
+    config = yaml.safe_load(tiny_workflow.configfile.read_text())
+    run = make_run(tmp_path_factory.mktemp("tiny-slurm"), config)
+    record = run.workdir / "sbatch-record.jsonl"
+    bin_dir = cluster.client_shims(run.workdir / "bin", record)
+    marker = run.workdir / "fail-once.marker"
+    env = cluster.env()
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+        POSGEN_SLURM_PARTITION=PARTITION,
+        **{FAIL_ONCE_ENV: f"{FAIL_RULE}:{marker}"},
+    )
+    cmd = [
+        SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(run.workdir),
+        "--configfile", str(run.configfile), "--profile", str(PROFILE),
+        # no accounting database on the test cluster: poll squeue (finished jobs stay for MinJobAge)
+        "--slurm-status-command", "squeue",
+        # poll every few seconds rather than the cluster-friendly 40 s
+        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
+        "--latency-wait", "5",
+        "--slurm-keep-successful-logs",
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=run.workdir, env=env, capture_output=True, text=True,
+                          timeout=WORKFLOW_TIMEOUT_S)
+    seconds = time.monotonic() - t0
+    records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
+    return SlurmRun(run, proc, seconds, records, marker)
+
+
+@needs_slurm
+def test_workflow_completes_through_slurm(slurm_run):
+    assert slurm_run.proc.returncode == 0, slurm_run.context()
+    print(f"SLURM workflow run: {slurm_run.seconds:.0f} s, {len(slurm_run.records)} sbatch calls")
+
+
+@needs_slurm
+def test_every_cluster_job_went_through_sbatch(slurm_run, cluster):
+    r = slurm_run
+    assert r.proc.returncode == 0, r.context()
+    remote = [(rule, jid) for local, rule, jid in r.starts if not local]
+    local_rules = {rule for local, rule, _ in r.starts if local}
+    assert remote, r.context()
+    assert {"get_model", "windows"} <= local_rules, f"saw local runs of {local_rules} only"
+    assert not any(must_be_local(rule) for rule, _ in remote), remote
+    # each start of a non-local job was one sbatch submission with its own SLURM job id ...
+    for rule, jid in set(remote):
+        assert len(r.submitted.get(jid, [])) == remote.count((rule, jid)), f"{rule} job {jid}: {r.submitted}"
+    logged_ids = sorted(i for ids in r.submitted.values() for i in ids)
+    recorded_ids = sorted(rec["stdout"].strip().split(";")[0] for rec in r.records)
+    # ... recorded by the sbatch wrapper, and nothing else was submitted (local rules never reach sbatch)
+    assert all(rec["rc"] == 0 for rec in r.records), r.records
+    assert logged_ids == recorded_ids
+    assert {_opt(rec["argv"], "--comment").split("_wildcards_")[0][5:] for rec in r.records} == {
+        rule for rule, _ in remote}
+    # ... and SLURM ran it on the node: it knows the job, and the job's SLURM log is the jobstep's output
+    for jid, ids in r.submitted.items():
+        for slurm_id in ids:
+            info = _job_info(cluster, slurm_id)
+            assert info.get("JobState") in {"COMPLETED", "FAILED"}, (slurm_id, info)
+            assert info.get("NodeList") == "posgen-node"
+            logfile = next(Path(rec["argv"][rec["argv"].index("--output") + 1].replace("%j", slurm_id))
+                           for rec in r.records if rec["stdout"].strip() == slurm_id)
+            assert logfile.exists() and "snakemake" in logfile.read_text().lower(), logfile
+
+
+@needs_slurm
+def test_extract_submission_asks_for_gpu_cpus_memory(slurm_run, cluster):
+    r = slurm_run
+    asks = gpu_asks()[FAIL_RULE]
+    subs = r.sbatch_of_rule("extract")
+    starts = [j for local, rule, j in r.starts if rule == "extract" and not local]
+    # one per model and variant, plus one per retry
+    assert len(set(starts)) >= 2 and len(subs) == len(starts), [s["argv"][:12] for s in subs]
+    for sub in subs:
+        argv = sub["argv"]
+        assert _opt(argv, "--gpus") == str(asks["gpu"]) or _opt(argv, "--gres") == f"gpu:{asks['gpu']}", argv
+        assert _opt(argv, "--cpus-per-gpu") == str(asks["cpus_per_gpu"]), argv
+        assert _opt(argv, "--mem") == str(asks["mem_mb"]), argv
+        assert _opt(argv, "-t") == str(asks["runtime"]), argv
+        assert _opt(argv, "-p") == PARTITION, argv
+        assert _opt(argv, "--wrap").startswith("export HDF5_USE_FILE_LOCKING=FALSE &&"), argv
+        # SLURM took the asks as GPU asks and ran the job with them (the CPUs come per GPU)
+        info = _job_info(cluster, sub["stdout"].strip())
+        assert info["TresPerJob"] == f"gres:gpu:{asks['gpu']}", info
+        assert info["CpusPerTres"] == f"gres:gpu:{asks['cpus_per_gpu']}", info
+        assert int(info["NumCPUs"]) == asks["gpu"] * asks["cpus_per_gpu"], info
+        assert info["MinMemoryNode"] in {f"{asks['mem_mb']}M", f"{asks['mem_mb'] / 1024:.2f}G"}, info
+
+
+@needs_slurm
+def test_injected_failure_is_retried(slurm_run, cluster):
+    r = slurm_run
+    assert r.marker.exists(), "POSGEN_FAIL_ONCE did not fire: workflow scripts must call posgen.testing.fail_once"
+    rule, host, _pid, failed_id = r.marker.read_text().split()
+    assert rule == FAIL_RULE and failed_id != "-", "the injected failure happened outside SLURM"
+    assert _job_info(cluster, failed_id)["JobState"] == "FAILED"
+    retried = [ids for ids in r.submitted.values() if failed_id in ids]
+    assert len(retried) == 1 and len(retried[0]) == 2 and retried[0][0] == failed_id, r.submitted
+    assert _job_info(cluster, retried[0][1])["JobState"] == "COMPLETED"
+    assert "Trying to restart job" in r.log
+    assert r.proc.returncode == 0, r.context()
+
+
+def _compare_netcdf(a: Path, b: Path) -> None:
+    with xr.open_dataset(a, engine="h5netcdf") as da, xr.open_dataset(b, engine="h5netcdf") as db:
+        xr.testing.assert_allclose(da.load(), db.load(), rtol=1e-5, atol=1e-5)
+        keys = (set(da.attrs) | set(db.attrs)) - VOLATILE_ATTRS
+        assert {k: str(da.attrs.get(k)) for k in keys} == {k: str(db.attrs.get(k)) for k in keys}, a
+
+
+@needs_slurm
+def test_outputs_equal_local_run(slurm_run, tiny_workflow):
+    assert slurm_run.proc.returncode == 0, slurm_run.context()
+    local_root, slurm_root = tiny_workflow.workdir / "results", slurm_run.run.workdir / "results"
+    local = sorted(p.relative_to(local_root) for p in local_root.rglob("*") if p.is_file())
+    remote = sorted(p.relative_to(slurm_root) for p in slurm_root.rglob("*") if p.is_file())
+    assert local and local == remote
+    compared = 0
+    for rel in local:
+        if rel.suffix in {".nc", ".h5"}:
+            _compare_netcdf(local_root / rel, slurm_root / rel)
+            compared += 1
+        elif rel.suffix == ".csv":
+            a, b = pd.read_csv(local_root / rel), pd.read_csv(slurm_root / rel)
+            assert list(a.columns) == list(b.columns) and len(a) == len(b), rel
+            num = a.select_dtypes("number").columns
+            np.testing.assert_allclose(a[num].to_numpy(float), b[num].to_numpy(float), rtol=1e-5, atol=1e-5)
+            pd.testing.assert_frame_equal(a.drop(columns=num), b.drop(columns=num))
+            compared += 1
+    assert compared >= 3, local
+
+
+@needs_slurm
+def test_cluster_stops_cleanly_by_pid(cluster, slurm_run):
+    """Last in this module: stop the cluster and prove nothing of it is left."""
+    pids = dict(cluster.pids)
+    assert all(cluster.alive().values())
+    t0 = time.monotonic()
+    cluster.stop()
+    assert time.monotonic() - t0 < 30
+    assert not any(cluster.alive().values()), cluster.alive()
+    assert {name: cluster.procs[name].returncode for name in pids} == {name: 0 for name in pids}
+    assert cluster.leftover_steps == []
+    ping = subprocess.run(["scontrol", "ping"], env=cluster.env(), capture_output=True, text=True, timeout=60)
+    assert "DOWN" in ping.stdout or ping.returncode != 0, ping.stdout

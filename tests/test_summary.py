@@ -1,0 +1,118 @@
+"""Summary aggregates and bootstrap intervals on synthetic decompositions with known answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+from posgen.store import write_netcdf
+from posgen.summary import COLUMNS, bootstrap_indices, summarize
+
+SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+
+
+def fake_decomposition(path, model, variant, r_per_sample, n_layers=3, n_heads=4, data=None, layer_offset=None):
+    """decomposition.nc whose r is r_per_sample[s] (+ layer_offset[l]) for every layer/head/method/sink.
+
+    ``data[s]`` (x, y) pairs give the sufficient statistics of every (layer, head) of sample s.
+    """
+    N = len(r_per_sample)
+    shape = (N, n_layers, n_heads, 2, 2)
+    r = np.broadcast_to(np.asarray(r_per_sample, float)[:, None, None, None, None], shape).copy()
+    if layer_offset is not None:
+        r += np.asarray(layer_offset)[None, :, None, None, None]
+    dims = ("sample", "layer", "head", "method", "sink")
+    vars_ = {"r": (dims, r)}
+    for name in ("r_f", "r_g", "r2_f", "r2_g"):
+        vars_[name] = (("sample", "layer", "head", "sink"), np.full((N, n_layers, n_heads, 2), 0.25 if "2" in name else 0.5))
+    suff = np.zeros(shape + (6,))
+    if data is not None:
+        for s, (x, y) in enumerate(data):
+            suff[s] = [len(x), x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum()]
+    for i, name in enumerate(SUFF):
+        vars_[name] = (dims, suff[..., i])
+    ds = xr.Dataset(vars_, coords={"sample": np.arange(N), "layer": np.arange(n_layers), "head": np.arange(n_heads),
+                                   "method": ["A", "B"], "sink": ["with", "without"]},
+                    attrs={"model": model, "variant": variant})
+    write_netcdf(ds, path)
+    return path
+
+
+def test_intervals_and_paired_difference(tmp_path):
+    g = np.random.default_rng(0)
+    N = 60
+    v = g.normal(0.8, 0.05, N)
+    data = [(g.standard_normal(50), g.standard_normal(50)) for _ in range(N)]
+    paths = [
+        fake_decomposition(tmp_path / "t.nc", "m", "trained", v, data=data),
+        fake_decomposition(tmp_path / "r.nc", "m", "random-seed0", v - 0.3, data=data),
+    ]
+    table = summarize(paths, tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=2000, seed=1,
+                      config_hash="cafe")
+    assert list(table.columns[: len(COLUMNS)]) == COLUMNS
+    assert len(table) == 2 * 2 * 2  # variants x methods x sinks
+    trained = table[table.variant == "trained"]
+    random = table[table.variant == "random-seed0"]
+    np.testing.assert_allclose(trained.mean_r, v.mean())
+    np.testing.assert_allclose(random.mean_r, v.mean() - 0.3)
+    # percentile interval of a mean ~ mean +- 1.96 sd / sqrt(N)
+    half = 1.96 * v.std(ddof=1) / np.sqrt(N)
+    np.testing.assert_allclose(trained.mean_r_hi - trained.mean_r_lo, 2 * half, rtol=0.15)
+    assert (trained.mean_r_lo < trained.mean_r).all() and (trained.mean_r < trained.mean_r_hi).all()
+    # paired: the per-sample difference is exactly -0.3, so its interval has no width
+    np.testing.assert_allclose(random.diff_vs_trained, -0.3, atol=1e-12)
+    np.testing.assert_allclose(random.diff_lo, -0.3, atol=1e-12)
+    np.testing.assert_allclose(random.diff_hi, -0.3, atol=1e-12)
+    assert trained.diff_vs_trained.isna().all()
+    # pooled r of the per-sample (x, y) data = Pearson r of all of it (every layer/head repeats it)
+    x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
+    np.testing.assert_allclose(trained.pooled_r, np.corrcoef(x, y)[0, 1], atol=1e-10)
+    assert (trained.pooled_r_lo <= trained.pooled_r).all() and (trained.pooled_r <= trained.pooled_r_hi).all()
+    # r2_f / r2_g belong to Method A only
+    assert (table[table.method == "A"].r2_f == 0.25).all() and table[table.method == "B"].r2_f.isna().all()
+    assert (table.n_samples == N).all() and (table.n_layers == 3).all() and (table.n_heads == 4).all()
+    assert (table.config_hash == "cafe").all()
+    csv = pd.read_csv(tmp_path / "summary.csv")
+    np.testing.assert_allclose(csv.mean_r, table.mean_r, rtol=1e-5)
+
+
+def test_identical_samples_give_zero_width_intervals_and_layer_means(tmp_path):
+    N = 5
+    offset = [0.0, 0.1, -0.2]
+    p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(N, 0.5), layer_offset=offset)
+    table = summarize([p], tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=200, seed=0)
+    np.testing.assert_allclose(table.mean_r, 0.5 + np.mean(offset))
+    np.testing.assert_allclose(table.mean_r_lo, table.mean_r)
+    np.testing.assert_allclose(table.mean_r_hi, table.mean_r)
+    nc = xr.open_dataset(tmp_path / "summary.nc", engine="h5netcdf")
+    assert nc["layer_r"].dims == ("variant", "method", "sink", "layer")
+    np.testing.assert_allclose(nc["layer_r"].sel({"variant": "trained", "method": "A", "sink": "with"}), 0.5 + np.array(offset))
+    np.testing.assert_allclose(nc["layer_r_lo"], nc["layer_r"])
+    assert "posgen_version" in nc.attrs and nc.attrs["model"] == "m"
+
+
+def test_nan_heads_are_skipped(tmp_path):
+    p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5))
+    ds = xr.open_dataset(p, engine="h5netcdf").load()
+    ds["r"][:, :, 0] = np.nan  # a head whose r is undefined (zero variance)
+    write_netcdf(ds, tmp_path / "t2.nc")
+    table = summarize([tmp_path / "t2.nc"], tmp_path / "s.csv", {"m": tmp_path / "s.nc"}, n_boot=100)
+    np.testing.assert_allclose(table.mean_r, 0.5)
+
+
+def test_bootstrap_indices_are_seeded():
+    a, b = bootstrap_indices(10, 50, 3), bootstrap_indices(10, 50, 3)
+    np.testing.assert_array_equal(a, b)
+    assert a.shape == (50, 10) and a.min() >= 0 and a.max() <= 9
+    assert not np.array_equal(a, bootstrap_indices(10, 50, 4))
+
+
+def test_mismatched_samples_are_refused(tmp_path):
+    paths = [fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5)),
+             fake_decomposition(tmp_path / "r.nc", "m", "random-seed0", np.full(3, 0.5))]
+    with pytest.raises(ValueError, match="random-seed0: samples differ"):
+        summarize(paths, tmp_path / "s.csv", {"m": tmp_path / "s.nc"}, n_boot=100)
+    with pytest.raises(KeyError, match="no decomposition.nc for model.*other"):
+        summarize(paths[:1], tmp_path / "s.csv", {"other": tmp_path / "s.nc"}, n_boot=100)

@@ -1,0 +1,22 @@
+from pathlib import Path
+
+from _common import setup
+
+setup(snakemake)
+from posgen.perturb import cap_job  # noqa: E402
+
+p = snakemake.params
+cap_job(
+    Path(snakemake.input.manifest).parent,
+    snakemake.input.windows,
+    snakemake.output.nc,
+    model_name=snakemake.wildcards.model,
+    variant=snakemake.wildcards.variant,
+    n_samples=p.perturb["n_samples"],
+    seq_len=p.perturb["seq_len"],
+    caps=p.perturb["caps"],
+    dummy_distance=p.default_D,
+    dtype=p.dtype,
+    device=p.device,
+    config_hash=p.config_hash,
+)
