@@ -71,7 +71,7 @@ def extract(
     ref_samples=(0,),
     ref_layers=(0, -1),
     check_rtol: float = 1e-4,
-    compression: int = 1,
+    compression: int = 0,
     config_hash: str = "",
 ) -> dict:
     """Write ``qk.h5`` for one model variant; returns timing and self-check figures."""

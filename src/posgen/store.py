@@ -96,7 +96,7 @@ class QKWriter:
         ref_layers: list[int],
         rope: dict,
         attrs: dict,
-        compression: int = 1,
+        compression: int = 0,
     ):
         self.path = Path(path)
         self._atomic = atomic_path(self.path)
