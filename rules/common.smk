@@ -13,9 +13,9 @@ MODELS = [m["name"] for m in config["models"]]
 VARIANTS = variants(config)
 # Hash of the keys that define the extracted data; recorded in every output (a params change reruns a job,
 # so unrelated keys such as figure settings stay out of it).
-CONFIG_HASH = config_hash(
-    config, ["models", "corpus", "n_samples", "seq_len", "window_seed", "dtype", "extract"]
-)
+WINDOWS_KEYS = ["models", "corpus", "n_samples", "seq_len", "window_seed"]
+WINDOWS_HASH = config_hash(config, WINDOWS_KEYS)
+CONFIG_HASH = config_hash(config, WINDOWS_KEYS + ["dtype", "extract"])
 TARGETS = []
 
 

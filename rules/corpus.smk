@@ -14,7 +14,7 @@ rule windows:
         n_samples=config["n_samples"],
         seq_len=config["seq_len"],
         seed=config["window_seed"],
-        config_hash=CONFIG_HASH,
+        config_hash=WINDOWS_HASH,
     conda:
         "../envs/posgen.yaml"
     script:

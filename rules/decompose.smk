@@ -8,7 +8,11 @@ rule decompose:
     benchmark:
         "benchmarks/decompose/{model}/{variant}.tsv"
     params:
-        decomposition=config["decomposition"],
+        # only the keys the decomposition reads: a params change reruns the job
+        decomposition={
+            key: config["decomposition"][key]
+            for key in ["dummy_distances", "default_D", "lstsq_tol", "bound_samples"]
+        },
         device=config["device"],
         config_hash=CONFIG_HASH,
     threads: 2

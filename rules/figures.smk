@@ -1,7 +1,7 @@
 # Paper figures (PNG for the report, PDF for the paper) and the reproduction table, one rule each.
 # The drawing functions and input loaders live in posgen.figures (FIGURES, same names as here).
 
-FIGURE_OPTIONS = config.get("figures", {})
+FIGURE_OPTIONS = config["figures"]
 # figure name -> report category; the number fixes the order in the report's menu
 FIGURE_CATEGORIES = {
     "logit_maps": "1. Logit maps",
