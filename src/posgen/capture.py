@@ -67,6 +67,17 @@ def backend_for(config) -> str:
     return BACKEND_EAGER if getattr(text_config, "attn_logit_softcapping", None) else BACKEND
 
 
+def load_model(model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu"):
+    """``(model, tokenizer)`` of a checkpoint folder, loaded with the capturing backend its config needs."""
+    from transformers import AutoConfig
+
+    from posgen.models import load, read_manifest
+
+    remote = read_manifest(model_dir).get("trust_remote_code", False)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
+    return load(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend_for(config))
+
+
 def attention_modules(model) -> list:
     """Self-attention modules in layer order."""
     found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj") and hasattr(m, "k_proj")]

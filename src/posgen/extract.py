@@ -12,9 +12,9 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from posgen import rope
-from posgen.capture import Capture, backend_for
+from posgen.capture import Capture, load_model
 from posgen.config import init_seed
-from posgen.models import load, read_manifest
+from posgen.models import read_manifest
 from posgen.store import QKWriter
 
 
@@ -76,10 +76,7 @@ def extract(
 ) -> dict:
     """Write ``qk.h5`` for one model variant; returns timing and self-check figures."""
     manifest = read_manifest(model_dir)
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=manifest.get("trust_remote_code", False))
-    model, _ = load(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend_for(config))
+    model, _ = load_model(model_dir, variant, dtype=dtype, device=device)
     windows = xr.load_dataset(windows_path, engine="h5netcdf")
     token_id = windows["token_id"].values
     n_samples, n_tokens = token_id.shape
@@ -127,7 +124,7 @@ def extract(
                             "dtype": dtype,
                             "device": str(device_obj),
                             "softcap": params["softcap"],
-                            "rope_parameters": getattr(config, "rope_parameters", None) or {},
+                            "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
                             "architecture": manifest["architecture"],
                             "capture_point": capture.capture_point,
                             "attn_implementation": model.config._attn_implementation,

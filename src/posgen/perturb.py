@@ -603,16 +603,15 @@ def read_windows(path: str | Path, n_samples: int, seq_len: int) -> np.ndarray:
 
 
 def _load(model_dir, variant, dtype, device, attn_implementation=None):
-    from transformers import AutoConfig
-
+    """Model, tokenizer and manifest; the capturing backend the config needs unless one is named."""
     from posgen.models import load, read_manifest
 
-    manifest = read_manifest(model_dir)
     if attn_implementation is None:
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=manifest.get("trust_remote_code", False))
-        attn_implementation = capture.backend_for(config)
-    model, tokenizer = load(model_dir, variant, dtype=dtype, device=device, attn_implementation=attn_implementation)
-    return model, tokenizer, manifest
+        model, tokenizer = capture.load_model(model_dir, variant, dtype=dtype, device=device)
+    else:
+        model, tokenizer = load(model_dir, variant, dtype=dtype, device=device,
+                                attn_implementation=attn_implementation)
+    return model, tokenizer, read_manifest(model_dir)
 
 
 def _provenance(ds, manifest, model_name, variant, dtype, model, seconds, config_hash) -> dict:

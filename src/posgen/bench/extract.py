@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from posgen.capture import Capture, backend_for
+from posgen.capture import Capture, load_model
 from posgen.corpus import cut_windows, load_text
 from posgen.extract import extract, verify_logits
 from posgen.models import acquire, load
@@ -63,7 +63,7 @@ def main(argv=None):
     if not (model_dir / "manifest.json").exists():
         acquire(args.source, model_dir)
     plain, tokenizer = load(model_dir, attn_implementation="sdpa")
-    captured, _ = load(model_dir, attn_implementation=backend_for(plain.config))
+    captured, _ = load_model(model_dir)
     windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
     ids = windows["token_id"].values
     results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 (gzip 1)": [],
