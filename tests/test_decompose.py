@@ -14,8 +14,8 @@ from posgen.decompose import (
     LayerRope,
     MaskInfo,
     decompose_store,
-    masked_square_sums,
-    matrix_sums,
+    masked_moments,
+    w_sums,
 )
 from posgen.rope import causal_mask, rotate
 from posgen.store import QKWriter
@@ -88,17 +88,19 @@ CASES = {
     "global": dict(),
     "window": dict(window=7),
     "attention_scaling": dict(amp=1.3, D0=30, Ds=(30, 1, 60)),
-    "chunks_and_blocks": dict(T=40, window=10, memory=300, block_elems=2000),
+    "row_blocks": dict(T=40, window=10, block_elems=2000),
     "one_kv_head": dict(T=33, H=3, H_kv=1, d=16, D0=0, Ds=(0, 7)),
+    "default_block": dict(T=70, H=2, H_kv=1, block=32),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_matches_direct_computation(case):
-    c = {"T": 24, "H": 4, "H_kv": 2, "d": 8, "window": 0, "amp": 1.0, "D0": 5, "Ds": (0, 5, 30), **CASES[case]}
+    c = {"T": 24, "H": 4, "H_kv": 2, "d": 8, "window": 0, "amp": 1.0, "D0": 5, "Ds": (0, 5, 30), "block": 8,
+         **CASES[case]}
     q, k, kv = random_qk(c["H"], c["H_kv"], c["T"], c["d"])
     rope = LayerRope(inv_freq(c["d"]), c["d"] ** -0.5, c["amp"], c["window"])
-    dec = Decomposer(c["Ds"], c["D0"], device="cpu", memory=c.get("memory"), block_elems=c.get("block_elems"))
+    dec = Decomposer(c["Ds"], c["D0"], device="cpu", block_elems=c.get("block_elems"), block=c["block"])
     res = dec.unit(q, k, kv, rope)
     ref = direct(q, k, kv, rope, list(c["Ds"]), c["D0"])
     scale = max(abs(ref[0, "with", "bound"]), 1.0)
@@ -147,7 +149,7 @@ def test_additive_fit_recovers_exact_structure(window, sink):
     info = MaskInfo.build(T, window, "cpu")
     x = info.apply(torch.tensor(W, dtype=torch.float32)[None])
     design = AdditiveDesign(T, window, sink, "cpu")
-    (a_hat, b_hat, c_hat), resid, sums = design.fit(*design.rhs(matrix_sums(x)))
+    (a_hat, b_hat, c_hat), resid, sums = design.fit(*design.rhs(dense_sums(x[0])))
     assert float(resid.max()) < 1e-12
     M = info.bool(sink).numpy()
     nd = design.n_delta
@@ -227,20 +229,41 @@ def test_error_never_exceeds_bound(seed):
         assert np.all(res["err_abs_mean"] <= res["bound_mean"])
 
 
-def test_masked_square_sums_and_matrix_sums():
+def dense_sums(x):
+    """Diagonal, row and column sums and column 0 of a masked (T, T) matrix, the obvious way, float64."""
+    x = torch.as_tensor(x, dtype=torch.float64)
+    diag = torch.stack([torch.diagonal(x, -dl).sum() for dl in range(x.shape[0])])
+    return diag[None], x.sum(1)[None], x.sum(0)[None], x[None, :, 0]
+
+
+def test_masked_moments_and_w_sums_match_dense_matrices():
+    """Two KV heads with two query heads each; sums over dense masked matrices, the obvious way."""
     g = torch.Generator().manual_seed(0)
-    for T, window, block in ((50, 0, 8), (50, 7, 8), (37, 3, 16), (9, 0, 64), (40, 30, 8)):
-        p, dk = torch.randn(3, T, 6, generator=g), torch.randn(T, 6, generator=g)
-        m = causal_mask(T, window)
-        ref = ((p @ dk.T) ** 2 * m).sum((1, 2)).double()
-        np.testing.assert_allclose(masked_square_sums(p, dk, window, block), ref, rtol=1e-5)
-        x = torch.randn(2, T, T, generator=g) * m
-        diag, rows, cols, col0 = matrix_sums(x)
-        ref_diag = torch.stack([torch.stack([torch.diagonal(x[h], -dl).sum() for dl in range(T)]) for h in range(2)])
-        np.testing.assert_allclose(diag, ref_diag, atol=1e-5)
-        np.testing.assert_allclose(rows, x.sum(-1), atol=1e-5)
-        np.testing.assert_allclose(cols, x.sum(-2), atol=1e-5)
-        np.testing.assert_array_equal(col0, x[:, :, 0])
+    for T, window, block in ((50, 0, 8), (50, 7, 8), (37, 3, 16), (9, 0, 64), (40, 30, 8), (64, 20, 32)):
+        n, h, d, Ds = 2, 2, 6, (0, 5, 40)
+        q = torch.randn(n, h, T, d, generator=g, dtype=torch.float64) + 1
+        q0 = torch.randn(n, h, T, d, generator=g, dtype=torch.float64)
+        rotations = torch.stack([rotate(torch.eye(d), torch.tensor(D), inv_freq(d)).T for D in Ds]).double()
+        p = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0)
+        keys = [torch.randn(n, T, 3 * d, generator=g, dtype=torch.float64) + 0.5 for _ in range(2)]
+        keys[1][:, 0] = 0  # a dropped column
+        m = causal_mask(T, window).double()
+        for key_set, got in zip(keys, masked_moments(q, q0, rotations, keys, window, block)):
+            kx, kf, kg = (key_set[:, None, :, part].transpose(-1, -2) for part in
+                          (slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)))
+            x, f, gD = q @ kx * m, q @ kf * m, p @ kg * m
+            want = {"s_x": x.sum((-1, -2)), "s_f": f.sum((-1, -2)), "s_g": gD.sum((-1, -2)),
+                    "s_xx": (x * x).sum((-1, -2)), "s_xf": (x * f).sum((-1, -2)), "s_ff": (f * f).sum((-1, -2)),
+                    "s_xg": (x * gD).sum((-1, -2)), "s_fg": (f * gD).sum((-1, -2)), "s_gg": (gD * gD).sum((-1, -2))}
+            for name, value in want.items():
+                np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}")
+        shift = torch.tensor([[0.3, -1.0], [2.0, 0.0]], dtype=torch.float64)
+        mine = w_sums(q, keys[0][:, None, :, :d], window, shift)
+        for kv in range(n):
+            for h_ in range(h):
+                xs = (q[kv, h_] @ keys[0][kv, :, :d].T - shift[kv, h_]) * m
+                for part, ref in zip(mine, dense_sums(xs)):
+                    np.testing.assert_allclose(part[kv, h_], ref[0], atol=1e-9)
 
 
 @pytest.mark.parametrize("window,sink", [(0, "with"), (0, "without"), (5, "with"), (5, "without")])
