@@ -240,29 +240,27 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
     """Two KV heads with two query heads each; sums over dense masked matrices, the obvious way."""
     g = torch.Generator().manual_seed(0)
     for T, window, block in ((50, 0, 8), (50, 7, 8), (37, 3, 16), (9, 0, 64), (40, 30, 8), (64, 20, 32)):
-        n, h, d, Ds = 2, 2, 6, (0, 5, 40)
+        n, h, k, d, Ds = 2, 2, 3, 6, (0, 5, 40)
         q = torch.randn(n, h, T, d, generator=g, dtype=torch.float64) + 1
         q0 = torch.randn(n, h, T, d, generator=g, dtype=torch.float64)
         rotations = torch.stack([rotate(torch.eye(d), torch.tensor(D), inv_freq(d)).T for D in Ds]).double()
-        p = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0)
-        keys = [torch.randn(n, T, 3 * d, generator=g, dtype=torch.float64) + 0.5 for _ in range(2)]
-        keys[1][:, 0] = 0  # a dropped column
+        keys = torch.randn(n, T, (k + 1) * d, generator=g, dtype=torch.float64) + 0.5
         m = causal_mask(T, window).double()
-        for key_set, got in zip(keys, masked_moments(q, q0, rotations, keys, window, block)):
-            kx, kf, kg = (key_set[:, None, :, part].transpose(-1, -2) for part in
-                          (slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)))
-            x, f, gD = q @ kx * m, q @ kf * m, p @ kg * m
-            want = {"s_x": x.sum((-1, -2)), "s_f": f.sum((-1, -2)), "s_g": gD.sum((-1, -2)),
-                    "s_xx": (x * x).sum((-1, -2)), "s_xf": (x * f).sum((-1, -2)), "s_ff": (f * f).sum((-1, -2)),
-                    "s_xg": (x * gD).sum((-1, -2)), "s_fg": (f * gD).sum((-1, -2)), "s_gg": (gD * gD).sum((-1, -2))}
-            for name, value in want.items():
-                np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}")
+        xs = [q @ keys[:, None, :, a * d:(a + 1) * d].transpose(-1, -2) * m for a in range(k)]  # (n, h, T, T) each
+        gD = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0) @ keys[None, :, None, :, k * d:].transpose(-1, -2) * m
+        got = masked_moments(q, q0, rotations, keys, window, block)
+        want = {"qq": torch.stack([torch.stack([(xa * xb).sum((-1, -2)) for xb in xs], -1) for xa in xs], -2),
+                "qg": torch.stack([(xa * gD).sum((-1, -2)) for xa in xs], -1), "gg": (gD * gD).sum((-1, -2)),
+                "q_rows": torch.stack([xa.sum(-1) for xa in xs], 2), "g_rows": gD.sum(-1),
+                "q_col0": torch.stack([xa[..., 0] for xa in xs], 2), "g_col0": gD[..., 0]}
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}")
         shift = torch.tensor([[0.3, -1.0], [2.0, 0.0]], dtype=torch.float64)
-        mine = w_sums(q, keys[0][:, None, :, :d], window, shift)
+        mine = w_sums(q, keys[:, None, :, :d], window, shift)
         for kv in range(n):
             for h_ in range(h):
-                xs = (q[kv, h_] @ keys[0][kv, :, :d].T - shift[kv, h_]) * m
-                for part, ref in zip(mine, dense_sums(xs)):
+                dense = (q[kv, h_] @ keys[kv, :, :d].T - shift[kv, h_]) * m
+                for part, ref in zip(mine, dense_sums(dense)):
                     np.testing.assert_allclose(part[kv, h_], ref[0], atol=1e-9)
 
 

@@ -122,30 +122,43 @@ def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.view(g, n, nb, block, e).transpose(1, 2).reshape(g, nb, n * block, e)
 
 
-def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, key_sets, window: int,
-                   block: int = 32) -> list[dict]:
-    """Sums over the counted entries of ``x = q Kx^T``, ``f = q Kf^T``, ``g_D = (q0 R_D^T) Kg^T`` and their products.
+def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int,
+                   block: int = 32) -> dict:
+    """Sums over the counted entries of the matrices ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
 
     ``q, q0 (n, h, T, d)``: n KV heads with h query heads each; ``rotations (nD, d, d)``, the R_D
-    (block-diagonal per RoPE band, dims l and l + d/2); ``key_sets``: one ``(n, T, 3d) = [Kx | Kf | Kg]`` per
-    sink, a key row of zeros drops its column. Returns per key set float64 (n, h) ``s_x, s_f, s_xx, s_xf,
-    s_ff`` and (nD, n, h) ``s_g, s_xg, s_fg, s_gg``.
+    (block-diagonal per RoPE band, dims l and l + d/2); ``keys (n, T, (k + 1) d) = [K1 | ... | Kk | Kg]``.
+    Returns float64 ``qq (n, h, k, k)``, ``qg (nD, n, h, k)``, ``gg (nD, n, h)`` (sums of products), the row sums
+    ``q_rows (n, h, k, T)``, ``g_rows (nD, n, h, T)`` and column 0 where it counts, ``q_col0 (n, h, k, T)``,
+    ``g_col0 (nD, n, h, T)`` (so that sums without column 0 follow in O(T)).
 
     No (T x T) matrix: ``sum_ij (a_i.u_j)(b_i.v_j) = sum_j u_j^T (sum_i a_i b_i^T) v_j``. Tokens go in blocks;
     a key block that a query block counts in full enters through the query block's Gram matrices, summed
-    over every such query block (shared by the key sets); the rest (the diagonal block and, with a window,
-    its ragged start: under 3 blocks) through explicit products, masked. The dummy distance enters only
-    through R_D, so the g terms are contracted once for every D (for g^2, per pair of bands). Everything in
-    float64: raw second moments then need no shifting against cancellation.
+    over every such query block; the rest (the diagonal block and, with a window, its ragged start: under 3
+    blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
+    are contracted once for every D (for g^2, per pair of bands). Everything in float64: raw second moments
+    then need no shifting against cancellation.
     """
     f64 = torch.float64
-    q, q0, rotations = q.to(f64), q0.to(f64), rotations.to(f64)
+    q, q0, rotations, keys = q.to(f64), q0.to(f64), rotations.to(f64), keys.to(f64)
     n, h, T, d = q.shape
+    k = keys.shape[-1] // d - 1
     nD, L = rotations.shape[0], d // 2
     dev = q.device
     nb = -(-T // block)
-    X, F, G = slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)
+    Q, G = slice(0, k * d), slice(k * d, (k + 1) * d)
     r_flat = rotations.reshape(nD, d * d)
+    nd = window or T
+
+    # row sums from prefix sums of the keys; g_D rows: (R_D q0_i) . u = q0_i . (R_D^T u)
+    pre = window_prefix(keys, window, dim=1)
+    pre_g = (pre[..., G] @ rotations.transpose(0, 1).reshape(d, nD * d)).view(n, 1, T, nD, d)  # R_D^T u
+    out = {"q_rows": (q[:, :, :, None] * pre[:, None, :, Q].reshape(n, 1, T, k, d)).sum(-1).transpose(2, 3),
+           "g_rows": (q0[:, :, :, None] * pre_g).sum(-1).permute(3, 0, 1, 2)}
+    counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # rows that count column 0
+    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # R_D^T kg_0
+    out["q_col0"] = ((q @ keys[:, None, 0, Q].reshape(n, 1, k, d).transpose(-1, -2)) * counts0).transpose(2, 3)
+    out["g_col0"] = ((q0 @ k0_g[:, None].transpose(-1, -2)) * counts0).permute(3, 0, 1, 2)
 
     rows = torch.arange(nb * block, device=dev).view(nb, block)
     lo = (rows - window + 1).clamp(min=0) if window else torch.zeros_like(rows)
@@ -163,75 +176,91 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
             return acc.narrow(dim, 1, nb)
         return acc.index_select(dim, b_idx + 1) - acc.index_select(dim, last + 1)
 
-    # query side, shared by the key sets: per block and head the Gram matrix of [q | q0]
+    # full blocks. Query side: per block and head the Gram matrix of [q | q0], summed as above;
+    # [n, c, e, (q | q0, h, e')] for the q rows, [n, (l, m), c, (z, w, h)] for g^2, per pair of bands
     qb, q0b = _by_block(q, block), _by_block(q0, block)  # (n, nb, h B, d)
     z = torch.cat([qb, q0b], -1).view(n * nb * h, block, 2 * d)
     s = torch.bmm(z.transpose(1, 2).contiguous(), z).view(n, nb, h, 2 * d, 2 * d)  # (strided operands are slow)
-    # [n, c, a, (q | q0, h, e)] for the x and f rows; [n, (l, m), c, (z, w, h)] for g^2, per pair of bands
-    s_q = s[:, :, :, X].reshape(n, nb, h, d, 2, d).permute(0, 1, 3, 4, 2, 5).reshape(n, nb, d, 2 * h * d)
+    s_q = s[:, :, :, :d].reshape(n, nb, h, d, 2, d).permute(0, 1, 3, 4, 2, 5).reshape(n, nb, d, 2 * h * d)
     s_q = over_full(s_q, 1).reshape(n * nb, d, 2 * h * d)
     s_00 = s[:, :, :, d:, d:].reshape(n, nb, h, 2, L, 2, L).permute(0, 4, 6, 1, 3, 5, 2).reshape(n, L * L, nb, 4 * h)
     s_00 = over_full(s_00, 2).reshape(n * L * L, nb, 4 * h)
     del s, z
-    # R_D restricted to band pairs: r[D, x, z, l] = R_D[(x, l), (z, l)]; pair[D, l, m, x, y, z, w] = r_l[x, z] r_m[y, w]
+    # key side. y[n, c, r, a, q | q0, h, e] = K_a[j]^T (summed query Grams) for key j = (c, r)
+    kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, nb B, (k + 1) d)
+    kb = kp.view(n, nb, block, k + 1, d)
+    y = torch.bmm(kb[..., :k, :].reshape(n * nb, block * k, d), s_q).view(n, nb, block, k, 2, h, d)
+    out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])
+    # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
+    kg = kb[..., k, :]  # (n, nb, B, d)
+    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)
+    m = torch.stack([torch.bmm(kg_t, y[:, :, :, a, 1].reshape(n, nb * block, h * d)) for a in range(k)], 1)
+    m = m.view(n, k, d, h, d).permute(0, 3, 1, 2, 4).reshape(n * h * k, d * d)  # [(n, h, a), (e, f)]
+    out["qg"] = (r_flat @ m.T).view(nD, n, h, k)
+    # g^2: R_D restricted to band pairs, r[D, x, z, l] = R_D[(x, l), (z, l)], pair = r_l[x, z] r_m[y, w]
     r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)
     pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r).reshape(nD, -1)
+    g_gg = torch.bmm(kg.reshape(n * nb, block, d).transpose(1, 2).contiguous(), kg.reshape(n * nb, block, d))
+    g_gg = g_gg.view(n, nb, 2, L, 2, L).permute(0, 3, 5, 2, 4, 1).reshape(n * L * L, 4, nb)
+    out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, torch.bmm(g_gg, s_00).view(n, -1, h))
 
+    # ragged columns: the values of every x_a and g_D, masked, and all their products from one Gram matrix
     edge = 2 * block if window else 0
     cols = torch.cat([full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
-                      b_idx[:, None] * block + torch.arange(block, device=dev)], 1)  # (nb, C) ragged columns
+                      b_idx[:, None] * block + torch.arange(block, device=dev)], 1)  # (nb, C)
     valid = (cols[:, None, :] <= rows[:, :, None]) & (cols[:, None, :] >= lo[:, :, None]) & (cols >= 0)[:, None]
     valid[:, :, :edge] &= (cols[:, :edge] < full_lo[:, None] * block)[:, None]
     vm = valid.to(f64)[:, None, None]  # (nb, 1, 1, B, C)
     C = cols.shape[1]
+    kc = kp[:, cols.clamp(min=0)].view(n, nb, C, k + 1, d)
+    kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2).reshape(n * nb, d, k * C)  # [(n, c), e, (a, j)]
+    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=f64, device=dev)
+    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q).view(n, nb, h, block, k, C)
+    torch.mul(v.transpose(3, 4), vm, out=vals[:, :, :, :k])
+    # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query
+    kg_rot = kc[..., k, :].reshape(-1, d) @ rotations.transpose(0, 1).reshape(d, nD * d)  # [(n, c, j), (D, e)]
+    kg_rot = kg_rot.view(n * nb, C, nD, d).permute(0, 3, 2, 1).reshape(n * nb, d, nD * C)
+    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot).view(n, nb, h, block, nD, C)
+    torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, k:])
+    vals = vals.view(n * nb * h, k + nD, block * C)
+    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous()).view(n, nb, h, k + nD, k + nD).sum(1)
+    out["qq"] += prod[..., :k, :k]
+    out["qg"] += prod[..., k:, :k].permute(2, 0, 1, 3)
+    out["gg"] += prod[..., k:, k:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
+    return out
 
-    results = []
-    for keys in key_sets:
-        keys = keys.to(f64)
-        kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, nb B, 3d)
-        kb = kp.view(n, nb, block, 3 * d)
-        pre = window_prefix(keys, window, dim=1)  # first moments from prefix sums of the keys
-        out = {"s_x": (q * pre[:, None, :, X]).sum((-1, -2)), "s_f": (q * pre[:, None, :, F]).sum((-1, -2))}
-        out["s_g"] = (r_flat @ torch.einsum("nte,nhtf->nhef", pre[..., G], q0).reshape(n * h, -1).T).view(nD, n, h)
 
-        # full blocks. y[n, c, r, key x | f, query q | q0, h, e] = k_j^T (sum of the query Grams), key j = (c, r)
-        y = torch.bmm(kb[..., :2 * d].reshape(n * nb, 2 * block, d), s_q).view(n, nb, block, 2, 2, h, d)
-        kx, kf, kg = kb[..., None, X], kb[..., None, F], kb[..., G]  # kx, kf (n, nb, B, 1, d) meet y's heads
-        out["s_xx"] = (y[:, :, :, 0, 0] * kx).sum((1, 2, 4))
-        out["s_xf"] = (y[:, :, :, 0, 0] * kf).sum((1, 2, 4))
-        out["s_ff"] = (y[:, :, :, 1, 0] * kf).sum((1, 2, 4))
-        # sum_i (q_i^T G_xg) . R_D q0_i = <R_D, m>, m = sum_j kg_j (kx_j^T sum of the q q0^T Grams); same for f
-        kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)
-        for name, k_type in (("s_xg", 0), ("s_fg", 1)):
-            m = torch.bmm(kg_t, y[:, :, :, k_type, 1].reshape(n, nb * block, h * d))  # (n, e, (h, f))
-            m = m.view(n, d, h, d).transpose(1, 2).reshape(n * h, d * d)
-            out[name] = (r_flat @ m.T).view(nD, n, h)
-        g_gg = torch.bmm(kg.reshape(n * nb, block, d).transpose(1, 2).contiguous(), kg.reshape(n * nb, block, d))
-        g_gg = g_gg.view(n, nb, 2, L, 2, L).permute(0, 3, 5, 2, 4, 1).reshape(n * L * L, 4, nb)
-        gg = torch.bmm(g_gg, s_00).view(n, -1, h)  # [n, (l, m, x, y, z, w), h]
-        out["s_gg"] = torch.einsum("Dk,nkh->Dnh", pair, gg)
+def moments_by_sink(m: dict, gamma: torch.Tensor, window: int) -> dict:
+    """Sums of x = W, f, g_D and their products for both sink handlings, from :func:`masked_moments` over the
+    'with' mask with keys ``[x | f | phi | g]``.
 
-        # ragged columns: the values of x, f and every g_D, masked, and all their products from one Gram matrix
-        kc = kp[:, cols.clamp(min=0)]  # (n, nb, C, 3d)
-        kc_t = kc.transpose(2, 3).contiguous()  # (n, nb, 3d, C)
-        vals = torch.empty(n, nb, h, 2 + nD, block, C, dtype=f64, device=dev)
-        v = torch.bmm(qb.reshape(n * nb, h * block, d), torch.cat([kc_t[:, :, X], kc_t[:, :, F]], -1).view(n * nb, d, 2 * C))
-        torch.mul(v.view(n, nb, h, block, 2, C).transpose(3, 4), vm, out=vals[:, :, :, :2])
-        # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query
-        kg_rot = kc[..., G].reshape(-1, d) @ rotations.transpose(0, 1).reshape(d, nD * d)  # [(n, c, j), (D, e)]
-        kg_rot = kg_rot.view(n * nb, C, nD, d).permute(0, 3, 2, 1).reshape(n * nb, d, nD * C)
-        vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot).view(n, nb, h, block, nD, C)
-        torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, 2:])
-        vals = vals.view(n * nb * h, 2 + nD, block * C)
-        prod = torch.bmm(vals, vals.transpose(1, 2).contiguous()).view(n, nb, h, 2 + nD, 2 + nD).sum(1)
-        out["s_xx"] += prod[..., 0, 0]
-        out["s_xf"] += prod[..., 0, 1]
-        out["s_ff"] += prod[..., 1, 1]
-        out["s_xg"] += prod[..., 0, 2:].permute(2, 0, 1)
-        out["s_fg"] += prod[..., 1, 2:].permute(2, 0, 1)
-        out["s_gg"] += prod[..., 2:, 2:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
-        results.append(out)
-    return results
+    'without' drops column 0 and takes the mean key over tokens 1..T-1, kbar': f' = f + phi with
+    ``phi_ij = s (R_i q_i).(R_j (kbar' - kbar))`` and g' = g + gamma with the row constant
+    ``gamma_i = s (R_D q_i).(R_0 (kbar - kbar'))``, ``gamma (nD, ..., T)``. Sums without column 0 subtract its
+    products, an O(T) correction. Returns ``{sink: {s_x, s_f, s_g, s_xx, s_xf, s_ff, s_xg, s_fg, s_gg}}``.
+    """
+    T = m["q_rows"].shape[-1]
+    nd = window or T
+    tok = torch.arange(T, device=gamma.device)
+    n_rows = ((tok + 1).clamp(max=nd) - (tok < nd).long()).to(gamma.dtype)  # counted entries per row, no column 0
+    c0, g0 = m["q_col0"], m["g_col0"]
+    rows, g_rows = m["q_rows"] - c0, m["g_rows"] - g0
+    qq = m["qq"] - torch.einsum("nhat,nhbt->nhab", c0, c0)
+    qg = m["qg"] - torch.einsum("nhat,Dnht->Dnha", c0, g0)
+    gg = m["gg"] - (g0 * g0).sum(-1)
+    f_rows = rows[..., 1, :] + rows[..., 2, :]
+    return {
+        "with": {"s_x": m["q_rows"][..., 0, :].sum(-1), "s_f": m["q_rows"][..., 1, :].sum(-1),
+                 "s_g": m["g_rows"].sum(-1), "s_xx": m["qq"][..., 0, 0], "s_xf": m["qq"][..., 0, 1],
+                 "s_ff": m["qq"][..., 1, 1], "s_xg": m["qg"][..., 0], "s_fg": m["qg"][..., 1], "s_gg": m["gg"]},
+        "without": {"s_x": rows[..., 0, :].sum(-1), "s_f": f_rows.sum(-1),
+                    "s_g": g_rows.sum(-1) + (gamma * n_rows).sum(-1),
+                    "s_xx": qq[..., 0, 0], "s_xf": qq[..., 0, 1] + qq[..., 0, 2],
+                    "s_ff": qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
+                    "s_xg": qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
+                    "s_fg": qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
+                    "s_gg": gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1)},
+    }
 
 
 def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
@@ -565,16 +594,17 @@ class Decomposer:
         pos = torch.arange(T, device=dev)
         n = {sk: MaskInfo.build(T, window, dev).count(sk) for sk in SINKS}
 
-        # keys per sink: [R_j k_j | R_j kbar | R_0 (k_j - kbar)] (H_kv, T, 3d); 'without' zeroes key 0, which
-        # drops column 0 from every sum
+        # keys [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)] (H_kv, T, 4d), kbar' the mean over
+        # tokens 1..T-1 (sink dropped)
         k64 = k.double()
-        kbar = {"with": k64.mean(1), "without": k64[:, 1:].mean(1)}
+        kbar, kbar_wo = k64.mean(1), k64[:, 1:].mean(1)
+
+        def rotated_const(v):  # (H_kv, d) -> R_j v for every j
+            return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
+
         k_rot = rotate(k, pos, theta, amp)
-        keys = {}
-        for sk in SINKS:
-            kb_rot = rotate(kbar[sk].float()[:, None].expand(-1, T, -1), pos, theta, amp)
-            keys[sk] = torch.cat([k_rot, kb_rot, (k64 - kbar[sk][:, None]).float() * amp], -1)
-        keys["without"][:, 0] = 0
+        keys = torch.cat([k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar),
+                          (k64 - kbar[:, None]).float() * amp], -1)
         # queries rotated to their own position, and (p_D = R_D q0) to every dummy distance, times s
         q_rot = rotate(q, pos, theta, amp) * s
         q0 = q * (s * amp)
@@ -597,14 +627,18 @@ class Decomposer:
             out[..., order] = x.reshape(*x.shape[:-2], H)
             return out
 
-        # sums and second moments of x = W, f and every g_D, per sink, without (T x T) matrices
+        # sums and second moments of x = W, f and every g_D, per sink, without (T x T) matrices; one KV head at a
+        # time keeps the working set small (and on a CPU, below malloc's mmap threshold)
         q_kv, q0_kv = by_kv(q_rot), by_kv(q0)
-        # one KV head at a time keeps the working set small (and on a CPU, below malloc's mmap threshold)
-        chunks = [masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rotations,
-                                 [keys[sk][used[i:i + 1]] for sk in SINKS], window, self.block)
-                  for i in range(len(used))]
-        mom = {sk: {name: to_heads(torch.cat([c[si][name] for c in chunks], -2)) for name in chunks[0][si]}
-               for si, sk in enumerate(SINKS)}
+        shift = (kbar - kbar_wo) * amp  # R_0 (kbar - kbar'), the sink-free g's row-constant offset
+        chunks = []
+        for i in range(len(used)):
+            part = masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rotations, keys[used[i:i + 1]], window, self.block)
+            r_shift = torch.einsum("Dfe,nf->neD", rotations.double(), shift[used[i:i + 1]])  # R_D^T shift
+            gamma = (q0_kv[i:i + 1].double() @ r_shift[:, None]).permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            chunks.append(moments_by_sink(part, gamma, window))
+        mom = {sk: {name: to_heads(torch.cat([c[sk][name] for c in chunks], -2)) for name in chunks[0][sk]}
+               for sk in SINKS}
         mu_w = mom["with"]["s_x"] / n["with"]
         # sums of W - mu_w for Method B
         b_sums = [to_heads(part.permute(2, 0, 1)).T
@@ -661,12 +695,14 @@ class Decomposer:
         # s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)| with a = |q^(l)|, b = |k^(l) - kbar^(l)| (0 for a
         # dropped column)
         a_norm = band_norms(q) * (s * amp * amp)  # (H, T, L)
-        b_norm = torch.stack([band_norms((k64 - kbar[sk][:, None]).float()) for sk in SINKS], 1)  # (H_kv, sink, T, L)
+        b_norm = torch.stack([band_norms((k64 - mean[:, None]).float()) for mean in (kbar, kbar_wo)], 1)  # (H_kv, sink, T, L)
         b_norm[:, SINKS.index("without"), 0] = 0
         counts = torch.tensor([n[sk] for sk in SINKS], device=dev, dtype=f64)
         table = self.table(rope.inv_freq, T, window)
-        e_keys = torch.stack([torch.cat([keys[sk][used, :, :d] - keys[sk][used, :, d:2 * d], -keys[sk][used, :, 2 * d:]],
-                                        -1) for sk in SINKS], 1)  # (n_kv, sink, T, 2d)
+        kx, kf, kphi, kg = keys[used].split(d, -1)
+        e_keys = torch.stack([torch.cat([kx - kf, -kg], -1),
+                              torch.cat([kx - kf - kphi, -kg - shift[used, None].float()], -1)], 1)  # (n_kv, sink, T, 2d)
+        e_keys[:, 1, 0] = 0  # 'without' drops column 0
         p_def = rotate(q, torch.tensor(self.default_D), theta, amp) * s
         err_sum, slack_min = self._error_pass(by_kv(torch.cat([q_rot, p_def], -1)), e_keys, by_kv(a_norm),
                                               b_norm[used], table, window)
