@@ -2,8 +2,6 @@
 
 import re
 
-import yaml
-
 from conftest import make_run, tiny_config
 from posgen.store import open_dataset
 

@@ -35,7 +35,7 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.models import resolve_device
-from posgen.rope import rotate
+from posgen.rope import causal_mask, rotate
 from posgen.store import open_dataset, provenance, write_netcdf
 
 SINKS = ("with", "without")
@@ -76,23 +76,12 @@ def window_prefix(x: torch.Tensor, window: int, dim: int = 0) -> torch.Tensor:
     return c
 
 
-@dataclass
+@dataclass(frozen=True)
 class MaskInfo:
-    """Counts of the entries that count, for both sink handlings (``without`` drops key column 0)."""
+    """The entries that count: j <= i, within the window, and for ``without`` not in key column 0."""
 
     n_tokens: int
     window: int
-    row_count: torch.Tensor  # (T,) float64, with the sink
-    has_sink: torch.Tensor  # (T,) float64, 1 where entry (i, 0) counts
-
-    @classmethod
-    def build(cls, n_tokens: int, window: int, device) -> "MaskInfo":
-        i = torch.arange(n_tokens, device=device, dtype=torch.float64)
-        lo = (i - window + 1).clamp(min=0) if window else torch.zeros_like(i)
-        return cls(n_tokens, window, i - lo + 1, (lo == 0).to(torch.float64))
-
-    def rows(self, sink: str) -> torch.Tensor:
-        return self.row_count - self.has_sink if sink == "without" else self.row_count
 
     def count(self, sink: str) -> float:
         """Number of counted entries (computed on the host: no device round trip)."""
@@ -100,18 +89,11 @@ class MaskInfo:
         n = sum(min(i + 1, W) for i in range(T))
         return float(n - min(T, W) if sink == "without" else n)
 
-    def apply(self, x: torch.Tensor, sink: str = "with") -> torch.Tensor:
-        """Zero, in place, the entries of ``x[..., T, T]`` that do not count."""
-        x.tril_()
-        if self.window:
-            x.triu_(-(self.window - 1))
+    def bool(self, sink: str = "with", device=None) -> torch.Tensor:
+        mask = causal_mask(self.n_tokens, self.window, device)
         if sink == "without":
-            x[..., 0] = 0
-        return x
-
-    def bool(self, sink: str = "with") -> torch.Tensor:
-        m = self.apply(torch.ones(self.n_tokens, self.n_tokens, dtype=torch.bool, device=self.row_count.device), sink)
-        return m
+            mask[:, 0] = False
+        return mask
 
 
 def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -300,11 +282,10 @@ class AdditiveDesign:
         if T < 3 or (window and window < 2):
             raise ValueError(f"additive fit needs >= 3 tokens and a window >= 2 (got T={T}, window={window})")
         f64 = torch.float64
-        info = MaskInfo.build(T, window, device)
-        self.has_sink = info.has_sink
+        info = MaskInfo(T, window)
         self.n_tokens, self.window, self.sink = T, window, sink
         self.n_delta = window or T
-        M = info.bool(sink).to(f64)
+        M = info.bool(sink, device).to(f64)
         nab = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, i] = M[i, i - delta]
         nac = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, j] = M[j + delta, j]
         for delta in range(self.n_delta):
@@ -592,7 +573,7 @@ class Decomposer:
         s, amp = float(rope.scaling), float(rope.attention_scaling)
         theta = rope.inv_freq.to(dev, torch.float32)
         pos = torch.arange(T, device=dev)
-        n = {sk: MaskInfo.build(T, window, dev).count(sk) for sk in SINKS}
+        n = {sk: MaskInfo(T, window).count(sk) for sk in SINKS}
 
         # keys [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)] (H_kv, T, 4d), kbar' the mean over
         # tokens 1..T-1 (sink dropped)
@@ -815,7 +796,7 @@ def decompose_store(
     ds = open_dataset(qk_path, lazy=False)
     _check_store(ds, qk_path)
     dec = Decomposer(dummy_distances, default_D, device=device, lstsq_tol=lstsq_tol)
-    N, L, H = ds.sizes["sample"], ds.sizes["layer"], ds.sizes["head"]
+    N, L = ds.sizes["sample"], ds.sizes["layer"]
     kv_group = ds["kv_group"].values
     ropes = [layer_rope(ds, layer) for layer in range(L)]
     arrays: dict[str, np.ndarray] = {}
