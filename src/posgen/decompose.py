@@ -610,13 +610,13 @@ class Decomposer:
 
         # sums and second moments of x = W, f and every g_D, per sink, without (T x T) matrices; one KV head at a
         # time keeps the working set small (and on a CPU, below malloc's mmap threshold)
-        q_kv, q0_kv = by_kv(q_rot), by_kv(q0)
+        q_kv, q0_kv, rot64 = by_kv(q_rot).double(), by_kv(q0).double(), rotations.double()  # converted once
         shift = (kbar - kbar_wo) * amp  # R_0 (kbar - kbar'), the sink-free g's row-constant offset
         chunks = []
         for i in range(len(used)):
-            part = masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rotations, keys[used[i:i + 1]], window, self.block)
-            r_shift = torch.einsum("Dfe,nf->neD", rotations.double(), shift[used[i:i + 1]])  # R_D^T shift
-            gamma = (q0_kv[i:i + 1].double() @ r_shift[:, None]).permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            part = masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rot64, keys[used[i:i + 1]], window, self.block)
+            r_shift = torch.einsum("Dfe,nf->neD", rot64, shift[used[i:i + 1]])  # R_D^T shift
+            gamma = (q0_kv[i:i + 1] @ r_shift[:, None]).permute(3, 0, 1, 2)  # (nD, 1, h, T)
             chunks.append(moments_by_sink(part, gamma, window))
         mom = {sk: {name: to_heads(torch.cat([c[sk][name] for c in chunks], -2)) for name in chunks[0][sk]}
                for sk in SINKS}
