@@ -559,6 +559,28 @@ def _rate_axis(ax, rates_percent):
     ax.set_xlabel("perturbed fraction $p$ (%)")
 
 
+def _kind_grid(perturb: xr.Dataset):
+    """A page-wide grid with one panel per perturbation kind: (fig, axes, kinds, rates in %)."""
+    kinds = perturb["kind"].values
+    n_cols = 3
+    n_rows = -(-len(kinds) // n_cols)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PAGE_WIDTH, 2.0 * n_rows + 0.3), squeeze=False,
+                             sharex=True, sharey=True)
+    return fig, axes, kinds, perturb["rate"].values * 100
+
+
+def _finish_kind_grid(fig: Figure, axes, kinds, x, ylabel: str) -> None:
+    """Titles, rate axes and labels of a :func:`_kind_grid`; unused panels removed; one legend."""
+    for ax, kind in zip(axes.ravel(), kinds):
+        ax.set_title(str(kind))
+        _rate_axis(ax, x)
+        ax.set_ylabel(ylabel)
+        ax.label_outer()
+    for ax in axes.ravel()[len(kinds):]:
+        ax.remove()
+    _figure_legend(fig, axes[0, 0])
+
+
 @_styled
 def fig_perturb_ppl(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
     """Perplexity relative to the unperturbed text against p, one panel per perturbation kind.
@@ -568,12 +590,7 @@ def fig_perturb_ppl(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> F
     _need(perturb, ["ppl_ratio", "variant", "kind", "rate", "sample"], "perturb.nc")
     colors = variant_colors(perturb["variant"].values)
     mean, lo, hi = bootstrap_mean(perturb["ppl_ratio"], "sample", n_boot=n_boot, seed=seed)
-    kinds = perturb["kind"].values
-    n_cols = 3
-    n_rows = -(-len(kinds) // n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PAGE_WIDTH, 2.0 * n_rows + 0.3), squeeze=False,
-                             sharex=True, sharey=True)
-    x = perturb["rate"].values * 100
+    fig, axes, kinds, x = _kind_grid(perturb)
     for ax, kind in zip(axes.ravel(), kinds):
         for variant in perturb["variant"].values:
             sel = {"variant": variant, "kind": kind}
@@ -581,13 +598,7 @@ def fig_perturb_ppl(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> F
             ax.fill_between(x, lo.sel(sel).transpose("rate"), hi.sel(sel).transpose("rate"),
                             color=colors[variant], alpha=0.25, lw=0)
         ax.axhline(1.0, ls=":", lw=0.8, color="0.3")
-        ax.set_title(str(kind))
-        _rate_axis(ax, x)
-        ax.set_ylabel("perplexity / unperturbed")
-        ax.label_outer()
-    for ax in axes.ravel()[len(kinds):]:
-        ax.remove()
-    _figure_legend(fig, axes[0, 0])
+    _finish_kind_grid(fig, axes, kinds, x, "perplexity / unperturbed")
     return fig
 
 
@@ -600,12 +611,7 @@ def fig_perturb_fg(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Fi
     _need(perturb, ["f_corr", "g_corr", "variant", "kind", "rate", "sample", "layer"], "perturb.nc")
     term_colors = dict(zip(("f", "g"), sns.color_palette("colorblind")[1:3]))
     styles = dict(zip(perturb["variant"].values, ["-", "--", ":", "-."] * 8))
-    kinds = perturb["kind"].values
-    n_cols = 3
-    n_rows = -(-len(kinds) // n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PAGE_WIDTH, 2.0 * n_rows + 0.3), squeeze=False,
-                             sharex=True, sharey=True)
-    x = perturb["rate"].values * 100
+    fig, axes, kinds, x = _kind_grid(perturb)
     for term in ("f", "g"):
         change = 1 - perturb[f"{term}_corr"].mean("layer")
         mean, lo, hi = bootstrap_mean(change, "sample", n_boot=n_boot, seed=seed)
@@ -616,14 +622,7 @@ def fig_perturb_fg(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Fi
                         ls=styles[variant], label=f"{term}, {variant}")
                 ax.fill_between(x, lo.sel(sel).transpose("rate"), hi.sel(sel).transpose("rate"),
                                 color=term_colors[term], alpha=0.2, lw=0)
-    for ax, kind in zip(axes.ravel(), kinds):
-        ax.set_title(str(kind))
-        _rate_axis(ax, x)
-        ax.set_ylabel("1 - corr(perturbed, clean)")
-        ax.label_outer()
-    for ax in axes.ravel()[len(kinds):]:
-        ax.remove()
-    _figure_legend(fig, axes[0, 0])
+    _finish_kind_grid(fig, axes, kinds, x, "1 - corr(perturbed, clean)")
     return fig
 
 

@@ -635,6 +635,20 @@ def _provenance(ds, manifest, model_name, variant, dtype, model, seconds, config
     )
 
 
+def _run_job(experiment, model_dir, windows_path, out_path, *, model_name: str, variant: str, n_samples: int,
+             seq_len: int, dtype: str, device: str, config_hash: str, attn_implementation=None) -> xr.Dataset:
+    """Read the windows, load the model, run ``experiment(model, tokenizer, token_ids)``, write it with provenance."""
+    from posgen.store import write_netcdf
+
+    start = time.perf_counter()
+    token_ids = read_windows(windows_path, n_samples, seq_len)
+    model, tokenizer, manifest = _load(model_dir, variant, dtype, device, attn_implementation)
+    ds = experiment(model, tokenizer, token_ids)
+    ds.attrs = _provenance(ds, manifest, model_name, variant, dtype, model, time.perf_counter() - start, config_hash)
+    write_netcdf(ds, out_path)
+    return ds
+
+
 def perturb_job(
     model_dir: str | Path,
     windows_path: str | Path,
@@ -653,18 +667,16 @@ def perturb_job(
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``perturb.nc`` of one model variant (docs/data-model.md)."""
-    from posgen.store import write_netcdf
 
-    start = time.perf_counter()
-    token_ids = read_windows(windows_path, n_samples, seq_len)
-    model, tokenizer, manifest = _load(model_dir, variant, dtype, device)
-    strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
-    ds = run_perturbations(model, token_ids, strings, rates=rates, seed=seed, dummy_distance=dummy_distance,
-                           jitter=jitter)
-    ds["token_id"] = (("sample", "token"), token_ids)
-    ds.attrs = _provenance(ds, manifest, model_name, variant, dtype, model, time.perf_counter() - start, config_hash)
-    write_netcdf(ds, out_path)
-    return ds
+    def experiment(model, tokenizer, token_ids):
+        strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
+        ds = run_perturbations(model, token_ids, strings, rates=rates, seed=seed, dummy_distance=dummy_distance,
+                               jitter=jitter)
+        ds["token_id"] = (("sample", "token"), token_ids)
+        return ds
+
+    return _run_job(experiment, model_dir, windows_path, out_path, model_name=model_name, variant=variant,
+                    n_samples=n_samples, seq_len=seq_len, dtype=dtype, device=device, config_hash=config_hash)
 
 
 def cap_job(
@@ -683,12 +695,7 @@ def cap_job(
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``cap.nc`` of one model variant (docs/data-model.md)."""
-    from posgen.store import write_netcdf
-
-    start = time.perf_counter()
-    token_ids = read_windows(windows_path, n_samples, seq_len)
-    model, _, manifest = _load(model_dir, variant, dtype, device, CAPPED_BACKEND)
-    ds = run_caps(model, token_ids, caps=caps, dummy_distance=dummy_distance)
-    ds.attrs = _provenance(ds, manifest, model_name, variant, dtype, model, time.perf_counter() - start, config_hash)
-    write_netcdf(ds, out_path)
-    return ds
+    return _run_job(lambda model, _, token_ids: run_caps(model, token_ids, caps=caps, dummy_distance=dummy_distance),
+                    model_dir, windows_path, out_path, model_name=model_name, variant=variant, n_samples=n_samples,
+                    seq_len=seq_len, dtype=dtype, device=device, config_hash=config_hash,
+                    attn_implementation=CAPPED_BACKEND)
