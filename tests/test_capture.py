@@ -8,7 +8,7 @@ from posgen import rope
 from posgen.capture import BACKEND, Capture
 from posgen.corpus import cut_windows, load_text
 from posgen.extract import SelfCheckError, extract, verify_logits
-from posgen.models import acquire, load
+from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
 
 
@@ -18,7 +18,7 @@ def extracted(request, tiny_source, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"extract-{arch}")
     model_dir = tmp / "model"
     acquire(f"local:{tiny_source(arch)}", model_dir)
-    _, tokenizer = load(model_dir)
+    _, tokenizer, _ = load_model(model_dir)
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 3, 40, 0, "embedded"), tmp / "windows.h5")
     out = {}
     for variant in ["trained", "random-seed0"]:
@@ -112,13 +112,13 @@ def test_capture_backend_leaves_model_outputs_unchanged(extracted):
     ids = torch.randint(0, 400, (2, 40))
     outputs = {}
     for impl in ["sdpa", "eager", BACKEND]:
-        model, _ = load(model_dir, attn_implementation=impl)
+        model, _, _ = load_model(model_dir, attn_implementation=impl)
         with torch.inference_mode():
             outputs[impl] = model(input_ids=ids).logits
     torch.testing.assert_close(outputs[BACKEND], outputs["sdpa"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outputs[BACKEND], outputs["eager"], rtol=1e-4, atol=1e-4)
     # and capturing does not perturb them either
-    model, _ = load(model_dir, attn_implementation=BACKEND)
+    model, _, _ = load_model(model_dir, attn_implementation=BACKEND)
     with torch.inference_mode(), Capture(model, [0]) as cap:
         cap.reset(40, keep_logits=True)
         captured = model(input_ids=ids).logits

@@ -14,6 +14,7 @@ import xarray as xr
 
 from posgen import figures
 from posgen.rope import causal_mask, logits
+from posgen.stats import bootstrap_mean
 
 VARIANTS = ["trained", "random-seed0", "random-seed1"]
 KINDS = ["token-swap", "token-permute", "word-swap", "word-permute", "posid-swap", "posid-jitter"]
@@ -59,7 +60,7 @@ def make_decomposition(n_samples=3, n_layers=2, n_heads=4, seed=0, r_layer_head=
         },
         coords={"sample": np.arange(n_samples), "layer": np.arange(n_layers), "head": np.arange(n_heads),
                 "method": ["A", "B"], "sink": ["with", "without"], "D": ds_},
-        attrs={"default_D": 1000},
+        attrs={"dummy_distance": 1000},
     )
 
 
@@ -294,7 +295,7 @@ def test_missing_variable_is_named():
 
 def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
     x = xr.DataArray(np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0], [4.0, 5.0]]), dims=("sample", "k"))
-    mean, lo, hi = figures.bootstrap_mean(x, "sample", n_boot=2000, seed=1)
+    mean, lo, hi = bootstrap_mean(x, "sample", n_boot=2000, seed=1)
     np.testing.assert_allclose(mean, [2.5, 5.0])
     assert lo[0] < 2.5 < hi[0] and 1.0 <= lo[0] and hi[0] <= 4.0
     assert lo[1] == hi[1] == 5.0  # identical samples: zero-width interval
@@ -376,8 +377,8 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
 
 
 def test_pooled_entries_equal_the_full_matrices_at_those_pairs():
-    """The pair-wise shortcut of the pooled sample gives exactly rope.logits and perturb.method_a_terms."""
-    from posgen.perturb import method_a_terms
+    """The pair-wise shortcut of the pooled sample gives exactly rope.logits and method_a.method_a_terms."""
+    from posgen.method_a import method_a_terms
 
     qk = make_qk(n_samples=1, sliding=(0, 9))
     qk = qk.assign(attention_scaling=("layer", np.array([1.0, 1.3])))  # amplitude enters like the model's

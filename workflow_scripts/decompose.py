@@ -1,6 +1,6 @@
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.decompose import decompose_store  # noqa: E402
 
 p = snakemake.params

@@ -1,6 +1,6 @@
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.figures import write_examples  # noqa: E402
 
 write_examples(

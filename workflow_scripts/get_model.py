@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.models import acquire  # noqa: E402
 
 entry = snakemake.params.entry

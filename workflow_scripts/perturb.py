@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.perturb import perturb_job  # noqa: E402
 
 p = snakemake.params

@@ -14,10 +14,7 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
-from posgen.store import open_dataset, provenance, write_netcdf
-
-CARRIED_ATTRS = ("model", "model_source", "model_revision", "weights_sha256", "variant", "init_seed",
-                 "architecture", "capture_point")
+from posgen.store import carried_attrs, open_dataset, provenance, require, write_netcdf
 
 
 def band_moments(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -39,9 +36,7 @@ def _ratio(var: np.ndarray, mean_sq: np.ndarray) -> np.ndarray:
 def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = True) -> xr.Dataset:
     """bands.nc from qk.h5, reading one (sample, layer) at a time (see docs/data-model.md)."""
     ds = open_dataset(qk_path, lazy=False)
-    missing = [v for v in ("q", "k", "inv_freq") if v not in ds]
-    if missing:
-        raise KeyError(f"{qk_path}: missing variable(s) {', '.join(missing)}")
+    require(ds, ("q", "k", "inv_freq"), str(qk_path))
     N, L, H, Hkv = ds.sizes["sample"], ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"]
     n_band = ds.sizes["dim"] // 2
     acc = {name: np.zeros(shape) for name, shape in {
@@ -65,9 +60,8 @@ def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = Tru
     }
     coords = {"layer": ds["layer"].values, "head": ds["head"].values, "kv_head": ds["kv_head"].values,
               "band": np.arange(n_band)}
-    carried = {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
     out = xr.Dataset(data, coords=coords, attrs=provenance(
-        config_hash=config_hash, source=str(Path(qk_path)), n_samples=int(N), **carried))
+        config_hash=config_hash, source=str(Path(qk_path)), n_samples=int(N), **carried_attrs(ds)))
     ds.close()
     write_netcdf(out, out_path)
     return out

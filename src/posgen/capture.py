@@ -11,11 +11,25 @@ Two ecosystem mechanisms, no edits to transformers:
 
 The extraction self-check (``posgen.extract``) re-rotates the hooked pre-RoPE vectors and must reproduce the
 logits seen by the backend, which proves the hook point is the one the rotary step reads.
+
+Distance capping (LM-Infinite)
+------------------------------
+``logit_ij = s (R_{min(p_i - p_j, C)} q_i).k_j``: beyond distance C (the distance cap) the query is rotated as
+if at distance C. It runs inside the model as the third capturing backend, ``CAPPED_BACKEND`` (eager
+attention, its mask registered under the same name); :func:`capped_distances` sets C for a block of forward
+passes.
+Without a cap, or when no distance exceeds C, it computes exactly what the model's eager attention computes.
+:func:`capped_logits` is the same formula from pre-RoPE q/k, the reference the tests hold the backend to.
+
+All three backends are registered when this module is imported: naming one means importing its name from
+here, and no other module registers anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,8 +37,11 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
+from posgen import rope
+
 BACKEND = "posgen_capture"
 BACKEND_EAGER = "posgen_capture_eager"
+CAPPED_BACKEND = "posgen_capped"
 
 _active: "Capture | None" = None
 
@@ -38,8 +55,8 @@ def _eager_forward(module):
     return sys.modules[type(module).__module__].eager_attention_forward
 
 
-# Attention backends that report to a running Capture; other modules add theirs (posgen.perturb's capped one).
-CAPTURING_BACKENDS = {BACKEND, BACKEND_EAGER}
+# Attention backends that report to a running Capture.
+CAPTURING_BACKENDS = (BACKEND, BACKEND_EAGER, CAPPED_BACKEND)
 
 
 def notify(module, query, key, scaling, kwargs) -> None:
@@ -55,10 +72,55 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
+def _rotate_rows(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, H, T, d) by per-row positions (B or 1, T) with unit amplitude."""
+    rows = [rope.rotate(x[b], positions[b if positions.shape[0] > 1 else 0], inv_freq) for b in range(x.shape[0])]
+    return torch.stack(rows)
+
+
+def _capped_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The eager attention of transformers' Llama, with distances beyond ``module.posgen_distance_cap`` seen as
+    that cap."""
+    scaling = module.head_dim**-0.5 if scaling is None else scaling
+    notify(module, query, key, scaling, kwargs)  # a running Capture records logits/scaling
+    n_rep = query.shape[1] // key.shape[1]
+    key_states = _repeat_kv(key, n_rep)
+    value_states = _repeat_kv(value, n_rep)
+    weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+
+    distance_cap = getattr(module, "posgen_distance_cap", None)
+    if distance_cap is not None:
+        n = query.shape[-2]
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            positions = torch.arange(n, device=query.device)[None]
+        far = (positions[:, :, None] - positions[:, None, :]) > distance_cap  # (B or 1, T, T)
+        if far.any():
+            inv_freq = module.posgen_inv_freq.to(query.device)
+            # query and key arrive rotated to their positions p; turning them by C - p and -p gives
+            # (R_C q).(R_0 k), the LM-Infinite logit of a pair farther apart than C.
+            q_far = _rotate_rows(query, distance_cap - positions, inv_freq)
+            k_far = _rotate_rows(key_states, -positions, inv_freq)
+            far_weights = (q_far @ k_far.transpose(2, 3)) * scaling
+            weights = torch.where(far[:, None], far_weights.to(weights.dtype), weights)
+
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        weights = torch.tanh(weights / softcap) * softcap
+    if attention_mask is not None:
+        weights = weights + attention_mask[:, :, :, : key_states.shape[-2]]
+    weights = torch.nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value_states).transpose(1, 2).contiguous()
+    return output, weights
+
+
 AttentionInterface.register(BACKEND, _attention)
 AttentionMaskInterface.register(BACKEND, sdpa_mask)
 AttentionInterface.register(BACKEND_EAGER, _attention)
 AttentionMaskInterface.register(BACKEND_EAGER, eager_mask)
+AttentionInterface.register(CAPPED_BACKEND, _capped_attention)
+AttentionMaskInterface.register(CAPPED_BACKEND, eager_mask)
 
 
 def backend_for(config) -> str:
@@ -67,15 +129,15 @@ def backend_for(config) -> str:
     return BACKEND_EAGER if getattr(text_config, "attn_logit_softcapping", None) else BACKEND
 
 
-def load_model(model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu"):
-    """``(model, tokenizer)`` of a checkpoint folder, loaded with the capturing backend its config needs."""
-    from transformers import AutoConfig
+def load_capturing(model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu",
+                   backend: str | None = None):
+    """``(model, tokenizer, manifest)`` of a checkpoint folder, loaded with a capturing backend: ``backend``, or
+    the one its config needs (:func:`backend_for`)."""
+    from posgen.models import load_model
 
-    from posgen.models import load, read_manifest
-
-    remote = read_manifest(model_dir).get("trust_remote_code", False)
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
-    return load(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend_for(config))
+    if backend is not None and backend not in CAPTURING_BACKENDS:
+        raise ValueError(f"backend {backend!r}: not a capturing backend ({', '.join(CAPTURING_BACKENDS)})")
+    return load_model(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend or backend_for)
 
 
 def attention_modules(model) -> list:
@@ -211,3 +273,84 @@ class Capture:
         q = torch.stack([x[batch_index] for x in self.q]).numpy()
         k = torch.stack([x[batch_index] for x in self.k]).numpy()
         return q, k
+
+
+# --------------------------------------------------------------------------------------------------------
+# Distance capping
+
+
+@contextlib.contextmanager
+def capped_distances(model, distance_cap: int, inv_freq: np.ndarray):
+    """Run ``model`` (loaded with ``CAPPED_BACKEND``) with RoPE distances capped at ``distance_cap``.
+
+    ``inv_freq`` (layer, band) is the per-layer RoPE frequency table (``Capture.rope()["inv_freq"]``).
+    Outside this context the backend does not cap.
+    """
+    if model.config._attn_implementation != CAPPED_BACKEND:
+        raise RuntimeError(f"load the model with attn_implementation={CAPPED_BACKEND!r} to cap distances")
+    modules = attention_modules(model)
+    for m in modules:
+        m.posgen_distance_cap = distance_cap
+        m.posgen_inv_freq = torch.as_tensor(inv_freq[m.layer_idx], dtype=torch.float32)
+    try:
+        yield model
+    finally:
+        for m in modules:
+            m.posgen_distance_cap = None
+
+
+def capped_logits(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    scaling: float,
+    attention_scaling: float = 1.0,
+    distance_cap: int | None = None,
+) -> torch.Tensor:
+    """Reference for the capped backend: ``s (R_{min(p_i - p_j, C)} q_i).k_j`` from pre-RoPE q/k, (..., T, T)."""
+    q_rot = rope.rotate(q, positions, inv_freq, attention_scaling)  # (..., T, d)
+    k_rot = rope.rotate(k, positions, inv_freq, attention_scaling)  # (..., T, d)
+    w = (q_rot @ k_rot.transpose(-1, -2)) * scaling  # (..., T, T)
+    if distance_cap is None:
+        return w
+    far = (positions[:, None] - positions[None, :]) > distance_cap  # (T, T)
+    q_cap = rope.rotate(q, torch.tensor(distance_cap), inv_freq, attention_scaling)  # (..., T, d)
+    k_zero = rope.rotate(k, torch.tensor(0), inv_freq, attention_scaling)  # (..., T, d)
+    return torch.where(far, (q_cap @ k_zero.transpose(-1, -2)) * scaling, w)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Forward passes
+
+
+@dataclass
+class Pass:
+    """One batched forward pass: per-sample NLL and the captured pre-RoPE q/k per layer."""
+
+    nll: np.ndarray  # (N,)
+    token_nll: np.ndarray  # (N, T - 1): NLL of the token at positions 1..T-1
+    q: list  # per layer (N, H, T, d)
+    k: list  # per layer (N, H_kv, T, d)
+    positions: torch.Tensor  # (N, T)
+
+
+def forward_pass(model, recorder: Capture, token_ids: np.ndarray, position_ids: np.ndarray | None = None) -> Pass:
+    """NLL per sample (mean over targets 1..T-1) and the q/k ``recorder`` captured in one batched forward pass."""
+    device = model.device
+    ids = torch.as_tensor(token_ids, dtype=torch.long, device=device)
+    n, t = ids.shape
+    pos = torch.arange(t).expand(n, t) if position_ids is None else torch.as_tensor(position_ids, dtype=torch.long)
+    kwargs = {} if position_ids is None else {"position_ids": pos.to(device)}
+    recorder.reset(t)
+    with torch.inference_mode():
+        # An explicit all-ones mask stops transformers from reading non-monotonic position ids as packed
+        # sequences (which would cut the causal mask into blocks).
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **kwargs).logits
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1), reduction="none"
+        )
+    token_nll = nll.view(n, t - 1).double().cpu().numpy()
+    return Pass(
+        nll=token_nll.mean(-1), token_nll=token_nll, q=list(recorder.q), k=list(recorder.k), positions=pos.cpu()
+    )

@@ -111,3 +111,46 @@ def cut_windows(text: str, tokenizer, n_samples: int, seq_len: int, seed: int, s
             "tokenizer": type(tokenizer).__name__,
         },
     )
+
+
+# ----------------------------------------------------------------------------------------- windows.h5
+
+
+def write_windows(windows: xr.Dataset, path: str | Path, **attrs) -> None:
+    """Write the :func:`cut_windows` dataset as ``windows.h5``, with provenance and the caller's ``attrs``."""
+    from posgen.store import provenance, write_netcdf
+
+    windows.attrs.update(provenance(**attrs))
+    write_netcdf(windows, path)
+
+
+def read_windows(path: str | Path, n_samples: int | None = None, seq_len: int | None = None,
+                 section: str = "perturb") -> xr.Dataset:
+    """``windows.h5``: its first ``n_samples`` windows cut to their first ``seq_len`` tokens (None: all).
+
+    ``section`` is the config section whose ``n_samples`` / ``seq_len`` asked for more than the file holds,
+    named in the error.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such windows file")
+    windows = xr.load_dataset(path, engine="h5netcdf")
+    if "token_id" not in windows:
+        raise ValueError(f"{path}: no variable token_id")
+    have_samples, have_tokens = windows.sizes["sample"], windows.sizes["token"]
+    if n_samples is not None and n_samples > have_samples:
+        raise ValueError(f"{section}.n_samples: {n_samples} exceeds the {have_samples} windows of {path}")
+    if seq_len is not None and seq_len > have_tokens:
+        raise ValueError(f"{section}.seq_len: {seq_len} exceeds the {have_tokens} tokens per window of {path}")
+    return windows.isel(sample=slice(n_samples), token=slice(seq_len))
+
+
+def windows_job(model_dir: str | Path, out_path: str | Path, *, source: str, n_samples: int, seq_len: int,
+                seed: int, model_name: str, config_hash: str = "") -> xr.Dataset:
+    """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
+    windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source)
+    write_windows(windows, out_path, config_hash=config_hash, model=model_name)
+    return windows

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from posgen.models import resolve_device
 from posgen.rope import causal_mask, rotate
+from posgen.stats import pearson_from_sums
 from posgen.store import open_dataset, provenance, write_netcdf
 
 SINKS = ("with", "without")
@@ -497,21 +498,6 @@ class BoundTable:
 
 
 # ---------------------------------------------------------------------------------- one (sample, layer)
-
-
-def pearson_from_sums(n, s_x, s_y, s_xx, s_yy, s_xy):
-    """Pearson r from sums (raw, or of values shifted by constants); NaN where a variance is not positive.
-
-    Works on torch tensors and numpy arrays alike.
-    """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cxx = s_xx - s_x * s_x / n
-        cyy = s_yy - s_y * s_y / n
-        cxy = s_xy - s_x * s_y / n
-        prod = cxx * cyy
-        if torch.is_tensor(prod):
-            return torch.where(prod > 0, cxy / torch.sqrt(prod.clamp(min=0)), torch.full_like(prod, float("nan")))
-        return np.where(prod > 0, cxy / np.sqrt(np.maximum(prod, 0)), np.nan)
 
 
 class Decomposer:

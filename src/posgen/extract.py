@@ -8,13 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import xarray as xr
 from tqdm.auto import tqdm
 
 from posgen import rope
-from posgen.capture import Capture, load_model
-from posgen.config import init_seed
-from posgen.models import read_manifest
+from posgen.capture import Capture, load_capturing
+from posgen.corpus import read_windows
+from posgen.models import manifest_attrs
 from posgen.store import QKWriter
 
 
@@ -75,9 +74,8 @@ def extract(
     config_hash: str = "",
 ) -> dict:
     """Write ``qk.h5`` for one model variant; returns timing and self-check figures."""
-    manifest = read_manifest(model_dir)
-    model, _ = load_model(model_dir, variant, dtype=dtype, device=device)
-    windows = xr.load_dataset(windows_path, engine="h5netcdf")
+    model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device)
+    windows = read_windows(windows_path)
     token_id = windows["token_id"].values
     n_samples, n_tokens = token_id.shape
     capture = Capture(model, ref_layers)
@@ -115,17 +113,11 @@ def extract(
                         rope=params,
                         compression=compression,
                         attrs={
-                            "model": model_name,
-                            "model_source": manifest["source"],
-                            "model_revision": manifest["revision"],
-                            "weights_sha256": manifest["files"],
-                            "variant": variant,
-                            "init_seed": init_seed(variant),
+                            **manifest_attrs(manifest, model=model_name, variant=variant),
                             "dtype": dtype,
                             "device": str(device_obj),
                             "softcap": params["softcap"],
                             "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
-                            "architecture": manifest["architecture"],
                             "capture_point": capture.capture_point,
                             "attn_implementation": model.config._attn_implementation,
                             "corpus_source": windows.attrs.get("corpus_source", ""),

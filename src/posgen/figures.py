@@ -12,7 +12,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import warnings
 from pathlib import Path
 
 import matplotlib
@@ -29,14 +28,14 @@ from tqdm.auto import tqdm  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from posgen.config import init_seed  # noqa: E402
-from posgen.store import atomic_path  # noqa: E402
+from posgen.config import VARIANT_TRAINED, init_seed  # noqa: E402
+from posgen.stats import bootstrap_mean, pearson  # noqa: E402
+from posgen.store import atomic_path, require  # noqa: E402
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
 COLUMN_WIDTH = 3.4  # inches: one column of a two-column paper
 PAGE_WIDTH = 7.0  # inches: both columns
 DPI = 200
-TRAINED = "trained"
 
 # --------------------------------------------------------------------------------------------- style
 
@@ -87,10 +86,10 @@ def _styled(func):
 def variant_colors(variants) -> dict[str, tuple]:
     """Trained in blue; random-init seeds in shades of orange, in seed order."""
     variants = list(variants)
-    randoms = [v for v in variants if v != TRAINED]
+    randoms = [v for v in variants if v != VARIANT_TRAINED]
     shades = sns.color_palette("Oranges_r", max(len(randoms), 1) + 1)
     colors = {v: shades[i] for i, v in enumerate(randoms)}
-    colors[TRAINED] = sns.color_palette("colorblind")[0]
+    colors[VARIANT_TRAINED] = sns.color_palette("colorblind")[0]
     return {v: colors[v] for v in variants}
 
 
@@ -112,14 +111,6 @@ def save_figure(fig: Figure, png: str | Path, pdf: str | Path | None = None, pro
                 fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata)
     finally:
         plt.close(fig)
-
-
-def _need(obj, names, what: str):
-    """Fail with one line naming the missing variable or dim."""
-    have = set(obj.data_vars) | set(obj.dims) if isinstance(obj, xr.Dataset) else set(obj.dims)
-    missing = [n for n in names if n not in have]
-    if missing:
-        raise KeyError(f"{what}: missing {', '.join(missing)}")
 
 
 def _figure_legend(fig: Figure, ax) -> None:
@@ -145,35 +136,17 @@ def _log_axis(ax, which: str, ticks=None) -> None:
         axis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
-def bootstrap_mean(x: xr.DataArray, dim: str, n_boot: int = 1000, seed: int = 0):
-    """Mean over ``dim`` with its 95 % percentile bootstrap interval, as (mean, lo, hi) DataArrays.
-
-    Resamples ``dim`` exactly as posgen.summary does for summary.nc / summary.csv.
-    """
-    from posgen.summary import bootstrap_indices, interval
-
-    x = x.transpose(dim, ...)
-    values = np.asarray(x.values, dtype=np.float64)
-    idx = bootstrap_indices(values.shape[0], n_boot, seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a quantity that is NaN in every sample stays NaN
-        mean, lo, hi = interval(lambda v: np.nanmean(v, axis=0), values, idx)
-    coords = {k: v for k, v in x.coords.items() if dim not in v.dims}
-    wrap = functools.partial(xr.DataArray, dims=x.dims[1:], coords=coords)
-    return wrap(mean), wrap(lo), wrap(hi)
-
-
 # ------------------------------------------------------------------------- data behind figures 1 and 2
 
 SELECTION_RULE = (
-    "Method A r (default D, sink column dropped) averaged over samples; 'median' is the head at the "
+    "Method A r (at the dummy distance, sink column dropped) averaged over samples; 'median' is the head at the "
     "lower median of that list, 'worst' the head with the lowest r; ties go to the lowest (layer, head)."
 )
 
 
 def select_heads(decomposition: xr.Dataset) -> dict[str, tuple[int, int, float]]:
     """The example heads of figures 1 and 2: {"median": (layer, head, r), "worst": ...} (see SELECTION_RULE)."""
-    _need(decomposition, ["r"], "decomposition.nc")
+    require(decomposition, ["r"], "decomposition.nc")
     # a dict, because method= is a keyword of sel()
     r = decomposition["r"].sel({"method": "A", "sink": "without"}).mean("sample").transpose("layer", "head")
     flat = r.values.ravel()
@@ -188,34 +161,6 @@ def select_heads(decomposition: xr.Dataset) -> dict[str, tuple[int, int, float]]
         name: (int(r["layer"].values[li]), int(r["head"].values[hi]), float(flat[i]))
         for (name, i), li, hi in zip(picks.items(), layer, head)
     }
-
-
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
-    x = np.asarray(x, np.float64) - np.mean(x, dtype=np.float64)
-    y = np.asarray(y, np.float64) - np.mean(y, dtype=np.float64)
-    denom = np.sqrt((x * x).sum() * (y * y).sum())
-    return float((x * y).sum() / denom) if denom > 0 else float("nan")
-
-
-def _pairs_method_a(q, k, positions, inv_freq, scaling, attention_scaling, D, ii, jj):
-    """W and Method A's f + g (sink-free kbar) at the entries (ii, jj) only, for every head: (head, pair) each.
-
-    The same terms as posgen.perturb.method_a_terms, without forming (T, T) matrices: a few thousand sampled
-    entries per head cost O(pairs * d) instead of O(T^2 * d).
-    """
-    import torch
-
-    from posgen.rope import rotate
-
-    kbar = k[:, 1:].mean(dim=1, keepdim=True)
-    q_rot = rotate(q, positions, inv_freq, attention_scaling)[:, ii]
-    k_rot = rotate(k, positions, inv_freq, attention_scaling)[:, jj]
-    kbar_rot = rotate(kbar.expand_as(k), positions, inv_freq, attention_scaling)[:, jj]
-    q_dummy = rotate(q, torch.tensor(D), inv_freq, attention_scaling)[:, ii]
-    delta = rotate(k - kbar, torch.tensor(0), inv_freq, attention_scaling)[:, jj]
-    w = (q_rot * k_rot).sum(-1) * scaling
-    approx = ((q_rot * kbar_rot).sum(-1) + (q_dummy * delta).sum(-1)) * scaling
-    return w, approx
 
 
 def example_heads(
@@ -235,13 +180,14 @@ def example_heads(
     """
     import torch  # here, not at module level: the figure rules need no torch and start faster
 
-    from posgen.perturb import method_a_terms  # Method A in the sink-free reading, as in perturb.nc
+    from posgen.method_a import method_a_pairs, method_a_terms  # the sink-free reading, as in perturb.nc
     from posgen.rope import causal_mask, logits
 
-    _need(qk, ["q", "k", "inv_freq", "scaling", "attention_scaling", "sliding_window", "kv_group"], "qk.h5")
+    require(qk, ["q", "k", "inv_freq", "scaling", "attention_scaling", "sliding_window", "kv_group"], "qk.h5")
     if not 0 <= sample < qk.sizes["sample"]:
         raise IndexError(f"config.figures.sample: {sample} is not a sample of qk.h5 (it has {qk.sizes['sample']})")
-    D = int(decomposition.attrs.get("default_D", 1000))
+    # decomposition.nc files written before the dummy distance got its one name carry it as default_D
+    dummy_distance = int(decomposition.attrs.get("dummy_distance", decomposition.attrs.get("default_D", 1000)))
     heads = select_heads(decomposition)
     qs = qk["q"].isel(sample=sample)
     ks = qk["k"].isel(sample=sample)
@@ -271,23 +217,23 @@ def example_heads(
         inv_freq = torch.from_numpy(np.asarray(qk["inv_freq"].values[li], dtype=np.float32))
         s = float(qk["scaling"].values[li])
         a = float(qk["attention_scaling"].values[li])
-        w_pairs, a_pairs = _pairs_method_a(q, k, positions, inv_freq, s, a, D, torch.from_numpy(ii),
-                                           torch.from_numpy(jj))
+        w_pairs, f_pairs, g_pairs = method_a_pairs(q, k, positions, inv_freq, s, a, dummy_distance,
+                                                   torch.from_numpy(ii), torch.from_numpy(jj))
         pool_w[li, :, : len(chosen)] = w_pairs.numpy()
-        pool_a[li, :, : len(chosen)] = a_pairs.numpy()
+        pool_a[li, :, : len(chosen)] = (f_pairs + g_pairs).numpy()
         for name, (layer, head, _) in heads.items():
             if layer != layer_ids[li]:
                 continue
             h = int(np.flatnonzero(head_ids == head)[0])
             w = logits(q[h], k[h], inv_freq, s, a).numpy()
             f, g = (t[0].numpy() for t in method_a_terms(q[h:h + 1], k[h:h + 1], positions, inv_freq, s, a,
-                                                          dummy_distance=D))
+                                                          dummy_distance=dummy_distance))
             keep = mask[:crop, :crop]
             maps[name] = {
                 "W": np.where(keep, w[:crop, :crop], np.nan),
                 "f": np.where(keep, f[:crop, :crop], np.nan),
                 "g": np.where(keep, g[:crop, :crop], np.nan),
-                "r_sample": _pearson(w[mask], (f + g)[mask]),
+                "r_sample": pearson(w[mask], (f + g)[mask]),
             }
 
     names = list(heads)
@@ -316,7 +262,7 @@ def example_heads(
         },
         attrs={
             "sample": sample,
-            "D": D,
+            "dummy_distance": dummy_distance,
             "sink": "without",
             "map_tokens": crop,
             "pool_pairs": n_pool,
@@ -356,7 +302,7 @@ def _symmetric_limit(values: np.ndarray) -> float:
 @_styled
 def fig_logit_maps(examples: xr.Dataset) -> Figure:
     """Figure 1: W, f, g and f + g for each example head (rows), one symmetric colour scale per row."""
-    _need(examples, ["W", "f", "g", "example"], "examples.nc")
+    require(examples, ["W", "f", "g", "example"], "examples.nc")
     n = examples.sizes["example"]
     fig, axes = plt.subplots(n, 4, figsize=(PAGE_WIDTH, 1.85 * n + 0.3), squeeze=False, sharex=True, sharey=True)
     for row, name in enumerate(examples["example"].values):
@@ -387,7 +333,7 @@ def fig_logit_maps(examples: xr.Dataset) -> Figure:
 @_styled
 def fig_scatter(examples: xr.Dataset) -> Figure:
     """Figure 2: W against f + g for the median example head (with its r) and a hexbin over all heads."""
-    _need(examples, ["pool_W", "pool_A", "example"], "examples.nc")
+    require(examples, ["pool_W", "pool_A", "example"], "examples.nc")
     ex = examples.sel(example="median" if "median" in examples["example"] else examples["example"].values[0])
     layer, head = int(ex.example_layer), int(ex.example_head)
     w = ex["pool_W"].sel(layer=layer, head=head).values
@@ -406,7 +352,7 @@ def fig_scatter(examples: xr.Dataset) -> Figure:
     ax = axes[1]
     hb = ax.hexbin(all_a, all_w, gridsize=60, norm=LogNorm(), mincnt=1, cmap="mako_r", linewidths=0)
     fig.colorbar(hb, ax=ax, label="entries", pad=0.01)
-    ax.set_title(f"all heads pooled\n$r$ = {_pearson(all_w, all_a):.3f}")
+    ax.set_title(f"all heads pooled\n$r$ = {pearson(all_w, all_a):.3f}")
     for ax, (x, y) in zip(axes, [(a, w), (all_a, all_w)]):
         lo, hi = float(min(x.min(), y.min())), float(max(x.max(), y.max()))
         ax.plot([lo, hi], [lo, hi], ls="--", lw=0.8, color="0.3", label="$W = f + g$")
@@ -425,7 +371,7 @@ def fig_r_heatmap(r: xr.DataArray) -> Figure:
 
     ``r`` has dims (variant, method, layer, head), already averaged over samples.
     """
-    _need(r, ["variant", "method", "layer", "head"], "r heatmap input")
+    require(r, ["variant", "method", "layer", "head"], "r heatmap input")
     n_rows, n_cols = r.sizes["method"], r.sizes["variant"]
     finite = r.values[np.isfinite(r.values)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
@@ -456,7 +402,7 @@ def fig_r_heatmap(r: xr.DataArray) -> Figure:
 @_styled
 def fig_layer_r(summary: xr.Dataset) -> Figure:
     """Figure 4: per-layer mean r with 95 % bootstrap intervals; columns = method, rows = sink handling."""
-    _need(summary, ["layer_r", "layer_r_lo", "layer_r_hi", "variant", "method", "sink", "layer"], "summary.nc")
+    require(summary, ["layer_r", "layer_r_lo", "layer_r_hi", "variant", "method", "sink", "layer"], "summary.nc")
     colors = variant_colors(summary["variant"].values)
     sinks, methods = summary["sink"].values, summary["method"].values
     fig, axes = plt.subplots(
@@ -490,7 +436,7 @@ def fig_bands(bands: xr.Dataset) -> Figure:
     left out of the log axis.
     """
     stats = [("mean_sq", "$\\|$token mean$\\|^2$"), ("var", "token variance"), ("ratio", "variance / mean$^2$")]
-    _need(bands, ["theta", "variant"] + [f"{s}_{n}" for s in "qk" for n, _ in stats], "bands.nc")
+    require(bands, ["theta", "variant"] + [f"{s}_{n}" for s in "qk" for n, _ in stats], "bands.nc")
     colors = variant_colors(bands["variant"].values)
     fig, axes = plt.subplots(2, 3, figsize=(PAGE_WIDTH, 4.2), sharex=True)
     theta = bands["theta"].median("layer").values if "layer" in bands["theta"].dims else bands["theta"].values
@@ -524,7 +470,7 @@ def fig_dummy_sweep(r_sweep: xr.DataArray, n_boot: int = 1000, seed: int = 0) ->
 
     ``r_sweep`` has dims (variant, sample, layer, head, sink, D); columns = sink handling.
     """
-    _need(r_sweep, ["variant", "sample", "layer", "head", "sink", "D"], "r_sweep")
+    require(r_sweep, ["variant", "sample", "layer", "head", "sink", "D"], "r_sweep")
     colors = variant_colors(r_sweep["variant"].values)
     per_sample = r_sweep.mean(["layer", "head"])
     mean, lo, hi = bootstrap_mean(per_sample, "sample", n_boot=n_boot, seed=seed)
@@ -587,7 +533,7 @@ def fig_perturb_ppl(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> F
 
     ``perturb`` is perturb.nc with an extra ``variant`` dim; mean over samples with 95 % bootstrap band.
     """
-    _need(perturb, ["ppl_ratio", "variant", "kind", "rate", "sample"], "perturb.nc")
+    require(perturb, ["ppl_ratio", "variant", "kind", "rate", "sample"], "perturb.nc")
     colors = variant_colors(perturb["variant"].values)
     mean, lo, hi = bootstrap_mean(perturb["ppl_ratio"], "sample", n_boot=n_boot, seed=seed)
     fig, axes, kinds, x = _kind_grid(perturb)
@@ -608,7 +554,7 @@ def fig_perturb_fg(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Fi
 
     Mean over layers, then mean over samples with a 95 % bootstrap band. Colour: term; line style: variant.
     """
-    _need(perturb, ["f_corr", "g_corr", "variant", "kind", "rate", "sample", "layer"], "perturb.nc")
+    require(perturb, ["f_corr", "g_corr", "variant", "kind", "rate", "sample", "layer"], "perturb.nc")
     term_colors = dict(zip(("f", "g"), sns.color_palette("colorblind")[1:3]))
     styles = dict(zip(perturb["variant"].values, ["-", "--", ":", "-."] * 8))
     fig, axes, kinds, x = _kind_grid(perturb)
@@ -632,7 +578,7 @@ def fig_cap(cap: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
 
     ``cap`` is cap.nc with an extra ``variant`` dim.
     """
-    _need(cap, ["ppl_ratio", "f_corr", "g_corr", "variant", "cap", "sample", "layer"], "cap.nc")
+    require(cap, ["ppl_ratio", "f_corr", "g_corr", "variant", "cap", "sample", "layer"], "cap.nc")
     colors = variant_colors(cap["variant"].values)
     c = cap["cap"].values
     fig, axes = plt.subplots(1, 2, figsize=(COLUMN_WIDTH, 2.3))
@@ -736,7 +682,7 @@ def _by_variant(paths, variants, names) -> xr.Dataset:
     parts = []
     for path in paths:
         ds = _open(path)
-        _need(ds, names, str(path))
+        require(ds, names, str(path))
         parts.append(ds[names])
     return xr.concat(parts, dim=pd.Index(variants, name="variant"), coords="minimal", compat="override")
 

@@ -180,29 +180,49 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load(
+def manifest_attrs(manifest: dict, *, model: str, variant: str) -> dict:
+    """The output attrs that name the model, its weights and the variant, from its manifest."""
+    return {
+        "model": model,
+        "model_source": manifest["source"],
+        "model_revision": manifest["revision"],
+        "weights_sha256": manifest["files"],
+        "architecture": manifest.get("architecture", ""),
+        "variant": variant,
+        "init_seed": init_seed(variant),
+    }
+
+
+def load_model(
     model_dir: str | Path,
     variant: str = "trained",
     *,
     dtype: str = "float32",
     device: str = "cpu",
-    attn_implementation: str | None = None,
+    attn_implementation=None,
 ):
-    """Load ``(model, tokenizer)``: the trained weights, or ``random-seed<S>`` fresh weights from the same config."""
+    """Load ``(model, tokenizer, manifest)``: the trained weights, or ``random-seed<S>`` fresh weights from the
+    same config.
+
+    ``attn_implementation``: a backend name, or a function of the model config that returns one (so a caller
+    can pick it from the config without reading the folder twice); None for transformers' default.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
-    remote = read_manifest(model_dir).get("trust_remote_code", False)
-    torch_dtype = getattr(torch, dtype)
-    kwargs = {"dtype": torch_dtype, "trust_remote_code": remote}
+    manifest = read_manifest(model_dir)
+    remote = manifest.get("trust_remote_code", False)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
+    if callable(attn_implementation):
+        attn_implementation = attn_implementation(config)
+    kwargs = {"dtype": getattr(torch, dtype), "trust_remote_code": remote}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     seed = init_seed(variant)
     if seed < 0:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
     else:
-        config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=remote)
-    return model.to(resolve_device(device)).eval(), tokenizer
+    return model.to(resolve_device(device)).eval(), tokenizer, manifest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.metadata
 import json
 import os
 from contextlib import contextmanager
@@ -14,16 +15,25 @@ import xarray as xr
 
 import posgen
 
+# attrs of qk.h5 (the model, its weights and the capture) that every output derived from it carries
+CARRIED_ATTRS = ("model", "model_source", "model_revision", "weights_sha256", "variant", "init_seed",
+                 "architecture", "capture_point", "softcap", "dtype")
+
+
+def _version(package: str) -> str:
+    """Installed version of ``package`` from its metadata: recording it imports nothing (no torch in figure jobs)."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
 
 def provenance(**extra) -> dict:
     """Attrs every posgen output carries: library versions, time, plus the caller's own keys."""
-    import torch
-    import transformers
-
     attrs = {
         "posgen_version": posgen.__version__,
-        "torch_version": str(torch.__version__),
-        "transformers_version": transformers.__version__,
+        "torch_version": _version("torch"),
+        "transformers_version": _version("transformers"),
         "xarray_version": xr.__version__,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -37,6 +47,19 @@ def provenance(**extra) -> dict:
         else:
             attrs[key] = json.dumps(value, default=str)
     return attrs
+
+
+def carried_attrs(ds: xr.Dataset) -> dict:
+    """The :data:`CARRIED_ATTRS` that ``ds`` has, to copy into an output derived from it."""
+    return {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
+
+
+def require(ds: xr.Dataset | xr.DataArray, names, what: str) -> None:
+    """Fail with one line naming ``what`` (a file, or its role) and every variable or dim of ``names`` it lacks."""
+    have = set(ds.dims) | set(ds.coords) | (set(ds.data_vars) if isinstance(ds, xr.Dataset) else set())
+    missing = [name for name in names if name not in have]
+    if missing:
+        raise KeyError(f"{what}: missing {', '.join(missing)}")
 
 
 @contextmanager

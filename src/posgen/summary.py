@@ -15,26 +15,12 @@ import pandas as pd
 import xarray as xr
 
 from posgen.config import VARIANT_TRAINED, init_seed
-from posgen.decompose import pearson_from_sums
-from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
+from posgen.stats import bootstrap_indices, interval, pearson_from_sums
+from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 COLUMNS = ["model", "variant", "method", "sink", "mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo",
            "pooled_r_hi", "r2_f", "r2_g", "diff_vs_trained", "diff_lo", "diff_hi", "n_samples", "n_layers", "n_heads"]
-
-
-def bootstrap_indices(n_samples: int, n_boot: int, seed: int) -> np.ndarray:
-    """(n_boot, n_samples) resampling indices, with replacement."""
-    return np.random.default_rng(seed).integers(0, n_samples, size=(n_boot, n_samples))
-
-
-def interval(point_fn, values: np.ndarray, idx: np.ndarray):
-    """Point estimate and 95 % percentile interval of ``point_fn`` over the first axis of ``values``."""
-    boot = np.stack([point_fn(values[i]) for i in idx])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
-    return point_fn(values), lo, hi
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:
@@ -58,14 +44,12 @@ def _variant_order(variant: str) -> int:
     return init_seed(variant)  # trained (-1) first, then seeds in numeric order
 
 
-def load(paths) -> dict[str, dict[str, xr.Dataset]]:
+def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:
     """{model: {variant: dataset}} from decomposition.nc files, keyed by their ``model`` / ``variant`` attrs."""
     out: dict[str, dict[str, xr.Dataset]] = {}
     for path in paths:
         ds = open_dataset(path, lazy=False)
-        missing = [v for v in ("r", "r2_f", "r2_g", *SUFF) if v not in ds]
-        if missing:
-            raise KeyError(f"{path}: missing variable(s) {', '.join(missing)}")
+        require(ds, ("r", "r2_f", "r2_g", *SUFF), str(path))
         model, variant = ds.attrs.get("model"), ds.attrs.get("variant")
         if not model or not variant:
             raise KeyError(f"{path}: attrs 'model' and 'variant' are required")
@@ -129,7 +113,7 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
 def summarize(decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 1000, seed: int = 0,
               config_hash: str = "") -> pd.DataFrame:
     """results/summary.csv over all models and variants, and results/<model>/summary.nc per model."""
-    data = load(decomposition_paths)
+    data = read_decompositions(decomposition_paths)
     missing = sorted(set(nc_paths) - set(data))
     if missing:
         raise KeyError(f"summary: no decomposition.nc for model(s) {', '.join(missing)}")

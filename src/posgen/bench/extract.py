@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from posgen.capture import Capture, load_model
+from posgen.capture import Capture, load_capturing
 from posgen.corpus import cut_windows, load_text
 from posgen.extract import extract, verify_logits
-from posgen.models import acquire, load
+from posgen.models import acquire, load_model
 from posgen.store import write_netcdf
 
 
@@ -62,8 +62,8 @@ def main(argv=None):
     model_dir = Path(args.model_dir)
     if not (model_dir / "manifest.json").exists():
         acquire(args.source, model_dir)
-    plain, tokenizer = load(model_dir, attn_implementation="sdpa")
-    captured, _ = load_model(model_dir)
+    plain, tokenizer, _ = load_model(model_dir, attn_implementation="sdpa")
+    captured, _, _ = load_capturing(model_dir)
     windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
     ids = windows["token_id"].values
     results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 (gzip 1)": [],

@@ -1,0 +1,88 @@
+"""Correlation and bootstrap statistics shared by the decomposition, the experiments, the summary and the figures.
+
+Only numpy and xarray at module level: the summary and figure jobs import this without torch. Functions that
+accept torch tensors import torch lazily, only when handed one.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import xarray as xr
+
+
+def _is_torch(x) -> bool:
+    """Whether ``x`` is a torch tensor, without importing torch."""
+    return type(x).__module__.startswith("torch")
+
+
+def pearson(x, y):
+    """Pearson r along the last axis of ``x`` and ``y``.
+
+    torch tensors: computed in their dtype after centring, and centred IN PLACE (callers hand in fresh copies;
+    the pair matrices of one pass are large). numpy arrays (or array-likes): float64 copies; NaN where a
+    variance is zero; a plain float for 1-D inputs.
+    """
+    if _is_torch(x):
+        import torch
+
+        x = x.sub_(x.mean(-1, keepdim=True))
+        y = y.sub_(y.mean(-1, keepdim=True))
+        dot = lambda a, b: torch.einsum("...n,...n->...", a, b)  # noqa: E731 - no product temporaries
+        return dot(x, y) / torch.sqrt(dot(x, x) * dot(y, y))
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    x = x - x.mean(-1, keepdims=True)  # (..., n)
+    y = y - y.mean(-1, keepdims=True)  # (..., n)
+    cross = (x * y).sum(-1)  # (...)
+    denom = np.sqrt((x * x).sum(-1) * (y * y).sum(-1))  # (...)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(denom > 0, cross / denom, np.nan)
+    return float(r) if r.ndim == 0 else r
+
+
+def pearson_from_sums(n, s_x, s_y, s_xx, s_yy, s_xy):
+    """Pearson r from sums (raw, or of values shifted by constants); NaN where a variance is not positive.
+
+    Works on torch tensors and numpy arrays alike.
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cxx = s_xx - s_x * s_x / n
+        cyy = s_yy - s_y * s_y / n
+        cxy = s_xy - s_x * s_y / n
+        prod = cxx * cyy
+        if _is_torch(prod):
+            import torch
+
+            return torch.where(prod > 0, cxy / torch.sqrt(prod.clamp(min=0)), torch.full_like(prod, float("nan")))
+        return np.where(prod > 0, cxy / np.sqrt(np.maximum(prod, 0)), np.nan)
+
+
+def bootstrap_indices(n_samples: int, n_boot: int, seed: int) -> np.ndarray:
+    """(n_boot, n_samples) resampling indices, with replacement."""
+    return np.random.default_rng(seed).integers(0, n_samples, size=(n_boot, n_samples))
+
+
+def interval(point_fn, values: np.ndarray, idx: np.ndarray):
+    """Point estimate and 95 % percentile interval of ``point_fn`` over the first axis of ``values``."""
+    boot = np.stack([point_fn(values[i]) for i in idx])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    return point_fn(values), lo, hi
+
+
+def bootstrap_mean(x: xr.DataArray, dim: str, n_boot: int = 1000, seed: int = 0):
+    """Mean over ``dim`` with its 95 % percentile bootstrap interval, as (mean, lo, hi) DataArrays.
+
+    Resamples ``dim`` with :func:`bootstrap_indices`, exactly as the summary resamples samples.
+    """
+    x = x.transpose(dim, ...)
+    values = np.asarray(x.values, dtype=np.float64)
+    idx = bootstrap_indices(values.shape[0], n_boot, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a quantity that is NaN in every sample stays NaN
+        mean, lo, hi = interval(lambda v: np.nanmean(v, axis=0), values, idx)
+    coords = {k: v for k, v in x.coords.items() if dim not in v.dims}
+    return tuple(xr.DataArray(a, dims=x.dims[1:], coords=coords) for a in (mean, lo, hi))
