@@ -121,8 +121,8 @@ class Terms:
 
     def __init__(self, p, rope_info: dict, dummy_distance: int, distance_cap: int | None = None, keep: bool = False):
         """``p``: a :class:`posgen.capture.Pass`; ``rope_info``: ``Capture.rope()``; ``keep``: cache each sample."""
-        self.positions, self.dummy_distance, self.distance_cap, self.keep = (
-            p.positions, dummy_distance, distance_cap, keep)
+        self.positions = p.positions  # (N, T)
+        self.dummy_distance, self.distance_cap, self.keep = dummy_distance, distance_cap, keep
         self.q = torch.stack(p.q)  # (layer, N, H, T, d)
         self.k = torch.stack(p.k)  # (layer, N, H_kv, T, d)
         n_heads, n_kv = self.q.shape[2], self.k.shape[2]
