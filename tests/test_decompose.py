@@ -302,7 +302,7 @@ def test_store_to_netcdf(tmp_path):
     k = (g.standard_normal((N, L, Hkv, T, d)) + 1).astype(np.float32)
     theta = inv_freq(d).numpy()
     qk = write_store(tmp_path / "qk.h5", q, k, np.array([0, 0, 1, 1]), theta, window=6)
-    decompose_store(qk, tmp_path / "decomposition.nc", dummy_distances=[0, 50], default_D=50, device="cpu",
+    decompose_store(qk, tmp_path / "decomposition.nc", dummy_distances=[0, 50], dummy_distance=50, device="cpu",
                     config_hash="abc", progress=False)
     ds = xr.open_dataset(tmp_path / "decomposition.nc", engine="h5netcdf")
     assert dict(ds.sizes) == {"sample": N, "layer": L, "head": H, "method": 2, "sink": 2, "D": 2}
@@ -313,7 +313,7 @@ def test_store_to_netcdf(tmp_path):
     for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"):
         assert ds[name].dims == ("sample", "layer", "head", "method", "sink"), name
     assert list(ds["method"].values) == ["A", "B"] and list(ds["sink"].values) == ["with", "without"]
-    assert ds.attrs["default_D"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
+    assert ds.attrs["dummy_distance"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
     np.testing.assert_allclose(ds["r2_f"], ds["r_f"] ** 2)
     # the layer-1 slice is the windowed one and equals a direct call
     ref = Decomposer([0, 50], 50).unit(q[1, 1], k[1, 1], [0, 0, 1, 1], LayerRope(torch.tensor(theta), d ** -0.5, 1.0, 6))
@@ -326,10 +326,10 @@ def test_bad_inputs_are_named(tmp_path):
     with pytest.raises(ValueError, match="shapes disagree"):
         Decomposer([0], 0).unit(q, k[:, :10], kv, LayerRope(inv_freq(8), 0.3))
     with pytest.raises(FileNotFoundError, match="missing.h5"):
-        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
     xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
     with pytest.raises(KeyError, match="missing variable.*inv_freq"):
-        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
 
 
 def test_bound_violation_is_reported(monkeypatch):
@@ -344,5 +344,5 @@ def test_bound_violation_is_reported(monkeypatch):
         return out * 0.5 if x.shape[0] == 1 else out  # only the key side (1 KV head)
 
     monkeypatch.setattr(dec_mod, "band_norms", halved)
-    with pytest.raises(RuntimeError, match="bound of science.md section 5 violated: head"):
+    with pytest.raises(RuntimeError, match="bound of method.md section 5 violated: head"):
         Decomposer([3], 3).unit(q, k, np.zeros(2, int), LayerRope(inv_freq(8), 0.3))

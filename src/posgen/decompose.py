@@ -40,6 +40,7 @@ from posgen.store import open_dataset, provenance, write_netcdf
 
 SINKS = ("with", "without")
 METHODS = ("A", "B")
+SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A or B)
 LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
 # attrs of qk.h5 carried into the outputs
@@ -517,24 +518,26 @@ def pearson_from_sums(n, s_x, s_y, s_xx, s_yy, s_xy):
 class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
-    ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and the bound
-    (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
+    ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
+    and of the bound. ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and
+    the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
     """
 
     def __init__(
         self,
         dummy_distances,
-        default_D: int,
+        dummy_distance: int,
         device: str = "cpu",
         lstsq_tol: float = LSTSQ_TOL,
         block_elems: int | None = None,
         block: int = 32,
     ):
-        self.sweep = [int(D) for D in dummy_distances]
-        if not self.sweep:
+        self.dummy_distances = [int(D) for D in dummy_distances]
+        if not self.dummy_distances:
             raise ValueError("decomposition.dummy_distances: empty")
-        self.default_D = int(default_D)
-        self.Ds = sorted(set(self.sweep) | {self.default_D})
+        self.dummy_distance = int(dummy_distance)
+        # every D the moments are contracted for: the sweep and the dummy distance
+        self.distances = sorted(set(self.dummy_distances) | {self.dummy_distance})
         self.device = resolve_device(device)
         self.lstsq_tol = float(lstsq_tol)
         self.block_elems = block_elems or (2**20 if self.device.type == "cpu" else 2**28)
@@ -552,7 +555,7 @@ class Decomposer:
     def table(self, inv_freq: torch.Tensor, n_tokens: int, window: int) -> BoundTable:
         key = (tuple(inv_freq.tolist()), n_tokens, window)
         if key not in self._tables:
-            self._tables[key] = BoundTable(inv_freq, n_tokens, window, self.default_D, self.device)
+            self._tables[key] = BoundTable(inv_freq, n_tokens, window, self.dummy_distance, self.device)
         return self._tables[key]
 
     def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True) -> dict[str, np.ndarray]:
@@ -561,11 +564,35 @@ class Decomposer:
         ``with_bound=False`` skips the error of A and the section 5 bound, the one pass over every entry (and,
         for the bound, every band); their statistics are then NaN.
         """
-        dev, f64 = self.device, torch.float64
+        ops = self.operands(q, k, kv_group, rope)
+        moments = self.moments(ops)
+        a = self.method_a(ops, moments)
+        b = self.method_b(ops, moments)
+        out = {
+            "r": torch.stack([a["r"], b["r"]], 1),  # (H, method, sink)
+            "r_f": a["r_f"],
+            "r_g": a["r_g"],
+            "r_sweep": a["r_sweep"],
+            "lstsq_residual": b["lstsq_residual"],
+            **{name: torch.stack([a[name], b[name]], 1) for name in SUMS},  # (H, method, sink)
+        }
+        if with_bound:
+            out.update(self.error_and_bound(ops))
+        else:
+            H = ops.q.shape[0]
+            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
+                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
+        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
+        if with_bound:
+            self.check_bound(ops, result["bound_slack_min"])
+        return result
+
+    def operands(self, q, k, kv_group, rope: LayerRope) -> UnitOperands:
+        """Checks the shapes and rotates once: method.md section 1 (R_m, s) and section 3A (kbar, R_D)."""
+        dev = self.device
         q = (q if torch.is_tensor(q) else torch.from_numpy(np.asarray(q))).to(dev, torch.float32)
         k = (k if torch.is_tensor(k) else torch.from_numpy(np.asarray(k))).to(dev, torch.float32)
         kv_np = np.asarray(kv_group, dtype=np.int64)
-        kv = torch.as_tensor(kv_np, device=dev)
         H, T, d = q.shape
         if k.shape[1:] != (T, d) or d % 2 or kv_np.shape != (H,) or kv_np.max() >= k.shape[0] or kv_np.min() < 0:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, kv_group {kv_np.shape}: shapes disagree")
@@ -573,135 +600,211 @@ class Decomposer:
         s, amp = float(rope.scaling), float(rope.attention_scaling)
         theta = rope.inv_freq.to(dev, torch.float32)
         pos = torch.arange(T, device=dev)
-        n = {sk: MaskInfo(T, window).count(sk) for sk in SINKS}
 
-        # keys [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)] (H_kv, T, 4d), kbar' the mean over
-        # tokens 1..T-1 (sink dropped)
         k64 = k.double()
-        kbar, kbar_wo = k64.mean(1), k64[:, 1:].mean(1)
+        kbar = k64.mean(1)  # (H_kv, d)
+        kbar_wo = k64[:, 1:].mean(1)  # (H_kv, d), sink dropped
 
-        def rotated_const(v):  # (H_kv, d) -> R_j v for every j
+        def rotated_const(v):  # (H_kv, d) -> R_j v for every j: (H_kv, T, d)
             return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
 
         k_rot = rotate(k, pos, theta, amp)
-        keys = torch.cat([k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar),
-                          (k64 - kbar[:, None]).float() * amp], -1)
-        # queries rotated to their own position, and (p_D = R_D q0) to every dummy distance, times s
-        q_rot = rotate(q, pos, theta, amp) * s
-        q0 = q * (s * amp)
+        keys = torch.cat(
+            [k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar), (k64 - kbar[:, None]).float() * amp],
+            -1,
+        )
         eye = torch.eye(d, device=dev)
-        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.Ds])  # (nD, d, d)
-        i_def = self.Ds.index(self.default_D)
+        # rotate() turns rows: the rotated identity is R_D^T
+        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.distances])
+        return UnitOperands(
+            q=q,
+            k=k,
+            k64=k64,
+            kv=torch.as_tensor(kv_np, device=dev),
+            groups=KVGroups(kv_np, dev),
+            rope=rope,
+            theta=theta,
+            window=window,
+            counts={sink: MaskInfo(T, window).count(sink) for sink in SINKS},
+            kbar=kbar,
+            kbar_wo=kbar_wo,
+            shift=(kbar - kbar_wo) * amp,
+            q_rot=rotate(q, pos, theta, amp) * s,
+            q0=q * (s * amp),
+            k_rot=k_rot,
+            keys=keys,
+            rotations=rotations,
+        )
 
-        # query heads by KV head: (n_kv, h, T, d), every KV head with the same number of query heads (GQA)
-        used, per_kv = np.unique(kv_np, return_counts=True)
-        if (per_kv != per_kv[0]).any():
-            raise ValueError(f"kv_group {kv_np.tolist()}: every KV head must serve the same number of query heads")
-        order = torch.as_tensor(np.argsort(kv_np, kind="stable"), device=dev)
-        used = torch.as_tensor(used, device=dev)
+    def moments(self, ops: UnitOperands) -> dict:
+        """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head.
 
-        def by_kv(x):  # (..., H, T, e) -> (..., n_kv, h, T, e)
-            return x[..., order, :, :].reshape(*x.shape[:-3], len(used), int(per_kv[0]), T, x.shape[-1])
-
-        def to_heads(x):  # (..., n_kv, h) -> (..., H) in the original head order
-            out = torch.empty(x.shape[:-2] + (H,), dtype=x.dtype, device=dev)
-            out[..., order] = x.reshape(*x.shape[:-2], H)
-            return out
-
-        # sums and second moments of x = W, f and every g_D, per sink, without (T x T) matrices; one KV head at a
-        # time keeps the working set small (and on a CPU, below malloc's mmap threshold)
-        q_kv, q0_kv, rot64 = by_kv(q_rot).double(), by_kv(q0).double(), rotations.double()  # converted once
-        shift = (kbar - kbar_wo) * amp  # R_0 (kbar - kbar'), the sink-free g's row-constant offset
+        method.md sections 3A (f, g_D) and 4 (with and without the sink column): :func:`masked_moments`
+        over the 'with' mask, then :func:`moments_by_sink`. No (T x T) matrix; one KV head at a time keeps
+        the working set small (and on a CPU, below malloc's mmap threshold). Returns
+        ``{sink: {s_x, s_f, s_g, s_xx, s_xf, s_ff, s_xg, s_fg, s_gg}}``, each (H,) or (nD, H).
+        """
+        groups = ops.groups
+        # converted to float64 once, not per KV head
+        q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
+        q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
+        rot64 = ops.rotations.double()  # (nD, d, d)
         chunks = []
-        for i in range(len(used)):
-            part = masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rot64, keys[used[i:i + 1]], window, self.block)
-            r_shift = torch.einsum("Dfe,nf->neD", rot64, shift[used[i:i + 1]])  # R_D^T shift
-            gamma = (q0_kv[i:i + 1] @ r_shift[:, None]).permute(3, 0, 1, 2)  # (nD, 1, h, T)
-            chunks.append(moments_by_sink(part, gamma, window))
-        mom = {sk: {name: to_heads(torch.cat([c[sk][name] for c in chunks], -2)) for name in chunks[0][sk]}
-               for sk in SINKS}
-        mu_w = mom["with"]["s_x"] / n["with"]
-        # sums of W - mu_w for Method B
-        b_sums = [to_heads(part.permute(2, 0, 1)).T
-                  for part in w_sums(by_kv(q_rot), k_rot[used, None], window, mu_w[order].view(len(used), -1))]
-        out = {}
-        sweep_idx = [self.Ds.index(D) for D in self.sweep]
-        cols = {name: [] for name in ("r_A", "r_B", "r_f", "r_g", "r_sweep", "lstsq_residual")}
-        suff = {name: [] for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")}
-        for sk in SINKS:
-            m_, nn = mom[sk], n[sk]
-            s_y = m_["s_f"] + m_["s_g"]  # y = f + g_D
-            s_yy = m_["s_ff"] + 2 * m_["s_fg"] + m_["s_gg"]
-            s_xy = m_["s_xf"] + m_["s_xg"]
-            r_all = pearson_from_sums(nn, m_["s_x"], s_y, m_["s_xx"], s_yy, s_xy)  # (nD, H)
-            cols["r_sweep"].append(r_all[sweep_idx].T)
-            cols["r_A"].append(r_all[i_def])
-            cols["r_f"].append(pearson_from_sums(nn, m_["s_x"], m_["s_f"], m_["s_xx"], m_["s_ff"], m_["s_xf"]))
-            cols["r_g"].append(pearson_from_sums(nn, m_["s_x"], m_["s_g"][i_def], m_["s_xx"], m_["s_gg"][i_def],
-                                                 m_["s_xg"][i_def]))
-            raw_a = {"n": torch.full_like(mu_w, nn), "sum_x": m_["s_x"], "sum_y": s_y[i_def], "sum_xx": m_["s_xx"],
-                     "sum_yy": s_yy[i_def], "sum_xy": s_xy[i_def]}
+        for i in range(len(groups.used)):
+            one = groups.used[i : i + 1]  # this KV head, as a length-1 index
+            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, ops.keys[one], ops.window, self.block)
+            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
+            gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
+            gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            chunks.append(moments_by_sink(part, gamma, ops.window))
+        return {
+            sink: {name: groups.to_heads(torch.cat([c[sink][name] for c in chunks], -2)) for name in chunks[0][sink]}
+            for sink in SINKS
+        }
 
-            # Method B on x = W - mu_w, all heads in one solve; its sums come back shifted by mu_w
-            design = self.design(T, window, sk)
-            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)
+    def method_a(self, ops: UnitOperands, moments: dict) -> dict:
+        """Method A's r and sums (method.md sections 3A and 4): r(W, f + g_D) for the sweep and the dummy
+        distance, r(W, f) and r(W, g_D) alone, by ``pearson_from_sums``.
+
+        Returns (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of A = f + g_D at the dummy distance,
+        and ``r_sweep`` (H, sink, D).
+        """
+        i_dummy = self.distances.index(self.dummy_distance)
+        i_sweep = [self.distances.index(D) for D in self.dummy_distances]
+        cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            s_y = m["s_f"] + m["s_g"]  # (nD, H): y = A = f + g_D
+            s_yy = m["s_ff"] + 2 * m["s_fg"] + m["s_gg"]
+            s_xy = m["s_xf"] + m["s_xg"]
+            r_all = pearson_from_sums(n, m["s_x"], s_y, m["s_xx"], s_yy, s_xy)  # (nD, H)
+            cols["r"].append(r_all[i_dummy])
+            cols["r_sweep"].append(r_all[i_sweep].T)  # (H, D)
+            cols["r_f"].append(pearson_from_sums(n, m["s_x"], m["s_f"], m["s_xx"], m["s_ff"], m["s_xf"]))
+            cols["r_g"].append(
+                pearson_from_sums(n, m["s_x"], m["s_g"][i_dummy], m["s_xx"], m["s_gg"][i_dummy], m["s_xg"][i_dummy])
+            )
+            sums = {
+                "n": torch.full_like(m["s_x"], n),
+                "sum_x": m["s_x"],
+                "sum_y": s_y[i_dummy],
+                "sum_xx": m["s_xx"],
+                "sum_yy": s_yy[i_dummy],
+                "sum_xy": s_xy[i_dummy],
+            }
+            for name in SUMS:
+                cols[name].append(sums[name])
+        out = {name: torch.stack(parts, -1) for name, parts in cols.items() if name != "r_sweep"}  # (H, sink)
+        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
+        return out
+
+    def method_b(self, ops: UnitOperands, moments: dict) -> dict:
+        """Method B (method.md section 3B): the exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` per head
+        and sink, its r (section 4) and sums, and the relative normal residual of the solve.
+
+        The fit runs on x = W - mean(W) for conditioning (all heads in one solve, from the diagonal, row and column
+        sums of :func:`w_sums`); its sums are shifted back to W. Raises if the residual exceeds ``lstsq_tol``.
+        Returns (H, sink) arrays ``r``, ``lstsq_residual`` and :data:`SUMS`.
+        """
+        groups, T = ops.groups, ops.q.shape[1]
+        mu_w = moments["with"]["s_x"] / ops.counts["with"]  # (H,) the mean of W
+        w_parts = w_sums(
+            groups.by_kv(ops.q_rot),  # (H_kv, h, T, d)
+            ops.k_rot[groups.used, None],  # (H_kv, 1, T, d)
+            ops.window,
+            mu_w[groups.order].view(len(groups.used), -1),  # (H_kv, h)
+        )
+        b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
+        cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            design = self.design(T, ops.window, sink)
+            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)  # bs: sums of x, yhat
             worst = float(resid.max())
             self.max_residual = max(self.max_residual, worst)
             if not worst < self.lstsq_tol:
-                raise RuntimeError(f"additive fit: relative normal residual {worst:.3g} above tolerance "
-                                   f"{self.lstsq_tol:.3g} (T={T}, window={window}, sink={sk})")
+                raise RuntimeError(
+                    f"additive fit: relative normal residual {worst:.3g} above tolerance "
+                    f"{self.lstsq_tol:.3g} (T={T}, window={ops.window}, sink={sink})"
+                )
+            # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w
+            sums = {
+                "n": torch.full_like(mu_w, n),
+                "sum_x": m["s_x"],
+                "sum_xx": m["s_xx"],
+                "sum_y": bs["sum_y"] + n * mu_w,
+                "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + n * mu_w * mu_w,
+                "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m["s_x"]),
+            }
+            cols["r"].append(
+                pearson_from_sums(
+                    n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"]
+                )
+            )
             cols["lstsq_residual"].append(resid)
-            raw_b = {"n": raw_a["n"], "sum_x": m_["s_x"], "sum_xx": m_["s_xx"],
-                     "sum_y": bs["sum_y"] + nn * mu_w,
-                     "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + nn * mu_w * mu_w,
-                     "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m_["s_x"])}
-            cols["r_B"].append(pearson_from_sums(nn, raw_b["sum_x"], raw_b["sum_y"], raw_b["sum_xx"], raw_b["sum_yy"],
-                                                 raw_b["sum_xy"]))
-            for name in suff:
-                suff[name].append(torch.stack([raw_a[name], raw_b[name]], -1))  # (H, method)
+            for name in SUMS:
+                cols[name].append(sums[name])
+        return {name: torch.stack(parts, -1) for name, parts in cols.items()}  # (H, sink)
 
-        out["r"] = torch.stack([torch.stack([cols["r_A"][i], cols["r_B"][i]], -1) for i in range(2)], -1)
-        for name in ("r_f", "r_g", "lstsq_residual"):
-            out[name] = torch.stack(cols[name], -1)
-        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)
-        for name, parts in suff.items():
-            out[name] = torch.stack(parts, -1)  # (H, method, sink)
+    def error_and_bound(self, ops: UnitOperands) -> dict:
+        """The error of A and the bound of method.md section 5, entry by entry, per head and sink.
 
-        if not with_bound:
-            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
-                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=f64)
-            return {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
-
-        # the error of A, E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)], and the bound
-        # s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)| with a = |q^(l)|, b = |k^(l) - kbar^(l)| (0 for a
-        # dropped column)
-        a_norm = band_norms(q) * (s * amp * amp)  # (H, T, L)
-        b_norm = torch.stack([band_norms((k64 - mean[:, None]).float()) for mean in (kbar, kbar_wo)], 1)  # (H_kv, sink, T, L)
-        b_norm[:, SINKS.index("without"), 0] = 0
-        counts = torch.tensor([n[sk] for sk in SINKS], device=dev, dtype=f64)
-        table = self.table(rope.inv_freq, T, window)
-        kx, kf, kphi, kg = keys[used].split(d, -1)
-        e_keys = torch.stack([torch.cat([kx - kf, -kg], -1),
-                              torch.cat([kx - kf - kphi, -kg - shift[used, None].float()], -1)], 1)  # (n_kv, sink, T, 2d)
+        ``E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)]`` and the bound
+        ``s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)|`` with ``a = |q^(l)|``, ``b = |k^(l) - kbar^(l)|``
+        (0 for a dropped column). Returns (H, sink) float64 ``err_abs_mean`` (mean |E|), ``bound_mean`` and
+        ``bound_slack_min`` (min of bound - |E|).
+        """
+        dev, f64 = self.device, torch.float64
+        groups, rope = ops.groups, ops.rope
+        T, d = ops.q.shape[1:]
+        s, amp = float(rope.scaling), float(rope.attention_scaling)
+        used = groups.used
+        a_norm = band_norms(ops.q) * (s * amp * amp)  # (H, T, L)
+        b_norm = torch.stack([band_norms((ops.k64 - mean[:, None]).float()) for mean in (ops.kbar, ops.kbar_wo)], 1)
+        b_norm[:, SINKS.index("without"), 0] = 0  # (H_kv, sink, T, L)
+        counts = torch.tensor([ops.counts[sink] for sink in SINKS], device=dev, dtype=f64)  # (sink,)
+        table = self.table(rope.inv_freq, T, ops.window)
+        kx, kf, kphi, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each
+        e_with = torch.cat([kx - kf, -kg], -1)  # (H_kv, T, 2d)
+        e_without = torch.cat([kx - kf - kphi, -kg - ops.shift[used, None].float()], -1)  # (H_kv, T, 2d)
+        e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)
         e_keys[:, 1, 0] = 0  # 'without' drops column 0
-        p_def = rotate(q, torch.tensor(self.default_D), theta, amp) * s
-        err_sum, slack_min = self._error_pass(by_kv(torch.cat([q_rot, p_def], -1)), e_keys, by_kv(a_norm),
-                                              b_norm[used], table, window)
-        err_sum, slack_min = (to_heads(x.permute(2, 0, 1)).T for x in (err_sum, slack_min))
-        out["err_abs_mean"] = err_sum / counts
-        out["bound_mean"] = table.sums(a_norm, b_norm, kv) / counts
-        out["bound_slack_min"] = slack_min.double()
-        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
-        # the bound must hold; float32 error carries rounding of order eps * s |q| |k| sqrt(d)
-        scale = s * amp * amp * q.norm(dim=-1).amax(-1) * k.norm(dim=-1).amax(-1)[kv]  # (H,)
+        p_dummy = rotate(ops.q, torch.tensor(self.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
+        err_sum, slack_min = self._error_pass(
+            groups.by_kv(torch.cat([ops.q_rot, p_dummy], -1)),  # (H_kv, h, T, 2d)
+            e_keys,
+            groups.by_kv(a_norm),  # (H_kv, h, T, L)
+            b_norm[used],
+            table,
+            ops.window,
+        )  # (H_kv, h, sink) each
+        err_sum = groups.to_heads(err_sum.permute(2, 0, 1)).T  # (H, sink)
+        slack_min = groups.to_heads(slack_min.permute(2, 0, 1)).T  # (H, sink)
+        return {
+            "err_abs_mean": err_sum / counts,
+            "bound_mean": table.sums(a_norm, b_norm, ops.kv) / counts,
+            "bound_slack_min": slack_min.double(),
+        }
+
+    def check_bound(self, ops: UnitOperands, slack_min: np.ndarray) -> None:
+        """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -tolerance.
+
+        float32 error carries rounding of order eps * s |q| |k| sqrt(d): the tolerance is ``BOUND_RTOL`` times
+        ``s |q|max |k|max`` per head.
+        """
+        rope = ops.rope
+        s, amp = float(rope.scaling), float(rope.attention_scaling)
+        q_max = ops.q.norm(dim=-1).amax(-1)  # (H,)
+        k_max = ops.k.norm(dim=-1).amax(-1)[ops.kv]  # (H,)
+        scale = s * amp * amp * q_max * k_max  # (H,)
         tol = (BOUND_RTOL * scale.double()[:, None]).cpu().numpy()
-        worst = result["bound_slack_min"] + tol
+        worst = slack_min + tol
         if (worst < 0).any():
             h_bad, s_bad = np.unravel_index(int(np.argmin(worst / tol)), worst.shape)
             raise RuntimeError(
-                f"bound of science.md section 5 violated: head {h_bad}, sink {SINKS[s_bad]}, min(bound - |error|) = "
-                f"{result['bound_slack_min'][h_bad, s_bad]:.3g} below the rounding tolerance -{tol[h_bad, 0]:.3g}")
-        return result
+                f"bound of method.md section 5 violated: head {h_bad}, sink {SINKS[s_bad]}, min(bound - |error|) = "
+                f"{slack_min[h_bad, s_bad]:.3g} below the rounding tolerance -{tol[h_bad, 0]:.3g}"
+            )
 
     def _error_pass(self, e_queries, e_keys, a, b, table: BoundTable, window: int):
         """Per query head and sink: sum over the counted entries of |W - A|, and min (bound - |W - A|).
@@ -755,6 +858,57 @@ class Decomposer:
         return err_sum, slack_min
 
 
+class KVGroups:
+    """Query heads grouped by the KV head they read (GQA); every KV head serves the same number of query heads."""
+
+    def __init__(self, kv_group: np.ndarray, device):
+        used, per_kv = np.unique(kv_group, return_counts=True)
+        if (per_kv != per_kv[0]).any():
+            raise ValueError(f"kv_group {kv_group.tolist()}: every KV head must serve the same number of query heads")
+        self.n_heads = len(kv_group)
+        self.per_kv = int(per_kv[0])
+        self.order = torch.as_tensor(np.argsort(kv_group, kind="stable"), device=device)  # query heads by KV head
+        self.used = torch.as_tensor(used, device=device)  # (kv_head,) the KV heads that some query head reads
+
+    def by_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., head, token, e) -> (..., kv_head, h, token, e): the h query heads of each KV head together."""
+        x = x[..., self.order, :, :]
+        return x.reshape(*x.shape[:-3], len(self.used), self.per_kv, *x.shape[-2:])
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., kv_head, h) -> (..., head), in the original head order."""
+        out = torch.empty(x.shape[:-2] + (self.n_heads,), dtype=x.dtype, device=x.device)
+        out[..., self.order] = x.reshape(*x.shape[:-2], self.n_heads)
+        return out
+
+
+@dataclass(frozen=True)
+class UnitOperands:
+    """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
+
+    H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``Decomposer.distances``). ``kbar`` is
+    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without').
+    """
+
+    q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
+    k: torch.Tensor  # (H_kv, T, d) pre-RoPE keys, float32
+    k64: torch.Tensor  # (H_kv, T, d) the keys in float64
+    kv: torch.Tensor  # (H,) the KV head of each query head
+    groups: KVGroups
+    rope: LayerRope
+    theta: torch.Tensor  # (L,) inv_freq on the device, float32
+    window: int  # 0: every j <= i counts
+    counts: dict  # sink -> number of counted entries
+    kbar: torch.Tensor  # (H_kv, d) float64
+    kbar_wo: torch.Tensor  # (H_kv, d) float64
+    shift: torch.Tensor  # (H_kv, d) float64, R_0 (kbar - kbar'): the sink-free g's row-constant offset
+    q_rot: torch.Tensor  # (H, T, d) s R_i q_i
+    q0: torch.Tensor  # (H, T, d) s R_0 q_i
+    k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
+    keys: torch.Tensor  # (H_kv, T, 4 d) [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)]
+    rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
+
+
 # ------------------------------------------------------------------------------------------ the store
 
 
@@ -779,7 +933,7 @@ def decompose_store(
     out_path,
     *,
     dummy_distances,
-    default_D: int,
+    dummy_distance: int,
     device: str = "auto",
     lstsq_tol: float = LSTSQ_TOL,
     bound_samples: int = 0,
@@ -795,7 +949,7 @@ def decompose_store(
     # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
     ds = open_dataset(qk_path, lazy=False)
     _check_store(ds, qk_path)
-    dec = Decomposer(dummy_distances, default_D, device=device, lstsq_tol=lstsq_tol)
+    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
     N, L = ds.sizes["sample"], ds.sizes["layer"]
     kv_group = ds["kv_group"].values
     ropes = [layer_rope(ds, layer) for layer in range(L)]
@@ -812,7 +966,7 @@ def decompose_store(
             arrays[name][s_, l_] = value
     coords = {
         "sample": ds["sample"].values, "layer": ds["layer"].values, "head": ds["head"].values,
-        "method": list(METHODS), "sink": list(SINKS), "D": np.asarray(dec.sweep, dtype=np.int64),
+        "method": list(METHODS), "sink": list(SINKS), "D": np.asarray(dec.dummy_distances, dtype=np.int64),
     }
     base = ("sample", "layer", "head")
     dims = {
@@ -821,14 +975,14 @@ def decompose_store(
         "r_sweep": base + ("sink", "D"),
         "err_abs_mean": base + ("sink",), "bound_mean": base + ("sink",), "bound_slack_min": base + ("sink",),
         "lstsq_residual": base + ("sink",),
-        **{name: base + ("method", "sink") for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")},
+        **{name: base + ("method", "sink") for name in SUMS},
     }
     data = {name: (dims[name], arrays[name]) for name in dims}
     data["r2_f"] = (dims["r_f"], arrays["r_f"] ** 2)
     data["r2_g"] = (dims["r_g"], arrays["r_g"] ** 2)
     carried = {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
     out = xr.Dataset(data, coords=coords, attrs=provenance(
-        config_hash=config_hash, default_D=int(default_D), lstsq_tol=float(lstsq_tol),
+        config_hash=config_hash, dummy_distance=int(dummy_distance), lstsq_tol=float(lstsq_tol),
         bound_samples=int(min(bound_samples, N) if bound_samples else N),
         lstsq_residual_max=float(dec.max_residual), device=str(dec.device), source=str(qk_path), **carried,
     ))

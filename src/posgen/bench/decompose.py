@@ -72,7 +72,7 @@ def floor_inputs(dec: Decomposer, q, k, kv_group, rope):
             "q_rot": rotate(qg, pos, theta, amp).reshape(-1, d),
             "k_rot_t": rotate(kg, pos, theta, amp).T.contiguous(),
             "kbar_rot_t": [rotate(kb.expand(T, d), pos, theta, amp).T.contiguous() for kb in kbars],
-            "p": [rotate(qg, torch.tensor(D), theta, amp).reshape(-1, d) for D in dec.sweep],
+            "p": [rotate(qg, torch.tensor(D), theta, amp).reshape(-1, d) for D in dec.dummy_distances],
             "dk_t": [((kg - kb) * amp).T.contiguous() for kb in kbars],
             "out": torch.empty(qg.shape[0] * T, T, device=dev),
         })
@@ -112,7 +112,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
-    parser.add_argument("--default-D", type=int, default=1000)
+    parser.add_argument("--dummy-distance", type=int, default=1000)
     parser.add_argument("--store-run", action="store_true",
                         help="also run decompose_store over the whole store (time per unit, peak memory)")
     parser.add_argument("--bound-samples", type=int, default=2,
@@ -142,7 +142,7 @@ def main(argv=None):
         rope = layer_rope(ds, args.layer)
         ds.close()
 
-        dec = Decomposer(args.dummy_distances, args.default_D, device=args.device)
+        dec = Decomposer(args.dummy_distances, args.dummy_distance, device=args.device)
         dev = dec.device
         # first call: Method B factorisations (once per mask) and the bound tables, cached afterwards
         setup_s = _timed(lambda: dec.unit(q, k, kv_group, rope), dev)
@@ -180,7 +180,7 @@ def main(argv=None):
         if args.store_run:
             start = time.perf_counter()
             out = decompose_store(qk, Path(tmp) / "decomposition.nc", dummy_distances=args.dummy_distances,
-                                  default_D=args.default_D, bound_samples=args.bound_samples, device=args.device,
+                                  dummy_distance=args.dummy_distance, bound_samples=args.bound_samples, device=args.device,
                                   progress=False)
             per_unit = (time.perf_counter() - start) / (out.sizes["sample"] * out.sizes["layer"])
             report["store_run"] = {"bound_samples": args.bound_samples, "s_per_unit": round(per_unit, 4),
