@@ -101,8 +101,10 @@ def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
     """(g, n, T, e) -> (g, nb, n * block, e): tokens in blocks of ``block`` (zero-padded), the n sets stacked."""
     g, n, T, e = x.shape
     nb = -(-T // block)
-    x = torch.nn.functional.pad(x, (0, 0, 0, nb * block - T))
-    return x.view(g, n, nb, block, e).transpose(1, 2).reshape(g, nb, n * block, e)
+    x = torch.nn.functional.pad(x, (0, 0, 0, nb * block - T))  # (g, n, (nb, block), e)
+    x = x.view(g, n, nb, block, e)
+    x = x.transpose(1, 2)  # (g, nb, n, block, e)
+    return x.reshape(g, nb, n * block, e)
 
 
 def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int,
@@ -130,18 +132,28 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
     dev = q.device
     nb = -(-T // block)
     Q, G = slice(0, k * d), slice(k * d, (k + 1) * d)
-    r_flat = rotations.reshape(nD, d * d)
+    r_flat = rotations.reshape(nD, d * d)  # (D, (f, e)): R_D[f, e]
+    rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
     nd = window or T
+    # Index names in the shape comments: a, b key sets K_a (a = k: Kg); D dummy distances; e, f dims; l, m bands
+    # and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key blocks, r rows of a
+    # block; j ragged key columns.
 
     # row sums from prefix sums of the keys; g_D rows: (R_D q0_i) . u = q0_i . (R_D^T u)
-    pre = window_prefix(keys, window, dim=1)
-    pre_g = (pre[..., G] @ rotations.transpose(0, 1).reshape(d, nD * d)).view(n, 1, T, nD, d)  # R_D^T u
-    out = {"q_rows": (q[:, :, :, None] * pre[:, None, :, Q].reshape(n, 1, T, k, d)).sum(-1).transpose(2, 3),
-           "g_rows": (q0[:, :, :, None] * pre_g).sum(-1).permute(3, 0, 1, 2)}
-    counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # rows that count column 0
-    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # R_D^T kg_0
-    out["q_col0"] = ((q @ keys[:, None, 0, Q].reshape(n, 1, k, d).transpose(-1, -2)) * counts0).transpose(2, 3)
-    out["g_col0"] = ((q0 @ k0_g[:, None].transpose(-1, -2)) * counts0).permute(3, 0, 1, 2)
+    pre = window_prefix(keys, window, dim=1)  # (n, T, (k + 1) d): sum of the keys that row i counts
+    pre_q = pre[:, None, :, Q].reshape(n, 1, T, k, d)  # (n, 1, T, a, e)
+    pre_g = pre[..., G] @ rot_t  # (n, T, (D, e))
+    pre_g = pre_g.view(n, 1, T, nD, d)  # (n, 1, T, D, e): R_D^T u
+    q_rows = (q[:, :, :, None] * pre_q).sum(-1)  # (n, h, T, a)
+    g_rows = (q0[:, :, :, None] * pre_g).sum(-1)  # (n, h, T, D)
+    out = {"q_rows": q_rows.transpose(2, 3), "g_rows": g_rows.permute(3, 0, 1, 2)}  # (n, h, a, T), (D, n, h, T)
+    counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # (T, 1): rows that count column 0
+    k0_q = keys[:, None, 0, Q].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
+    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # (n, D, e): R_D^T kg_0
+    q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
+    g_col0 = (q0 @ k0_g[:, None].transpose(-1, -2)) * counts0  # (n, h, T, D)
+    out["q_col0"] = q_col0.transpose(2, 3)  # (n, h, a, T)
+    out["g_col0"] = g_col0.permute(3, 0, 1, 2)  # (D, n, h, T)
 
     rows = torch.arange(nb * block, device=dev).view(nb, block)
     lo = (rows - window + 1).clamp(min=0) if window else torch.zeros_like(rows)
@@ -159,54 +171,93 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
             return acc.narrow(dim, 1, nb)
         return acc.index_select(dim, b_idx + 1) - acc.index_select(dim, last + 1)
 
-    # full blocks. Query side: per block and head the Gram matrix of [q | q0], summed as above;
-    # [n, c, e, (q | q0, h, e')] for the q rows, [n, (l, m), c, (z, w, h)] for g^2, per pair of bands
-    qb, q0b = _by_block(q, block), _by_block(q0, block)  # (n, nb, h B, d)
-    z = torch.cat([qb, q0b], -1).view(n * nb * h, block, 2 * d)
-    s = torch.bmm(z.transpose(1, 2).contiguous(), z).view(n, nb, h, 2 * d, 2 * d)  # (strided operands are slow)
-    s_q = s[:, :, :, :d].reshape(n, nb, h, d, 2, d).permute(0, 1, 3, 4, 2, 5).reshape(n, nb, d, 2 * h * d)
-    s_q = over_full(s_q, 1).reshape(n * nb, d, 2 * h * d)
-    s_00 = s[:, :, :, d:, d:].reshape(n, nb, h, 2, L, 2, L).permute(0, 4, 6, 1, 3, 5, 2).reshape(n, L * L, nb, 4 * h)
-    s_00 = over_full(s_00, 2).reshape(n * L * L, nb, 4 * h)
+    # full blocks. Query side: per block and head the Gram matrix of [q | q0], summed as above
+    qb = _by_block(q, block)  # (n, b, (h, r), e)
+    q0b = _by_block(q0, block)  # (n, b, (h, r), e)
+    z = torch.cat([qb, q0b], -1)  # (n, b, (h, r), 2d): [q | q0]
+    z = z.view(n * nb * h, block, 2 * d)  # ((n, b, h), r, 2d)
+    s = torch.bmm(z.transpose(1, 2).contiguous(), z)  # ((n, b, h), 2d, 2d) (strided operands are slow)
+    s = s.view(n, nb, h, 2 * d, 2 * d)  # (n, b, h, q | q0 e, q | q0 e')
+    # q against [q | q0], for the q rows and q g terms
+    s_q = s[:, :, :, :d]  # (n, b, h, e, 2d)
+    s_q = s_q.reshape(n, nb, h, d, 2, d)  # (n, b, h, e, q | q0, e')
+    s_q = s_q.permute(0, 1, 3, 4, 2, 5)  # (n, b, e, q | q0, h, e')
+    s_q = s_q.reshape(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
+    s_q = over_full(s_q, 1)  # (n, c, e, (q | q0, h, e'))
+    s_q = s_q.reshape(n * nb, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
+    # q0 against q0 per pair of bands, for g^2: s[(z, l), (w, m)]
+    s_00 = s[:, :, :, d:, d:]  # (n, b, h, (z, l), (w, m))
+    s_00 = s_00.reshape(n, nb, h, 2, L, 2, L)  # (n, b, h, z, l, w, m)
+    s_00 = s_00.permute(0, 4, 6, 1, 3, 5, 2)  # (n, l, m, b, z, w, h)
+    s_00 = s_00.reshape(n, L * L, nb, 4 * h)  # (n, (l, m), b, (z, w, h))
+    s_00 = over_full(s_00, 2)  # (n, (l, m), c, (z, w, h))
+    s_00 = s_00.reshape(n * L * L, nb, 4 * h)  # ((n, l, m), c, (z, w, h))
     del s, z
-    # key side. y[n, c, r, a, q | q0, h, e] = K_a[j]^T (summed query Grams) for key j = (c, r)
-    kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, nb B, (k + 1) d)
-    kb = kp.view(n, nb, block, k + 1, d)
-    y = torch.bmm(kb[..., :k, :].reshape(n * nb, block * k, d), s_q).view(n, nb, block, k, 2, h, d)
-    out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])
+    # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r)
+    kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, (c, r), (k + 1) d), zero-padded
+    kb = kp.view(n, nb, block, k + 1, d)  # (n, c, r, a, e)
+    k_sets = kb[..., :k, :].reshape(n * nb, block * k, d)  # ((n, c), (r, a), e)
+    y = torch.bmm(k_sets, s_q)  # ((n, c), (r, a), (q | q0, h, e'))
+    y = y.view(n, nb, block, k, 2, h, d)  # (n, c, r, a, q | q0, h, e')
+    out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])  # (n, h, a, b)
     # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
-    kg = kb[..., k, :]  # (n, nb, B, d)
-    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)
-    m = torch.stack([torch.bmm(kg_t, y[:, :, :, a, 1].reshape(n, nb * block, h * d)) for a in range(k)], 1)
-    m = m.view(n, k, d, h, d).permute(0, 3, 1, 2, 4).reshape(n * h * k, d * d)  # [(n, h, a), (e, f)]
-    out["qg"] = (r_flat @ m.T).view(nD, n, h, k)
-    # g^2: R_D restricted to band pairs, r[D, x, z, l] = R_D[(x, l), (z, l)], pair = r_l[x, z] r_m[y, w]
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)
-    pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r).reshape(nD, -1)
-    g_gg = torch.bmm(kg.reshape(n * nb, block, d).transpose(1, 2).contiguous(), kg.reshape(n * nb, block, d))
-    g_gg = g_gg.view(n, nb, 2, L, 2, L).permute(0, 3, 5, 2, 4, 1).reshape(n * L * L, 4, nb)
-    out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, torch.bmm(g_gg, s_00).view(n, -1, h))
+    kg = kb[..., k, :]  # (n, c, r, f)
+    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)  # (n, f, (c, r))
+    m = []
+    for a in range(k):
+        y_a = y[:, :, :, a, 1].reshape(n, nb * block, h * d)  # (n, (c, r), (h, e))
+        m.append(torch.bmm(kg_t, y_a))  # (n, f, (h, e))
+    m = torch.stack(m, 1)  # (n, a, f, (h, e))
+    m = m.view(n, k, d, h, d)  # (n, a, f, h, e)
+    m = m.permute(0, 3, 1, 2, 4)  # (n, h, a, f, e)
+    m = m.reshape(n * h * k, d * d)  # ((n, h, a), (f, e))
+    out["qg"] = (r_flat @ m.T).view(nD, n, h, k)  # (D, n, h, a)
+    # g^2 = sum kg[x, l] kg[y, m] r_l[x, z] r_m[y, w] q0[z, l] q0[w, m], with R_D restricted to band pairs,
+    # r[D, x, z, l] = R_D[(x, l), (z, l)]
+    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
+    pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r)  # (D, l, m, x, y, z, w)
+    pair = pair.reshape(nD, -1)  # (D, (l, m, x, y, z, w))
+    kg_blocks = kg.reshape(n * nb, block, d)  # ((n, c), r, f)
+    g_gg = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
+    g_gg = g_gg.view(n, nb, 2, L, 2, L)  # (n, c, x, l, y, m)
+    g_gg = g_gg.permute(0, 3, 5, 2, 4, 1)  # (n, l, m, x, y, c)
+    g_gg = g_gg.reshape(n * L * L, 4, nb)  # ((n, l, m), (x, y), c)
+    gram = torch.bmm(g_gg, s_00)  # ((n, l, m), (x, y), (z, w, h))
+    gram = gram.view(n, -1, h)  # (n, (l, m, x, y, z, w), h)
+    out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, gram)  # (D, n, h)
 
     # ragged columns: the values of every x_a and g_D, masked, and all their products from one Gram matrix
     edge = 2 * block if window else 0
-    cols = torch.cat([full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
-                      b_idx[:, None] * block + torch.arange(block, device=dev)], 1)  # (nb, C)
+    cols = torch.cat(
+        [
+            full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
+            b_idx[:, None] * block + torch.arange(block, device=dev),
+        ],
+        1,
+    )  # (b, j)
     valid = (cols[:, None, :] <= rows[:, :, None]) & (cols[:, None, :] >= lo[:, :, None]) & (cols >= 0)[:, None]
     valid[:, :, :edge] &= (cols[:, :edge] < full_lo[:, None] * block)[:, None]
-    vm = valid.to(f64)[:, None, None]  # (nb, 1, 1, B, C)
+    vm = valid.to(f64)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
-    kc = kp[:, cols.clamp(min=0)].view(n, nb, C, k + 1, d)
-    kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2).reshape(n * nb, d, k * C)  # [(n, c), e, (a, j)]
-    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=f64, device=dev)
-    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q).view(n, nb, h, block, k, C)
+    kc = kp[:, cols.clamp(min=0)]  # (n, b, j, (k + 1) d)
+    kc = kc.view(n, nb, C, k + 1, d)  # (n, b, j, a, e)
+    kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2)  # (n, b, e, a, j)
+    kc_q = kc_q.reshape(n * nb, d, k * C)  # ((n, b), e, (a, j))
+    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=f64, device=dev)  # (n, b, h, a | D, r, j)
+    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q)  # ((n, b), (h, r), (a, j))
+    v = v.view(n, nb, h, block, k, C)  # (n, b, h, r, a, j)
     torch.mul(v.transpose(3, 4), vm, out=vals[:, :, :, :k])
     # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query
-    kg_rot = kc[..., k, :].reshape(-1, d) @ rotations.transpose(0, 1).reshape(d, nD * d)  # [(n, c, j), (D, e)]
-    kg_rot = kg_rot.view(n * nb, C, nD, d).permute(0, 3, 2, 1).reshape(n * nb, d, nD * C)
-    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot).view(n, nb, h, block, nD, C)
+    kg_rot = kc[..., k, :].reshape(-1, d) @ rot_t  # ((n, b, j), (D, e))
+    kg_rot = kg_rot.view(n * nb, C, nD, d)  # ((n, b), j, D, e)
+    kg_rot = kg_rot.permute(0, 3, 2, 1)  # ((n, b), e, D, j)
+    kg_rot = kg_rot.reshape(n * nb, d, nD * C)  # ((n, b), e, (D, j))
+    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot)  # ((n, b), (h, r), (D, j))
+    vg = vg.view(n, nb, h, block, nD, C)  # (n, b, h, r, D, j)
     torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, k:])
-    vals = vals.view(n * nb * h, k + nD, block * C)
-    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous()).view(n, nb, h, k + nD, k + nD).sum(1)
+    vals = vals.view(n * nb * h, k + nD, block * C)  # ((n, b, h), a | D, (r, j))
+    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous())  # ((n, b, h), a | D, a | D)
+    prod = prod.view(n, nb, h, k + nD, k + nD).sum(1)  # (n, h, a | D, a | D)
     out["qq"] += prod[..., :k, :k]
     out["qg"] += prod[..., k:, :k].permute(2, 0, 1, 3)
     out["gg"] += prod[..., k:, k:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
