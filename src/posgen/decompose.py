@@ -1,17 +1,22 @@
-"""Positional + semantic split of attention logits, per (sample, layer, head) (science.md sections 3-5).
+"""Positional + semantic split of attention logits, per (sample, layer, head) (docs/method.md sections 3-5).
 
 Method A (mean-key construction): ``f_ij = s (R_i q_i).(R_j kbar)``, ``g_ij = s (R_D q_i).(R_0 (k_j - kbar))``,
 ``A = f + g``. ``R_0`` is the identity times the model's ``attention_scaling`` (1 for plain RoPE), so that
 ``R_D^T R_0 = R_i^T R_(i-D)`` exactly as for a real pair at distance D. Method B: exact least-squares fit
 ``W_ij ~ a(i-j) + b(i) + c(j)`` over the counted entries.
 
+``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1 and 3A), ``moments``
+(sums over the counted entries), ``method_a`` (section 3A and 4), ``method_b`` (section 3B), and on the first
+``bound_samples`` samples ``error_and_bound`` and ``check_bound`` (section 5).
+
 Everything is exact (no sampling, no truncated iterations). W, f and every g_D are rank-d matrices
 (``x_ij = a_i . u_j``), so only the error of A and its bound need every entry:
 
 * sums and second moments over the causal (or windowed) mask, ``sum_ij (a_i.u_j)(b_i.v_j)``, in float64 from
   query-block Gram matrices summed over the query blocks that count a key block in full, times the keys, plus
-  the ragged diagonal blocks entry by entry (``masked_moments``); dropping the sink column is a key row set to
-  zero; D enters only through the fixed rotation R_D, applied after the sums over tokens;
+  the ragged diagonal blocks entry by entry (``masked_moments``); dropping the sink column is an O(T)
+  correction (``moments_by_sink``); D enters only through the fixed rotation R_D, applied after the sums over
+  tokens;
 * Method B: the normal matrix depends only on the mask; b is eliminated, the 3-dim gauge fixed, and the
   reduced matrix Cholesky-factorised and inverted once per mask in float64 (cached). A head needs only the
   diagonal sums of its masked W (a cross-correlation along tokens, FFT), row and column sums (``w_sums``)
@@ -107,9 +112,10 @@ def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.reshape(g, nb, n * block, e)
 
 
-def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int,
-                   block: int = 32) -> dict:
-    """Sums over the counted entries of the matrices ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
+def masked_moments(
+    q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int, block: int = 32
+) -> dict:
+    """Sums over the counted entries of ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
 
     ``q, q0 (n, h, T, d)``: n KV heads with h query heads each; ``rotations (nD, d, d)``, the R_D
     (block-diagonal per RoPE band, dims l and l + d/2); ``keys (n, T, (k + 1) d) = [K1 | ... | Kk | Kg]``.
@@ -122,7 +128,7 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
     over every such query block; the rest (the diagonal block and, with a window, its ragged start: under 3
     blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
     are contracted once for every D (for g^2, per pair of bands). Everything in float64: raw second moments
-    then need no shifting against cancellation.
+    then need no shifting against cancellation. method.md sections 3A (Method A's terms) and 4 (the sums).
     """
     f64 = torch.float64
     q, q0, rotations, keys = q.to(f64), q0.to(f64), rotations.to(f64), keys.to(f64)
@@ -272,6 +278,7 @@ def moments_by_sink(m: dict, gamma: torch.Tensor, window: int) -> dict:
     ``phi_ij = s (R_i q_i).(R_j (kbar' - kbar))`` and g' = g + gamma with the row constant
     ``gamma_i = s (R_D q_i).(R_0 (kbar - kbar'))``, ``gamma (nD, ..., T)``. Sums without column 0 subtract its
     products, an O(T) correction. Returns ``{sink: {s_x, s_f, s_g, s_xx, s_xf, s_ff, s_xg, s_fg, s_gg}}``.
+    method.md sections 3A (the sink-free terms) and 4.
     """
     T = m["q_rows"].shape[-1]
     nd = window or T
@@ -284,16 +291,28 @@ def moments_by_sink(m: dict, gamma: torch.Tensor, window: int) -> dict:
     gg = m["gg"] - (g0 * g0).sum(-1)
     f_rows = rows[..., 1, :] + rows[..., 2, :]
     return {
-        "with": {"s_x": m["q_rows"][..., 0, :].sum(-1), "s_f": m["q_rows"][..., 1, :].sum(-1),
-                 "s_g": m["g_rows"].sum(-1), "s_xx": m["qq"][..., 0, 0], "s_xf": m["qq"][..., 0, 1],
-                 "s_ff": m["qq"][..., 1, 1], "s_xg": m["qg"][..., 0], "s_fg": m["qg"][..., 1], "s_gg": m["gg"]},
-        "without": {"s_x": rows[..., 0, :].sum(-1), "s_f": f_rows.sum(-1),
-                    "s_g": g_rows.sum(-1) + (gamma * n_rows).sum(-1),
-                    "s_xx": qq[..., 0, 0], "s_xf": qq[..., 0, 1] + qq[..., 0, 2],
-                    "s_ff": qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
-                    "s_xg": qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
-                    "s_fg": qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
-                    "s_gg": gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1)},
+        "with": {
+            "s_x": m["q_rows"][..., 0, :].sum(-1),
+            "s_f": m["q_rows"][..., 1, :].sum(-1),
+            "s_g": m["g_rows"].sum(-1),
+            "s_xx": m["qq"][..., 0, 0],
+            "s_xf": m["qq"][..., 0, 1],
+            "s_ff": m["qq"][..., 1, 1],
+            "s_xg": m["qg"][..., 0],
+            "s_fg": m["qg"][..., 1],
+            "s_gg": m["gg"],
+        },
+        "without": {
+            "s_x": rows[..., 0, :].sum(-1),
+            "s_f": f_rows.sum(-1),
+            "s_g": g_rows.sum(-1) + (gamma * n_rows).sum(-1),
+            "s_xx": qq[..., 0, 0],
+            "s_xf": qq[..., 0, 1] + qq[..., 0, 2],
+            "s_ff": qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
+            "s_xg": qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
+            "s_fg": qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
+            "s_gg": gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1),
+        },
     }
 
 
@@ -303,7 +322,7 @@ def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
     ``W = q k^T`` for ``q (..., T, d)`` and ``k (..., T, d)`` (broadcast: a KV head against its query heads),
     ``shift (...)``; float64, shaped (..., T). No (T x T) matrix: the diagonal sums are a cross-correlation
     along tokens (FFT), rows and columns come from window sums of the factors. Diagonals beyond the window's
-    reach sum to 0.
+    reach sum to 0. The right-hand side of Method B's normal equations, method.md section 3B.
     """
     f64 = torch.float64
     q, k, shift = q.to(f64), k.to(f64), shift.to(f64)[..., None]
@@ -495,13 +514,13 @@ class AdditiveDesign:
 
 
 def band_norms(x: torch.Tensor) -> torch.Tensor:
-    """Per-band norms ``||x^(l)||`` of ``x[..., d]`` in the rotate_half pairing (dims l and l + d/2)."""
+    """Per-band norms ``||x^(l)||`` of ``x[..., d]``, bands pairing dims l and l + d/2 (method.md section 5)."""
     half = x.shape[-1] // 2
     return torch.hypot(x[..., :half], x[..., half:])
 
 
 class BoundTable:
-    """The section 5 bound's per-band factor ``|2 sin(theta_l (delta - D) / 2)|`` for one layer, T, window, D.
+    """The bound's per-band factor ``|2 sin(theta_l (delta - D) / 2)|`` per layer, T, window and D (method.md 5).
 
     Its sum over the counted entries is a causal convolution along tokens per band (``spectrum``, FFT). Entry by
     entry: 'slow' bands keep ``theta_l (delta - D) / 2`` inside (-pi, pi) for every scored delta, where the
@@ -527,7 +546,7 @@ class BoundTable:
         factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy) / 2)).abs()  # (band, delta + T)
         self.fast_factor = factor[self.fast.to(device)].float().contiguous()
         self.sign = torch.sign(delta - dummy).float()  # [delta + T]
-        kernel = factor[:, n_tokens:n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
+        kernel = factor[:, n_tokens : n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
         self.spectrum = torch.fft.rfft(kernel, 2 * n_tokens, dim=1).T  # (freq, band)
 
     def slow_factors(self, a: torch.Tensor, b: torch.Tensor):
@@ -788,9 +807,7 @@ class Decomposer:
                 "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m["s_x"]),
             }
             cols["r"].append(
-                pearson_from_sums(
-                    n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"]
-                )
+                pearson_from_sums(n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"])
             )
             cols["lstsq_residual"].append(resid)
             for name in SUMS:
@@ -865,7 +882,7 @@ class Decomposer:
         keep the working set in cache. In a block the columns are taken in reverse order, where a Toeplitz
         factor f(i - j) becomes a Hankel view of one stored vector. Slow bands of the bound: one matrix product
         times sign(i - j - D); fast bands: per row, one product of the query factors with the Hankel factors
-        times the key factors. Layout (row, head, sink, column).
+        times the key factors. Layout (row, head, sink, column). method.md section 5.
         """
         dev = self.device
         n, h, T, _ = e_queries.shape
@@ -1016,15 +1033,22 @@ def decompose_store(
                 arrays[name] = np.full((N, L) + value.shape, np.nan)
             arrays[name][s_, l_] = value
     coords = {
-        "sample": ds["sample"].values, "layer": ds["layer"].values, "head": ds["head"].values,
-        "method": list(METHODS), "sink": list(SINKS), "D": np.asarray(dec.dummy_distances, dtype=np.int64),
+        "sample": ds["sample"].values,
+        "layer": ds["layer"].values,
+        "head": ds["head"].values,
+        "method": list(METHODS),
+        "sink": list(SINKS),
+        "D": np.asarray(dec.dummy_distances, dtype=np.int64),
     }
     base = ("sample", "layer", "head")
     dims = {
         "r": base + ("method", "sink"),
-        "r_f": base + ("sink",), "r_g": base + ("sink",),
+        "r_f": base + ("sink",),
+        "r_g": base + ("sink",),
         "r_sweep": base + ("sink", "D"),
-        "err_abs_mean": base + ("sink",), "bound_mean": base + ("sink",), "bound_slack_min": base + ("sink",),
+        "err_abs_mean": base + ("sink",),
+        "bound_mean": base + ("sink",),
+        "bound_slack_min": base + ("sink",),
         "lstsq_residual": base + ("sink",),
         **{name: base + ("method", "sink") for name in SUMS},
     }
@@ -1032,11 +1056,20 @@ def decompose_store(
     data["r2_f"] = (dims["r_f"], arrays["r_f"] ** 2)
     data["r2_g"] = (dims["r_g"], arrays["r_g"] ** 2)
     carried = {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
-    out = xr.Dataset(data, coords=coords, attrs=provenance(
-        config_hash=config_hash, dummy_distance=int(dummy_distance), lstsq_tol=float(lstsq_tol),
-        bound_samples=int(min(bound_samples, N) if bound_samples else N),
-        lstsq_residual_max=float(dec.max_residual), device=str(dec.device), source=str(qk_path), **carried,
-    ))
+    out = xr.Dataset(
+        data,
+        coords=coords,
+        attrs=provenance(
+            config_hash=config_hash,
+            dummy_distance=int(dummy_distance),
+            lstsq_tol=float(lstsq_tol),
+            bound_samples=int(min(bound_samples, N) if bound_samples else N),
+            lstsq_residual_max=float(dec.max_residual),
+            device=str(dec.device),
+            source=str(qk_path),
+            **carried,
+        ),
+    )
     ds.close()
     write_netcdf(out, out_path)
     return out
