@@ -284,12 +284,14 @@ def moments_by_sink(m: dict, gamma: torch.Tensor, window: int) -> dict:
     nd = window or T
     tok = torch.arange(T, device=gamma.device)
     n_rows = ((tok + 1).clamp(max=nd) - (tok < nd).long()).to(gamma.dtype)  # counted entries per row, no column 0
-    c0, g0 = m["q_col0"], m["g_col0"]
-    rows, g_rows = m["q_rows"] - c0, m["g_rows"] - g0
-    qq = m["qq"] - torch.einsum("nhat,nhbt->nhab", c0, c0)
-    qg = m["qg"] - torch.einsum("nhat,Dnht->Dnha", c0, g0)
-    gg = m["gg"] - (g0 * g0).sum(-1)
-    f_rows = rows[..., 1, :] + rows[..., 2, :]
+    c0, g0 = m["q_col0"], m["g_col0"]  # column 0: (n, h, a, T), (D, n, h, T)
+    # without column 0; a indexes the key sets [x | f | phi]
+    rows = m["q_rows"] - c0  # (n, h, a, T)
+    g_rows = m["g_rows"] - g0  # (D, n, h, T)
+    qq = m["qq"] - torch.einsum("nhat,nhbt->nhab", c0, c0)  # (n, h, a, b)
+    qg = m["qg"] - torch.einsum("nhat,Dnht->Dnha", c0, g0)  # (D, n, h, a)
+    gg = m["gg"] - (g0 * g0).sum(-1)  # (D, n, h)
+    f_rows = rows[..., 1, :] + rows[..., 2, :]  # (n, h, T): rows of f' = f + phi
     return {
         "with": {
             "s_x": m["q_rows"][..., 0, :].sum(-1),
@@ -914,13 +916,19 @@ class Decomposer:
             hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
             factors = torch.empty(t, nf, 2, w, device=dev)
             for g in range(n):
-                err = torch.mm(q_rows[g, i0:i1].view(t * h, -1), k_rev[g, :, rev].reshape(2 * w, -1).T)
-                err = err.view(t, h, 2, w).abs_().mul_(keep_f)
+                q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
+                k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
+                err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
+                err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
                 err_sum[g] += err.sum((0, 3)).double()  # a block's float32 sum is exact enough
-                bound = torch.mm(u_rows[g, i0:i1].view(t * h, -1), v_rev[g, :, rev].reshape(2 * w, -1).T)
-                bound = bound.view(t, h, 2, w).mul_(sign).view(t, h, 2 * w)
+                u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
+                v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
+                bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
+                bound = bound.view(t, h, 2, w).mul_(sign)
+                bound = bound.view(t, h, 2 * w)  # (row, head, (sink, column))
                 torch.mul(hank, b_rev[g, :, :, rev], out=factors)  # (row, band, sink, column)
-                bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w)).view(t, h, 2, w)
+                bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w))  # plus the fast bands
+                bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
                 slack = bound.sub_(err).masked_fill_(drop, float("inf"))
                 slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
         return err_sum, slack_min
