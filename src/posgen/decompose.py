@@ -531,23 +531,23 @@ class BoundTable:
     (band, delta + T). Angles are formed in float64.
     """
 
-    def __init__(self, inv_freq: torch.Tensor, n_tokens: int, window: int, dummy: int, device):
+    def __init__(self, inv_freq: torch.Tensor, n_tokens: int, window: int, dummy_distance: int, device):
         theta = inv_freq.to(device, torch.float64)
         n_delta = window or n_tokens
-        reach = max(dummy, abs(n_delta - 1 - dummy))
+        reach = max(dummy_distance, abs(n_delta - 1 - dummy_distance))
         slow = (theta * reach < 2 * math.pi).cpu()
         self.slow, self.fast = torch.nonzero(slow).flatten(), torch.nonzero(~slow).flatten()
         th = theta[self.slow.to(device)]
         pos = torch.arange(n_tokens, device=device, dtype=torch.float64)[:, None]
-        x, y = th * (pos - dummy) / 2, th * pos / 2
+        x, y = th * (pos - dummy_distance) / 2, th * pos / 2
         # U = a * u_trig, V = b * v_trig (bands repeated twice): U.V = sum 2 a b sin(theta (i - j - D) / 2)
         self.u_trig = torch.cat([2 * torch.sin(x), -2 * torch.cos(x)], -1).float()
         self.v_trig = torch.cat([torch.cos(y), torch.sin(y)], -1).float()
-        self.n_tokens, self.dummy = n_tokens, dummy
+        self.n_tokens, self.dummy_distance = n_tokens, dummy_distance
         delta = torch.arange(-n_tokens, n_tokens + 1, device=device, dtype=torch.float64)
-        factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy) / 2)).abs()  # (band, delta + T)
+        factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy_distance) / 2)).abs()  # (band, delta + T)
         self.fast_factor = factor[self.fast.to(device)].float().contiguous()
-        self.sign = torch.sign(delta - dummy).float()  # [delta + T]
+        self.sign = torch.sign(delta - dummy_distance).float()  # [delta + T]
         kernel = factor[:, n_tokens : n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
         self.spectrum = torch.fft.rfft(kernel, 2 * n_tokens, dim=1).T  # (freq, band)
 

@@ -138,8 +138,16 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
-    parser.add_argument("--dummy-distance", type=int, default=1000)
+    parser.add_argument(
+        "--dummy-distances",
+        type=int,
+        nargs="+",
+        default=[0, 250, 500, 1000, 2000],
+        help="decomposition.dummy_distances, the sweep of the dummy distance D",
+    )
+    parser.add_argument(
+        "--dummy-distance", type=int, default=1000, help="decomposition.dummy_distance, Method A's dummy distance D"
+    )
     parser.add_argument(
         "--store-run",
         action="store_true",
