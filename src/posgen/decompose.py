@@ -686,7 +686,7 @@ class Decomposer:
             -1,
         )
         eye = torch.eye(d, device=dev)
-        # rotate() turns rows: the rotated identity is R_D^T
+        # rotate() turns each row, so the rotated identity is R_D^T; transposed, R_D (nD, d, d)
         rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.distances])
         return UnitOperands(
             q=q,
