@@ -152,6 +152,7 @@ def masked_moments(
     pre_g = pre_g.view(n, 1, T, nD, d)  # (n, 1, T, D, e): R_D^T u
     q_rows = (q[:, :, :, None] * pre_q).sum(-1)  # (n, h, T, a)
     g_rows = (q0[:, :, :, None] * pre_g).sum(-1)  # (n, h, T, D)
+    del pre_q  # temporaries go as soon as they are used: the working set stays small
     out = {"q_rows": q_rows.transpose(2, 3), "g_rows": g_rows.permute(3, 0, 1, 2)}  # (n, h, a, T), (D, n, h, T)
     counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # (T, 1): rows that count column 0
     k0_q = keys[:, None, 0, Q].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
@@ -205,6 +206,7 @@ def masked_moments(
     k_sets = kb[..., :k, :].reshape(n * nb, block * k, d)  # ((n, c), (r, a), e)
     y = torch.bmm(k_sets, s_q)  # ((n, c), (r, a), (q | q0, h, e'))
     y = y.view(n, nb, block, k, 2, h, d)  # (n, c, r, a, q | q0, h, e')
+    del k_sets
     out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])  # (n, h, a, b)
     # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
     kg = kb[..., k, :]  # (n, c, r, f)
@@ -213,6 +215,7 @@ def masked_moments(
     for a in range(k):
         y_a = y[:, :, :, a, 1].reshape(n, nb * block, h * d)  # (n, (c, r), (h, e))
         m.append(torch.bmm(kg_t, y_a))  # (n, f, (h, e))
+    del y_a, y
     m = torch.stack(m, 1)  # (n, a, f, (h, e))
     m = m.view(n, k, d, h, d)  # (n, a, f, h, e)
     m = m.permute(0, 3, 1, 2, 4)  # (n, h, a, f, e)
@@ -231,6 +234,7 @@ def masked_moments(
     gram = torch.bmm(g_gg, s_00)  # ((n, l, m), (x, y), (z, w, h))
     gram = gram.view(n, -1, h)  # (n, (l, m, x, y, z, w), h)
     out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, gram)  # (D, n, h)
+    del gram, g_gg, s_00, s_q
 
     # ragged columns: the values of every x_a and g_D, masked, and all their products from one Gram matrix
     edge = 2 * block if window else 0
