@@ -96,8 +96,18 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 def test_matches_direct_computation(case):
-    c = {"T": 24, "H": 4, "H_kv": 2, "d": 8, "window": 0, "amp": 1.0, "D0": 5, "Ds": (0, 5, 30), "block": 8,
-         **CASES[case]}
+    c = {
+        "T": 24,
+        "H": 4,
+        "H_kv": 2,
+        "d": 8,
+        "window": 0,
+        "amp": 1.0,
+        "D0": 5,
+        "Ds": (0, 5, 30),
+        "block": 8,
+        **CASES[case],
+    }
     q, k, kv = random_qk(c["H"], c["H_kv"], c["T"], c["d"])
     rope = LayerRope(inv_freq(c["d"]), c["d"] ** -0.5, c["amp"], c["window"])
     dec = Decomposer(c["Ds"], c["D0"], device="cpu", block_elems=c.get("block_elems"), block=c["block"])
@@ -124,7 +134,7 @@ def test_constant_keys_leave_no_semantic_term():
     """Every key equals the mean key: g = 0, W = f exactly, so r(W, f) = r(W, A) = 1 at every D."""
     q, _, kv = random_qk(H=4, H_kv=2, T=32, d=8)
     k = torch.randn(2, 1, 8).expand(2, 32, 8).contiguous()
-    rope = LayerRope(inv_freq(8), 8 ** -0.5)
+    rope = LayerRope(inv_freq(8), 8**-0.5)
     res = Decomposer([0, 10, 100], 10).unit(q, k, kv, rope)
     assert np.all(res["r_f"] > 1 - 1e-6)
     assert np.all(res["r"][:, 0] > 1 - 1e-6)
@@ -153,7 +163,7 @@ def test_additive_fit_recovers_exact_structure(window, sink):
     assert float(resid.max()) < 1e-12
     M = info.bool(sink).numpy()
     nd = design.n_delta
-    fitted = (a_hat[0].numpy()[np.clip(i - j, 0, nd - 1)] + b_hat[0].numpy()[i] + c_hat[0].numpy()[j])
+    fitted = a_hat[0].numpy()[np.clip(i - j, 0, nd - 1)] + b_hat[0].numpy()[i] + c_hat[0].numpy()[j]
     np.testing.assert_allclose(fitted[M], W[M], atol=2e-5)
     # the differences live in the gauge: a + alpha + l*delta, c + gamma + l*j (same slope l)
     delta = np.array([dl for dl in range(nd) if np.diagonal(M, -dl).any()])  # counted distances only
@@ -210,7 +220,7 @@ def test_low_frequency_key_variation_scores_higher():
     T, d = 96, 16
     g = torch.Generator().manual_seed(1)
     q = torch.randn(4, T, d, generator=g) + torch.randn(d, generator=g)
-    rope = LayerRope(inv_freq(d), d ** -0.5)
+    rope = LayerRope(inv_freq(d), d**-0.5)
     dec = Decomposer([0, 40], 40)
     low = dec.unit(q, band_keys(T, d, [6, 7]), np.zeros(4, int), rope)
     high = dec.unit(q, band_keys(T, d, [0, 1]), np.zeros(4, int), rope)
@@ -246,13 +256,18 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
         rotations = torch.stack([rotate(torch.eye(d), torch.tensor(D), inv_freq(d)).T for D in Ds]).double()
         keys = torch.randn(n, T, (k + 1) * d, generator=g, dtype=torch.float64) + 0.5
         m = causal_mask(T, window).double()
-        xs = [q @ keys[:, None, :, a * d:(a + 1) * d].transpose(-1, -2) * m for a in range(k)]  # (n, h, T, T) each
-        gD = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0) @ keys[None, :, None, :, k * d:].transpose(-1, -2) * m
+        xs = [q @ keys[:, None, :, a * d : (a + 1) * d].transpose(-1, -2) * m for a in range(k)]  # (n, h, T, T) each
+        gD = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0) @ keys[None, :, None, :, k * d :].transpose(-1, -2) * m
         got = masked_moments(q, q0, rotations, keys, window, block)
-        want = {"qq": torch.stack([torch.stack([(xa * xb).sum((-1, -2)) for xb in xs], -1) for xa in xs], -2),
-                "qg": torch.stack([(xa * gD).sum((-1, -2)) for xa in xs], -1), "gg": (gD * gD).sum((-1, -2)),
-                "q_rows": torch.stack([xa.sum(-1) for xa in xs], 2), "g_rows": gD.sum(-1),
-                "q_col0": torch.stack([xa[..., 0] for xa in xs], 2), "g_col0": gD[..., 0]}
+        want = {
+            "qq": torch.stack([torch.stack([(xa * xb).sum((-1, -2)) for xb in xs], -1) for xa in xs], -2),
+            "qg": torch.stack([(xa * gD).sum((-1, -2)) for xa in xs], -1),
+            "gg": (gD * gD).sum((-1, -2)),
+            "q_rows": torch.stack([xa.sum(-1) for xa in xs], 2),
+            "g_rows": gD.sum(-1),
+            "q_col0": torch.stack([xa[..., 0] for xa in xs], 2),
+            "g_col0": gD[..., 0],
+        }
         for name, value in want.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}")
         shift = torch.tensor([[0.3, -1.0], [2.0, 0.0]], dtype=torch.float64)
@@ -275,8 +290,14 @@ def test_design_products_match_dense_mask(window, sink):
         nab[dl, dl:] = nac[dl, : T - dl] = torch.diagonal(M, -dl)
     g = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(2, n, dtype=torch.float64, generator=g) for n in (nd, T, T))
-    for got, want in ((design.nab(b), b @ nab.T), (design.nab_t(a), a @ nab), (design.nac(c), c @ nac.T),
-                      (design.nac_t(a), a @ nac), (design.m(c), c @ M.T), (design.m_t(b), b @ M)):
+    for got, want in (
+        (design.nab(b), b @ nab.T),
+        (design.nab_t(a), a @ nab),
+        (design.nac(c), c @ nac.T),
+        (design.nac_t(a), a @ nac),
+        (design.m(c), c @ M.T),
+        (design.m_t(b), b @ M),
+    ):
         np.testing.assert_allclose(got, want, atol=1e-12)
 
 
@@ -284,10 +305,22 @@ def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
     """qk.h5 with the same layer params for every layer; q (N, L, H, T, d), k (N, L, H_kv, T, d)."""
     N, L, H, T, d = q.shape
     with QKWriter(
-        path, n_samples=N, n_layers=L, n_heads=H, n_kv_heads=k.shape[2], n_tokens=T, head_dim=d,
-        ref_samples=[0], ref_layers=[0],
-        rope={"inv_freq": np.tile(theta, (L, 1)), "attention_scaling": np.ones(L), "scaling": np.full(L, d ** -0.5),
-              "sliding_window": np.array([window if layer % 2 else 0 for layer in range(L)]), "kv_group": kv_group},
+        path,
+        n_samples=N,
+        n_layers=L,
+        n_heads=H,
+        n_kv_heads=k.shape[2],
+        n_tokens=T,
+        head_dim=d,
+        ref_samples=[0],
+        ref_layers=[0],
+        rope={
+            "inv_freq": np.tile(theta, (L, 1)),
+            "attention_scaling": np.ones(L),
+            "scaling": np.full(L, d**-0.5),
+            "sliding_window": np.array([window if layer % 2 else 0 for layer in range(L)]),
+            "kv_group": kv_group,
+        },
         attrs={"model": "toy", "variant": "trained", "init_seed": -1},
     ) as w:
         for s in range(N):
@@ -302,8 +335,15 @@ def test_store_to_netcdf(tmp_path):
     k = (g.standard_normal((N, L, Hkv, T, d)) + 1).astype(np.float32)
     theta = inv_freq(d).numpy()
     qk = write_store(tmp_path / "qk.h5", q, k, np.array([0, 0, 1, 1]), theta, window=6)
-    decompose_store(qk, tmp_path / "decomposition.nc", dummy_distances=[0, 50], default_D=50, device="cpu",
-                    config_hash="abc", progress=False)
+    decompose_store(
+        qk,
+        tmp_path / "decomposition.nc",
+        dummy_distances=[0, 50],
+        dummy_distance=50,
+        device="cpu",
+        config_hash="abc",
+        progress=False,
+    )
     ds = xr.open_dataset(tmp_path / "decomposition.nc", engine="h5netcdf")
     assert dict(ds.sizes) == {"sample": N, "layer": L, "head": H, "method": 2, "sink": 2, "D": 2}
     assert ds["r"].dims == ("sample", "layer", "head", "method", "sink")
@@ -313,10 +353,10 @@ def test_store_to_netcdf(tmp_path):
     for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"):
         assert ds[name].dims == ("sample", "layer", "head", "method", "sink"), name
     assert list(ds["method"].values) == ["A", "B"] and list(ds["sink"].values) == ["with", "without"]
-    assert ds.attrs["default_D"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
+    assert ds.attrs["dummy_distance"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
     np.testing.assert_allclose(ds["r2_f"], ds["r_f"] ** 2)
     # the layer-1 slice is the windowed one and equals a direct call
-    ref = Decomposer([0, 50], 50).unit(q[1, 1], k[1, 1], [0, 0, 1, 1], LayerRope(torch.tensor(theta), d ** -0.5, 1.0, 6))
+    ref = Decomposer([0, 50], 50).unit(q[1, 1], k[1, 1], [0, 0, 1, 1], LayerRope(torch.tensor(theta), d**-0.5, 1.0, 6))
     np.testing.assert_allclose(ds["r"].values[1, 1], ref["r"], atol=1e-12)
     np.testing.assert_allclose(ds["n"].values[1, 1, :, 0, 0], sum(min(i + 1, 6) for i in range(T)))
 
@@ -326,10 +366,10 @@ def test_bad_inputs_are_named(tmp_path):
     with pytest.raises(ValueError, match="shapes disagree"):
         Decomposer([0], 0).unit(q, k[:, :10], kv, LayerRope(inv_freq(8), 0.3))
     with pytest.raises(FileNotFoundError, match="missing.h5"):
-        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
     xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
     with pytest.raises(KeyError, match="missing variable.*inv_freq"):
-        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], default_D=0)
+        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
 
 
 def test_bound_violation_is_reported(monkeypatch):
@@ -344,5 +384,23 @@ def test_bound_violation_is_reported(monkeypatch):
         return out * 0.5 if x.shape[0] == 1 else out  # only the key side (1 KV head)
 
     monkeypatch.setattr(dec_mod, "band_norms", halved)
-    with pytest.raises(RuntimeError, match="bound of science.md section 5 violated: head"):
+    with pytest.raises(RuntimeError, match="bound of method.md section 5 violated: head"):
         Decomposer([3], 3).unit(q, k, np.zeros(2, int), LayerRope(inv_freq(8), 0.3))
+
+
+def test_head_order_is_kept_for_interleaved_kv_groups():
+    """Query heads listed in any order against their KV heads: every statistic follows its head."""
+    q, k, kv = random_qk(H=6, H_kv=3, T=20, d=8, seed=3)
+    rope = LayerRope(inv_freq(8), 8**-0.5, 1.0, 9)
+    dec = Decomposer([0, 12], 12, block=8)
+    ref = dec.unit(q, k, kv, rope)
+    perm = np.array([4, 0, 3, 5, 1, 2])  # kv[perm] = [2, 0, 1, 2, 0, 1]: interleaved
+    res = dec.unit(q[perm], k, kv[perm], rope)
+    for name, value in ref.items():
+        np.testing.assert_allclose(res[name], value[perm], rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_uneven_kv_groups_are_named():
+    q, k, _ = random_qk(H=3, H_kv=2, T=12, d=8)
+    with pytest.raises(ValueError, match=r"kv_group \[0, 0, 1\]: every KV head must serve the same number"):
+        Decomposer([0], 0).unit(q, k, np.array([0, 0, 1]), LayerRope(inv_freq(8), 0.3))

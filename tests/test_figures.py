@@ -320,7 +320,7 @@ def test_example_r_matches_the_decomposition_of_that_sample(examples):
     from posgen.decompose import METHODS, SINKS, Decomposer, layer_rope
 
     qk = make_qk()
-    decomposer = Decomposer(dummy_distances=[1000], default_D=1000, device="cpu")
+    decomposer = Decomposer(dummy_distances=[1000], dummy_distance=1000, device="cpu")
     for name in examples["example"].values:
         ex = examples.sel(example=name)
         layer, head = int(ex.example_layer), int(ex.example_head)

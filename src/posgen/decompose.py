@@ -1,17 +1,22 @@
-"""Positional + semantic split of attention logits, per (sample, layer, head) (science.md sections 3-5).
+"""Positional + semantic split of attention logits, per (sample, layer, head) (docs/method.md sections 3-5).
 
 Method A (mean-key construction): ``f_ij = s (R_i q_i).(R_j kbar)``, ``g_ij = s (R_D q_i).(R_0 (k_j - kbar))``,
 ``A = f + g``. ``R_0`` is the identity times the model's ``attention_scaling`` (1 for plain RoPE), so that
 ``R_D^T R_0 = R_i^T R_(i-D)`` exactly as for a real pair at distance D. Method B: exact least-squares fit
 ``W_ij ~ a(i-j) + b(i) + c(j)`` over the counted entries.
 
+``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1 and 3A), ``moments``
+(sums over the counted entries), ``method_a`` (section 3A and 4), ``method_b`` (section 3B), and on the first
+``bound_samples`` samples ``error_and_bound`` and ``check_bound`` (section 5).
+
 Everything is exact (no sampling, no truncated iterations). W, f and every g_D are rank-d matrices
 (``x_ij = a_i . u_j``), so only the error of A and its bound need every entry:
 
 * sums and second moments over the causal (or windowed) mask, ``sum_ij (a_i.u_j)(b_i.v_j)``, in float64 from
   query-block Gram matrices summed over the query blocks that count a key block in full, times the keys, plus
-  the ragged diagonal blocks entry by entry (``masked_moments``); dropping the sink column is a key row set to
-  zero; D enters only through the fixed rotation R_D, applied after the sums over tokens;
+  the ragged diagonal blocks entry by entry (``masked_moments``); dropping the sink column is an O(T)
+  correction (``moments_by_sink``); D enters only through the fixed rotation R_D, applied after the sums over
+  tokens;
 * Method B: the normal matrix depends only on the mask; b is eliminated, the 3-dim gauge fixed, and the
   reduced matrix Cholesky-factorised and inverted once per mask in float64 (cached). A head needs only the
   diagonal sums of its masked W (a cross-correlation along tokens, FFT), row and column sums (``w_sums``)
@@ -41,6 +46,7 @@ from posgen.store import open_dataset, provenance, write_netcdf
 
 SINKS = ("with", "without")
 METHODS = ("A", "B")
+SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A or B)
 LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
 # attrs of qk.h5 carried into the outputs
@@ -101,13 +107,16 @@ def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
     """(g, n, T, e) -> (g, nb, n * block, e): tokens in blocks of ``block`` (zero-padded), the n sets stacked."""
     g, n, T, e = x.shape
     nb = -(-T // block)
-    x = torch.nn.functional.pad(x, (0, 0, 0, nb * block - T))
-    return x.view(g, n, nb, block, e).transpose(1, 2).reshape(g, nb, n * block, e)
+    x = torch.nn.functional.pad(x, (0, 0, 0, nb * block - T))  # (g, n, (nb, block), e)
+    x = x.view(g, n, nb, block, e)
+    x = x.transpose(1, 2)  # (g, nb, n, block, e)
+    return x.reshape(g, nb, n * block, e)
 
 
-def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int,
-                   block: int = 32) -> dict:
-    """Sums over the counted entries of the matrices ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
+def masked_moments(
+    q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int, block: int = 32
+) -> dict:
+    """Sums over the counted entries of ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
 
     ``q, q0 (n, h, T, d)``: n KV heads with h query heads each; ``rotations (nD, d, d)``, the R_D
     (block-diagonal per RoPE band, dims l and l + d/2); ``keys (n, T, (k + 1) d) = [K1 | ... | Kk | Kg]``.
@@ -120,7 +129,7 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
     over every such query block; the rest (the diagonal block and, with a window, its ragged start: under 3
     blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
     are contracted once for every D (for g^2, per pair of bands). Everything in float64: raw second moments
-    then need no shifting against cancellation.
+    then need no shifting against cancellation. method.md sections 3A (Method A's terms) and 4 (the sums).
     """
     f64 = torch.float64
     q, q0, rotations, keys = q.to(f64), q0.to(f64), rotations.to(f64), keys.to(f64)
@@ -130,18 +139,29 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
     dev = q.device
     nb = -(-T // block)
     Q, G = slice(0, k * d), slice(k * d, (k + 1) * d)
-    r_flat = rotations.reshape(nD, d * d)
+    r_flat = rotations.reshape(nD, d * d)  # (D, (f, e)): R_D[f, e]
+    rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
     nd = window or T
+    # Index names in the shape comments: a, b key sets K_a (a = k: Kg); D dummy distances; e, f dims; l, m bands
+    # and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key blocks, r rows of a
+    # block; j ragged key columns.
 
     # row sums from prefix sums of the keys; g_D rows: (R_D q0_i) . u = q0_i . (R_D^T u)
-    pre = window_prefix(keys, window, dim=1)
-    pre_g = (pre[..., G] @ rotations.transpose(0, 1).reshape(d, nD * d)).view(n, 1, T, nD, d)  # R_D^T u
-    out = {"q_rows": (q[:, :, :, None] * pre[:, None, :, Q].reshape(n, 1, T, k, d)).sum(-1).transpose(2, 3),
-           "g_rows": (q0[:, :, :, None] * pre_g).sum(-1).permute(3, 0, 1, 2)}
-    counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # rows that count column 0
-    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # R_D^T kg_0
-    out["q_col0"] = ((q @ keys[:, None, 0, Q].reshape(n, 1, k, d).transpose(-1, -2)) * counts0).transpose(2, 3)
-    out["g_col0"] = ((q0 @ k0_g[:, None].transpose(-1, -2)) * counts0).permute(3, 0, 1, 2)
+    pre = window_prefix(keys, window, dim=1)  # (n, T, (k + 1) d): sum of the keys that row i counts
+    pre_q = pre[:, None, :, Q].reshape(n, 1, T, k, d)  # (n, 1, T, a, e)
+    pre_g = pre[..., G] @ rot_t  # (n, T, (D, e))
+    pre_g = pre_g.view(n, 1, T, nD, d)  # (n, 1, T, D, e): R_D^T u
+    q_rows = (q[:, :, :, None] * pre_q).sum(-1)  # (n, h, T, a)
+    g_rows = (q0[:, :, :, None] * pre_g).sum(-1)  # (n, h, T, D)
+    del pre_q  # temporaries go as soon as they are used: the working set stays small
+    out = {"q_rows": q_rows.transpose(2, 3), "g_rows": g_rows.permute(3, 0, 1, 2)}  # (n, h, a, T), (D, n, h, T)
+    counts0 = (torch.arange(T, device=dev) < nd).to(f64)[:, None]  # (T, 1): rows that count column 0
+    k0_q = keys[:, None, 0, Q].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
+    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # (n, D, e): R_D^T kg_0
+    q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
+    g_col0 = (q0 @ k0_g[:, None].transpose(-1, -2)) * counts0  # (n, h, T, D)
+    out["q_col0"] = q_col0.transpose(2, 3)  # (n, h, a, T)
+    out["g_col0"] = g_col0.permute(3, 0, 1, 2)  # (D, n, h, T)
 
     rows = torch.arange(nb * block, device=dev).view(nb, block)
     lo = (rows - window + 1).clamp(min=0) if window else torch.zeros_like(rows)
@@ -159,54 +179,96 @@ def masked_moments(q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, k
             return acc.narrow(dim, 1, nb)
         return acc.index_select(dim, b_idx + 1) - acc.index_select(dim, last + 1)
 
-    # full blocks. Query side: per block and head the Gram matrix of [q | q0], summed as above;
-    # [n, c, e, (q | q0, h, e')] for the q rows, [n, (l, m), c, (z, w, h)] for g^2, per pair of bands
-    qb, q0b = _by_block(q, block), _by_block(q0, block)  # (n, nb, h B, d)
-    z = torch.cat([qb, q0b], -1).view(n * nb * h, block, 2 * d)
-    s = torch.bmm(z.transpose(1, 2).contiguous(), z).view(n, nb, h, 2 * d, 2 * d)  # (strided operands are slow)
-    s_q = s[:, :, :, :d].reshape(n, nb, h, d, 2, d).permute(0, 1, 3, 4, 2, 5).reshape(n, nb, d, 2 * h * d)
-    s_q = over_full(s_q, 1).reshape(n * nb, d, 2 * h * d)
-    s_00 = s[:, :, :, d:, d:].reshape(n, nb, h, 2, L, 2, L).permute(0, 4, 6, 1, 3, 5, 2).reshape(n, L * L, nb, 4 * h)
-    s_00 = over_full(s_00, 2).reshape(n * L * L, nb, 4 * h)
+    # full blocks. Query side: per block and head the Gram matrix of [q | q0], summed as above
+    qb = _by_block(q, block)  # (n, b, (h, r), e)
+    q0b = _by_block(q0, block)  # (n, b, (h, r), e)
+    z = torch.cat([qb, q0b], -1)  # (n, b, (h, r), 2d): [q | q0]
+    z = z.view(n * nb * h, block, 2 * d)  # ((n, b, h), r, 2d)
+    s = torch.bmm(z.transpose(1, 2).contiguous(), z)  # ((n, b, h), 2d, 2d) (strided operands are slow)
+    s = s.view(n, nb, h, 2 * d, 2 * d)  # (n, b, h, q | q0 e, q | q0 e')
+    # q against [q | q0], for the q rows and q g terms
+    s_q = s[:, :, :, :d]  # (n, b, h, e, 2d)
+    s_q = s_q.reshape(n, nb, h, d, 2, d)  # (n, b, h, e, q | q0, e')
+    s_q = s_q.permute(0, 1, 3, 4, 2, 5)  # (n, b, e, q | q0, h, e')
+    s_q = s_q.reshape(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
+    s_q = over_full(s_q, 1)  # (n, c, e, (q | q0, h, e'))
+    s_q = s_q.reshape(n * nb, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
+    # q0 against q0 per pair of bands, for g^2: s[(z, l), (w, m)]
+    s_00 = s[:, :, :, d:, d:]  # (n, b, h, (z, l), (w, m))
+    s_00 = s_00.reshape(n, nb, h, 2, L, 2, L)  # (n, b, h, z, l, w, m)
+    s_00 = s_00.permute(0, 4, 6, 1, 3, 5, 2)  # (n, l, m, b, z, w, h)
+    s_00 = s_00.reshape(n, L * L, nb, 4 * h)  # (n, (l, m), b, (z, w, h))
+    s_00 = over_full(s_00, 2)  # (n, (l, m), c, (z, w, h))
+    s_00 = s_00.reshape(n * L * L, nb, 4 * h)  # ((n, l, m), c, (z, w, h))
     del s, z
-    # key side. y[n, c, r, a, q | q0, h, e] = K_a[j]^T (summed query Grams) for key j = (c, r)
-    kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, nb B, (k + 1) d)
-    kb = kp.view(n, nb, block, k + 1, d)
-    y = torch.bmm(kb[..., :k, :].reshape(n * nb, block * k, d), s_q).view(n, nb, block, k, 2, h, d)
-    out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])
+    # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r)
+    kp = torch.nn.functional.pad(keys, (0, 0, 0, nb * block - T))  # (n, (c, r), (k + 1) d), zero-padded
+    kb = kp.view(n, nb, block, k + 1, d)  # (n, c, r, a, e)
+    k_sets = kb[..., :k, :].reshape(n * nb, block * k, d)  # ((n, c), (r, a), e)
+    y = torch.bmm(k_sets, s_q)  # ((n, c), (r, a), (q | q0, h, e'))
+    y = y.view(n, nb, block, k, 2, h, d)  # (n, c, r, a, q | q0, h, e')
+    del k_sets
+    out["qq"] = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])  # (n, h, a, b)
     # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
-    kg = kb[..., k, :]  # (n, nb, B, d)
-    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)
-    m = torch.stack([torch.bmm(kg_t, y[:, :, :, a, 1].reshape(n, nb * block, h * d)) for a in range(k)], 1)
-    m = m.view(n, k, d, h, d).permute(0, 3, 1, 2, 4).reshape(n * h * k, d * d)  # [(n, h, a), (e, f)]
-    out["qg"] = (r_flat @ m.T).view(nD, n, h, k)
-    # g^2: R_D restricted to band pairs, r[D, x, z, l] = R_D[(x, l), (z, l)], pair = r_l[x, z] r_m[y, w]
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)
-    pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r).reshape(nD, -1)
-    g_gg = torch.bmm(kg.reshape(n * nb, block, d).transpose(1, 2).contiguous(), kg.reshape(n * nb, block, d))
-    g_gg = g_gg.view(n, nb, 2, L, 2, L).permute(0, 3, 5, 2, 4, 1).reshape(n * L * L, 4, nb)
-    out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, torch.bmm(g_gg, s_00).view(n, -1, h))
+    kg = kb[..., k, :]  # (n, c, r, f)
+    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)  # (n, f, (c, r))
+    m = []
+    for a in range(k):
+        y_a = y[:, :, :, a, 1].reshape(n, nb * block, h * d)  # (n, (c, r), (h, e))
+        m.append(torch.bmm(kg_t, y_a))  # (n, f, (h, e))
+    del y_a, y
+    m = torch.stack(m, 1)  # (n, a, f, (h, e))
+    m = m.view(n, k, d, h, d)  # (n, a, f, h, e)
+    m = m.permute(0, 3, 1, 2, 4)  # (n, h, a, f, e)
+    m = m.reshape(n * h * k, d * d)  # ((n, h, a), (f, e))
+    out["qg"] = (r_flat @ m.T).view(nD, n, h, k)  # (D, n, h, a)
+    # g^2 = sum kg[x, l] kg[y, m] r_l[x, z] r_m[y, w] q0[z, l] q0[w, m], with R_D restricted to band pairs,
+    # r[D, x, z, l] = R_D[(x, l), (z, l)]
+    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
+    pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r)  # (D, l, m, x, y, z, w)
+    pair = pair.reshape(nD, -1)  # (D, (l, m, x, y, z, w))
+    kg_blocks = kg.reshape(n * nb, block, d)  # ((n, c), r, f)
+    g_gg = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
+    g_gg = g_gg.view(n, nb, 2, L, 2, L)  # (n, c, x, l, y, m)
+    g_gg = g_gg.permute(0, 3, 5, 2, 4, 1)  # (n, l, m, x, y, c)
+    g_gg = g_gg.reshape(n * L * L, 4, nb)  # ((n, l, m), (x, y), c)
+    gram = torch.bmm(g_gg, s_00)  # ((n, l, m), (x, y), (z, w, h))
+    gram = gram.view(n, -1, h)  # (n, (l, m, x, y, z, w), h)
+    out["gg"] = torch.einsum("Dk,nkh->Dnh", pair, gram)  # (D, n, h)
+    del gram, g_gg, s_00, s_q
 
     # ragged columns: the values of every x_a and g_D, masked, and all their products from one Gram matrix
     edge = 2 * block if window else 0
-    cols = torch.cat([full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
-                      b_idx[:, None] * block + torch.arange(block, device=dev)], 1)  # (nb, C)
+    cols = torch.cat(
+        [
+            full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
+            b_idx[:, None] * block + torch.arange(block, device=dev),
+        ],
+        1,
+    )  # (b, j)
     valid = (cols[:, None, :] <= rows[:, :, None]) & (cols[:, None, :] >= lo[:, :, None]) & (cols >= 0)[:, None]
     valid[:, :, :edge] &= (cols[:, :edge] < full_lo[:, None] * block)[:, None]
-    vm = valid.to(f64)[:, None, None]  # (nb, 1, 1, B, C)
+    vm = valid.to(f64)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
-    kc = kp[:, cols.clamp(min=0)].view(n, nb, C, k + 1, d)
-    kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2).reshape(n * nb, d, k * C)  # [(n, c), e, (a, j)]
-    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=f64, device=dev)
-    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q).view(n, nb, h, block, k, C)
+    kc = kp[:, cols.clamp(min=0)]  # (n, b, j, (k + 1) d)
+    kc = kc.view(n, nb, C, k + 1, d)  # (n, b, j, a, e)
+    kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2)  # (n, b, e, a, j)
+    kc_q = kc_q.reshape(n * nb, d, k * C)  # ((n, b), e, (a, j))
+    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=f64, device=dev)  # (n, b, h, a | D, r, j)
+    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q)  # ((n, b), (h, r), (a, j))
+    v = v.view(n, nb, h, block, k, C)  # (n, b, h, r, a, j)
     torch.mul(v.transpose(3, 4), vm, out=vals[:, :, :, :k])
     # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query
-    kg_rot = kc[..., k, :].reshape(-1, d) @ rotations.transpose(0, 1).reshape(d, nD * d)  # [(n, c, j), (D, e)]
-    kg_rot = kg_rot.view(n * nb, C, nD, d).permute(0, 3, 2, 1).reshape(n * nb, d, nD * C)
-    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot).view(n, nb, h, block, nD, C)
+    kg_rot = kc[..., k, :].reshape(-1, d) @ rot_t  # ((n, b, j), (D, e))
+    kg_rot = kg_rot.view(n * nb, C, nD, d)  # ((n, b), j, D, e)
+    kg_rot = kg_rot.permute(0, 3, 2, 1)  # ((n, b), e, D, j)
+    kg_rot = kg_rot.reshape(n * nb, d, nD * C)  # ((n, b), e, (D, j))
+    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot)  # ((n, b), (h, r), (D, j))
+    vg = vg.view(n, nb, h, block, nD, C)  # (n, b, h, r, D, j)
     torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, k:])
-    vals = vals.view(n * nb * h, k + nD, block * C)
-    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous()).view(n, nb, h, k + nD, k + nD).sum(1)
+    vals = vals.view(n * nb * h, k + nD, block * C)  # ((n, b, h), a | D, (r, j))
+    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous())  # ((n, b, h), a | D, a | D)
+    prod = prod.view(n, nb, h, k + nD, k + nD).sum(1)  # (n, h, a | D, a | D)
     out["qq"] += prod[..., :k, :k]
     out["qg"] += prod[..., k:, :k].permute(2, 0, 1, 3)
     out["gg"] += prod[..., k:, k:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
@@ -221,28 +283,43 @@ def moments_by_sink(m: dict, gamma: torch.Tensor, window: int) -> dict:
     ``phi_ij = s (R_i q_i).(R_j (kbar' - kbar))`` and g' = g + gamma with the row constant
     ``gamma_i = s (R_D q_i).(R_0 (kbar - kbar'))``, ``gamma (nD, ..., T)``. Sums without column 0 subtract its
     products, an O(T) correction. Returns ``{sink: {s_x, s_f, s_g, s_xx, s_xf, s_ff, s_xg, s_fg, s_gg}}``.
+    method.md sections 3A (the sink-free terms) and 4.
     """
     T = m["q_rows"].shape[-1]
     nd = window or T
     tok = torch.arange(T, device=gamma.device)
     n_rows = ((tok + 1).clamp(max=nd) - (tok < nd).long()).to(gamma.dtype)  # counted entries per row, no column 0
-    c0, g0 = m["q_col0"], m["g_col0"]
-    rows, g_rows = m["q_rows"] - c0, m["g_rows"] - g0
-    qq = m["qq"] - torch.einsum("nhat,nhbt->nhab", c0, c0)
-    qg = m["qg"] - torch.einsum("nhat,Dnht->Dnha", c0, g0)
-    gg = m["gg"] - (g0 * g0).sum(-1)
-    f_rows = rows[..., 1, :] + rows[..., 2, :]
+    c0, g0 = m["q_col0"], m["g_col0"]  # column 0: (n, h, a, T), (D, n, h, T)
+    # without column 0; a indexes the key sets [x | f | phi]
+    rows = m["q_rows"] - c0  # (n, h, a, T)
+    g_rows = m["g_rows"] - g0  # (D, n, h, T)
+    qq = m["qq"] - torch.einsum("nhat,nhbt->nhab", c0, c0)  # (n, h, a, b)
+    qg = m["qg"] - torch.einsum("nhat,Dnht->Dnha", c0, g0)  # (D, n, h, a)
+    gg = m["gg"] - (g0 * g0).sum(-1)  # (D, n, h)
+    f_rows = rows[..., 1, :] + rows[..., 2, :]  # (n, h, T): rows of f' = f + phi
     return {
-        "with": {"s_x": m["q_rows"][..., 0, :].sum(-1), "s_f": m["q_rows"][..., 1, :].sum(-1),
-                 "s_g": m["g_rows"].sum(-1), "s_xx": m["qq"][..., 0, 0], "s_xf": m["qq"][..., 0, 1],
-                 "s_ff": m["qq"][..., 1, 1], "s_xg": m["qg"][..., 0], "s_fg": m["qg"][..., 1], "s_gg": m["gg"]},
-        "without": {"s_x": rows[..., 0, :].sum(-1), "s_f": f_rows.sum(-1),
-                    "s_g": g_rows.sum(-1) + (gamma * n_rows).sum(-1),
-                    "s_xx": qq[..., 0, 0], "s_xf": qq[..., 0, 1] + qq[..., 0, 2],
-                    "s_ff": qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
-                    "s_xg": qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
-                    "s_fg": qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
-                    "s_gg": gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1)},
+        "with": {
+            "s_x": m["q_rows"][..., 0, :].sum(-1),
+            "s_f": m["q_rows"][..., 1, :].sum(-1),
+            "s_g": m["g_rows"].sum(-1),
+            "s_xx": m["qq"][..., 0, 0],
+            "s_xf": m["qq"][..., 0, 1],
+            "s_ff": m["qq"][..., 1, 1],
+            "s_xg": m["qg"][..., 0],
+            "s_fg": m["qg"][..., 1],
+            "s_gg": m["gg"],
+        },
+        "without": {
+            "s_x": rows[..., 0, :].sum(-1),
+            "s_f": f_rows.sum(-1),
+            "s_g": g_rows.sum(-1) + (gamma * n_rows).sum(-1),
+            "s_xx": qq[..., 0, 0],
+            "s_xf": qq[..., 0, 1] + qq[..., 0, 2],
+            "s_ff": qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
+            "s_xg": qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
+            "s_fg": qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
+            "s_gg": gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1),
+        },
     }
 
 
@@ -252,7 +329,7 @@ def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
     ``W = q k^T`` for ``q (..., T, d)`` and ``k (..., T, d)`` (broadcast: a KV head against its query heads),
     ``shift (...)``; float64, shaped (..., T). No (T x T) matrix: the diagonal sums are a cross-correlation
     along tokens (FFT), rows and columns come from window sums of the factors. Diagonals beyond the window's
-    reach sum to 0.
+    reach sum to 0. The right-hand side of Method B's normal equations, method.md section 3B.
     """
     f64 = torch.float64
     q, k, shift = q.to(f64), k.to(f64), shift.to(f64)[..., None]
@@ -444,13 +521,13 @@ class AdditiveDesign:
 
 
 def band_norms(x: torch.Tensor) -> torch.Tensor:
-    """Per-band norms ``||x^(l)||`` of ``x[..., d]`` in the rotate_half pairing (dims l and l + d/2)."""
+    """Per-band norms ``||x^(l)||`` of ``x[..., d]``, bands pairing dims l and l + d/2 (method.md section 5)."""
     half = x.shape[-1] // 2
     return torch.hypot(x[..., :half], x[..., half:])
 
 
 class BoundTable:
-    """The section 5 bound's per-band factor ``|2 sin(theta_l (delta - D) / 2)|`` for one layer, T, window, D.
+    """The bound's per-band factor ``|2 sin(theta_l (delta - D) / 2)|`` per layer, T, window and D (method.md 5).
 
     Its sum over the counted entries is a causal convolution along tokens per band (``spectrum``, FFT). Entry by
     entry: 'slow' bands keep ``theta_l (delta - D) / 2`` inside (-pi, pi) for every scored delta, where the
@@ -459,24 +536,24 @@ class BoundTable:
     (band, delta + T). Angles are formed in float64.
     """
 
-    def __init__(self, inv_freq: torch.Tensor, n_tokens: int, window: int, dummy: int, device):
+    def __init__(self, inv_freq: torch.Tensor, n_tokens: int, window: int, dummy_distance: int, device):
         theta = inv_freq.to(device, torch.float64)
         n_delta = window or n_tokens
-        reach = max(dummy, abs(n_delta - 1 - dummy))
+        reach = max(dummy_distance, abs(n_delta - 1 - dummy_distance))
         slow = (theta * reach < 2 * math.pi).cpu()
         self.slow, self.fast = torch.nonzero(slow).flatten(), torch.nonzero(~slow).flatten()
         th = theta[self.slow.to(device)]
         pos = torch.arange(n_tokens, device=device, dtype=torch.float64)[:, None]
-        x, y = th * (pos - dummy) / 2, th * pos / 2
+        x, y = th * (pos - dummy_distance) / 2, th * pos / 2
         # U = a * u_trig, V = b * v_trig (bands repeated twice): U.V = sum 2 a b sin(theta (i - j - D) / 2)
         self.u_trig = torch.cat([2 * torch.sin(x), -2 * torch.cos(x)], -1).float()
         self.v_trig = torch.cat([torch.cos(y), torch.sin(y)], -1).float()
-        self.n_tokens, self.dummy = n_tokens, dummy
+        self.n_tokens, self.dummy_distance = n_tokens, dummy_distance
         delta = torch.arange(-n_tokens, n_tokens + 1, device=device, dtype=torch.float64)
-        factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy) / 2)).abs()  # (band, delta + T)
+        factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy_distance) / 2)).abs()  # (band, delta + T)
         self.fast_factor = factor[self.fast.to(device)].float().contiguous()
-        self.sign = torch.sign(delta - dummy).float()  # [delta + T]
-        kernel = factor[:, n_tokens:n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
+        self.sign = torch.sign(delta - dummy_distance).float()  # [delta + T]
+        kernel = factor[:, n_tokens : n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
         self.spectrum = torch.fft.rfft(kernel, 2 * n_tokens, dim=1).T  # (freq, band)
 
     def slow_factors(self, a: torch.Tensor, b: torch.Tensor):
@@ -503,24 +580,26 @@ class BoundTable:
 class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
-    ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and the bound
-    (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
+    ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
+    and of the bound. ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and
+    the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
     """
 
     def __init__(
         self,
         dummy_distances,
-        default_D: int,
+        dummy_distance: int,
         device: str = "cpu",
         lstsq_tol: float = LSTSQ_TOL,
         block_elems: int | None = None,
         block: int = 32,
     ):
-        self.sweep = [int(D) for D in dummy_distances]
-        if not self.sweep:
+        self.dummy_distances = [int(D) for D in dummy_distances]
+        if not self.dummy_distances:
             raise ValueError("decomposition.dummy_distances: empty")
-        self.default_D = int(default_D)
-        self.Ds = sorted(set(self.sweep) | {self.default_D})
+        self.dummy_distance = int(dummy_distance)
+        # every D the moments are contracted for: the sweep and the dummy distance
+        self.distances = sorted(set(self.dummy_distances) | {self.dummy_distance})
         self.device = resolve_device(device)
         self.lstsq_tol = float(lstsq_tol)
         self.block_elems = block_elems or (2**20 if self.device.type == "cpu" else 2**28)
@@ -538,7 +617,7 @@ class Decomposer:
     def table(self, inv_freq: torch.Tensor, n_tokens: int, window: int) -> BoundTable:
         key = (tuple(inv_freq.tolist()), n_tokens, window)
         if key not in self._tables:
-            self._tables[key] = BoundTable(inv_freq, n_tokens, window, self.default_D, self.device)
+            self._tables[key] = BoundTable(inv_freq, n_tokens, window, self.dummy_distance, self.device)
         return self._tables[key]
 
     def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True) -> dict[str, np.ndarray]:
@@ -547,11 +626,35 @@ class Decomposer:
         ``with_bound=False`` skips the error of A and the section 5 bound, the one pass over every entry (and,
         for the bound, every band); their statistics are then NaN.
         """
-        dev, f64 = self.device, torch.float64
+        ops = self.operands(q, k, kv_group, rope)
+        moments = self.moments(ops)
+        a = self.method_a(ops, moments)
+        b = self.method_b(ops, moments)
+        out = {
+            "r": torch.stack([a["r"], b["r"]], 1),  # (H, method, sink)
+            "r_f": a["r_f"],
+            "r_g": a["r_g"],
+            "r_sweep": a["r_sweep"],
+            "lstsq_residual": b["lstsq_residual"],
+            **{name: torch.stack([a[name], b[name]], 1) for name in SUMS},  # (H, method, sink)
+        }
+        if with_bound:
+            out.update(self.error_and_bound(ops))
+        else:
+            H = ops.q.shape[0]
+            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
+                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
+        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
+        if with_bound:
+            self.check_bound(ops, result["bound_slack_min"])
+        return result
+
+    def operands(self, q, k, kv_group, rope: LayerRope) -> UnitOperands:
+        """Checks the shapes and rotates once: method.md section 1 (R_m, s) and section 3A (kbar, R_D)."""
+        dev = self.device
         q = (q if torch.is_tensor(q) else torch.from_numpy(np.asarray(q))).to(dev, torch.float32)
         k = (k if torch.is_tensor(k) else torch.from_numpy(np.asarray(k))).to(dev, torch.float32)
         kv_np = np.asarray(kv_group, dtype=np.int64)
-        kv = torch.as_tensor(kv_np, device=dev)
         H, T, d = q.shape
         if k.shape[1:] != (T, d) or d % 2 or kv_np.shape != (H,) or kv_np.max() >= k.shape[0] or kv_np.min() < 0:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, kv_group {kv_np.shape}: shapes disagree")
@@ -559,135 +662,209 @@ class Decomposer:
         s, amp = float(rope.scaling), float(rope.attention_scaling)
         theta = rope.inv_freq.to(dev, torch.float32)
         pos = torch.arange(T, device=dev)
-        n = {sk: MaskInfo(T, window).count(sk) for sk in SINKS}
 
-        # keys [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)] (H_kv, T, 4d), kbar' the mean over
-        # tokens 1..T-1 (sink dropped)
         k64 = k.double()
-        kbar, kbar_wo = k64.mean(1), k64[:, 1:].mean(1)
+        kbar = k64.mean(1)  # (H_kv, d)
+        kbar_wo = k64[:, 1:].mean(1)  # (H_kv, d), sink dropped
 
-        def rotated_const(v):  # (H_kv, d) -> R_j v for every j
+        def rotated_const(v):  # (H_kv, d) -> R_j v for every j: (H_kv, T, d)
             return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
 
         k_rot = rotate(k, pos, theta, amp)
-        keys = torch.cat([k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar),
-                          (k64 - kbar[:, None]).float() * amp], -1)
-        # queries rotated to their own position, and (p_D = R_D q0) to every dummy distance, times s
-        q_rot = rotate(q, pos, theta, amp) * s
-        q0 = q * (s * amp)
+        keys = torch.cat(
+            [k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar), (k64 - kbar[:, None]).float() * amp],
+            -1,
+        )
         eye = torch.eye(d, device=dev)
-        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.Ds])  # (nD, d, d)
-        i_def = self.Ds.index(self.default_D)
+        # rotate() turns each row, so the rotated identity is R_D^T; transposed, R_D (nD, d, d)
+        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.distances])
+        return UnitOperands(
+            q=q,
+            k=k,
+            k64=k64,
+            kv=torch.as_tensor(kv_np, device=dev),
+            groups=KVGroups(kv_np, dev),
+            rope=rope,
+            theta=theta,
+            window=window,
+            counts={sink: MaskInfo(T, window).count(sink) for sink in SINKS},
+            kbar=kbar,
+            kbar_wo=kbar_wo,
+            shift=(kbar - kbar_wo) * amp,
+            q_rot=rotate(q, pos, theta, amp) * s,
+            q0=q * (s * amp),
+            k_rot=k_rot,
+            keys=keys,
+            rotations=rotations,
+        )
 
-        # query heads by KV head: (n_kv, h, T, d), every KV head with the same number of query heads (GQA)
-        used, per_kv = np.unique(kv_np, return_counts=True)
-        if (per_kv != per_kv[0]).any():
-            raise ValueError(f"kv_group {kv_np.tolist()}: every KV head must serve the same number of query heads")
-        order = torch.as_tensor(np.argsort(kv_np, kind="stable"), device=dev)
-        used = torch.as_tensor(used, device=dev)
+    def moments(self, ops: UnitOperands) -> dict:
+        """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head.
 
-        def by_kv(x):  # (..., H, T, e) -> (..., n_kv, h, T, e)
-            return x[..., order, :, :].reshape(*x.shape[:-3], len(used), int(per_kv[0]), T, x.shape[-1])
-
-        def to_heads(x):  # (..., n_kv, h) -> (..., H) in the original head order
-            out = torch.empty(x.shape[:-2] + (H,), dtype=x.dtype, device=dev)
-            out[..., order] = x.reshape(*x.shape[:-2], H)
-            return out
-
-        # sums and second moments of x = W, f and every g_D, per sink, without (T x T) matrices; one KV head at a
-        # time keeps the working set small (and on a CPU, below malloc's mmap threshold)
-        q_kv, q0_kv, rot64 = by_kv(q_rot).double(), by_kv(q0).double(), rotations.double()  # converted once
-        shift = (kbar - kbar_wo) * amp  # R_0 (kbar - kbar'), the sink-free g's row-constant offset
+        method.md sections 3A (f, g_D) and 4 (with and without the sink column): :func:`masked_moments`
+        over the 'with' mask, then :func:`moments_by_sink`. No (T x T) matrix; one KV head at a time keeps
+        the working set small (and on a CPU, below malloc's mmap threshold). Returns
+        ``{sink: {s_x, s_f, s_g, s_xx, s_xf, s_ff, s_xg, s_fg, s_gg}}``, each (H,) or (nD, H).
+        """
+        groups = ops.groups
+        # converted to float64 once, not per KV head
+        q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
+        q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
+        rot64 = ops.rotations.double()  # (nD, d, d)
         chunks = []
-        for i in range(len(used)):
-            part = masked_moments(q_kv[i:i + 1], q0_kv[i:i + 1], rot64, keys[used[i:i + 1]], window, self.block)
-            r_shift = torch.einsum("Dfe,nf->neD", rot64, shift[used[i:i + 1]])  # R_D^T shift
-            gamma = (q0_kv[i:i + 1] @ r_shift[:, None]).permute(3, 0, 1, 2)  # (nD, 1, h, T)
-            chunks.append(moments_by_sink(part, gamma, window))
-        mom = {sk: {name: to_heads(torch.cat([c[sk][name] for c in chunks], -2)) for name in chunks[0][sk]}
-               for sk in SINKS}
-        mu_w = mom["with"]["s_x"] / n["with"]
-        # sums of W - mu_w for Method B
-        b_sums = [to_heads(part.permute(2, 0, 1)).T
-                  for part in w_sums(by_kv(q_rot), k_rot[used, None], window, mu_w[order].view(len(used), -1))]
-        out = {}
-        sweep_idx = [self.Ds.index(D) for D in self.sweep]
-        cols = {name: [] for name in ("r_A", "r_B", "r_f", "r_g", "r_sweep", "lstsq_residual")}
-        suff = {name: [] for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")}
-        for sk in SINKS:
-            m_, nn = mom[sk], n[sk]
-            s_y = m_["s_f"] + m_["s_g"]  # y = f + g_D
-            s_yy = m_["s_ff"] + 2 * m_["s_fg"] + m_["s_gg"]
-            s_xy = m_["s_xf"] + m_["s_xg"]
-            r_all = pearson_from_sums(nn, m_["s_x"], s_y, m_["s_xx"], s_yy, s_xy)  # (nD, H)
-            cols["r_sweep"].append(r_all[sweep_idx].T)
-            cols["r_A"].append(r_all[i_def])
-            cols["r_f"].append(pearson_from_sums(nn, m_["s_x"], m_["s_f"], m_["s_xx"], m_["s_ff"], m_["s_xf"]))
-            cols["r_g"].append(pearson_from_sums(nn, m_["s_x"], m_["s_g"][i_def], m_["s_xx"], m_["s_gg"][i_def],
-                                                 m_["s_xg"][i_def]))
-            raw_a = {"n": torch.full_like(mu_w, nn), "sum_x": m_["s_x"], "sum_y": s_y[i_def], "sum_xx": m_["s_xx"],
-                     "sum_yy": s_yy[i_def], "sum_xy": s_xy[i_def]}
+        for i in range(len(groups.used)):
+            one = groups.used[i : i + 1]  # this KV head, as a length-1 index
+            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, ops.keys[one], ops.window, self.block)
+            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
+            gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
+            gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            chunks.append(moments_by_sink(part, gamma, ops.window))
+        return {
+            sink: {name: groups.to_heads(torch.cat([c[sink][name] for c in chunks], -2)) for name in chunks[0][sink]}
+            for sink in SINKS
+        }
 
-            # Method B on x = W - mu_w, all heads in one solve; its sums come back shifted by mu_w
-            design = self.design(T, window, sk)
-            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)
+    def method_a(self, ops: UnitOperands, moments: dict) -> dict:
+        """Method A's r and sums (method.md sections 3A and 4): r(W, f + g_D) for the sweep and the dummy
+        distance, r(W, f) and r(W, g_D) alone, by ``pearson_from_sums``.
+
+        Returns (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of A = f + g_D at the dummy distance,
+        and ``r_sweep`` (H, sink, D).
+        """
+        i_dummy = self.distances.index(self.dummy_distance)
+        i_sweep = [self.distances.index(D) for D in self.dummy_distances]
+        cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            s_y = m["s_f"] + m["s_g"]  # (nD, H): y = A = f + g_D
+            s_yy = m["s_ff"] + 2 * m["s_fg"] + m["s_gg"]
+            s_xy = m["s_xf"] + m["s_xg"]
+            r_all = pearson_from_sums(n, m["s_x"], s_y, m["s_xx"], s_yy, s_xy)  # (nD, H)
+            cols["r"].append(r_all[i_dummy])
+            cols["r_sweep"].append(r_all[i_sweep].T)  # (H, D)
+            cols["r_f"].append(pearson_from_sums(n, m["s_x"], m["s_f"], m["s_xx"], m["s_ff"], m["s_xf"]))
+            cols["r_g"].append(
+                pearson_from_sums(n, m["s_x"], m["s_g"][i_dummy], m["s_xx"], m["s_gg"][i_dummy], m["s_xg"][i_dummy])
+            )
+            sums = {
+                "n": torch.full_like(m["s_x"], n),
+                "sum_x": m["s_x"],
+                "sum_y": s_y[i_dummy],
+                "sum_xx": m["s_xx"],
+                "sum_yy": s_yy[i_dummy],
+                "sum_xy": s_xy[i_dummy],
+            }
+            for name in SUMS:
+                cols[name].append(sums[name])
+        out = {name: torch.stack(parts, -1) for name, parts in cols.items() if name != "r_sweep"}  # (H, sink)
+        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
+        return out
+
+    def method_b(self, ops: UnitOperands, moments: dict) -> dict:
+        """Method B (method.md section 3B): the exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` per head
+        and sink, its r (section 4) and sums, and the relative normal residual of the solve.
+
+        The fit runs on x = W - mean(W) for conditioning (all heads in one solve, from the diagonal, row and column
+        sums of :func:`w_sums`); its sums are shifted back to W. Raises if the residual exceeds ``lstsq_tol``.
+        Returns (H, sink) arrays ``r``, ``lstsq_residual`` and :data:`SUMS`.
+        """
+        groups, T = ops.groups, ops.q.shape[1]
+        mu_w = moments["with"]["s_x"] / ops.counts["with"]  # (H,) the mean of W
+        w_parts = w_sums(
+            groups.by_kv(ops.q_rot),  # (H_kv, h, T, d)
+            ops.k_rot[groups.used, None],  # (H_kv, 1, T, d)
+            ops.window,
+            mu_w[groups.order].view(len(groups.used), -1),  # (H_kv, h)
+        )
+        b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
+        cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            design = self.design(T, ops.window, sink)
+            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)  # bs: sums of x, yhat
             worst = float(resid.max())
             self.max_residual = max(self.max_residual, worst)
             if not worst < self.lstsq_tol:
-                raise RuntimeError(f"additive fit: relative normal residual {worst:.3g} above tolerance "
-                                   f"{self.lstsq_tol:.3g} (T={T}, window={window}, sink={sk})")
+                raise RuntimeError(
+                    f"additive fit: relative normal residual {worst:.3g} above tolerance "
+                    f"{self.lstsq_tol:.3g} (T={T}, window={ops.window}, sink={sink})"
+                )
+            # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w
+            sums = {
+                "n": torch.full_like(mu_w, n),
+                "sum_x": m["s_x"],
+                "sum_xx": m["s_xx"],
+                "sum_y": bs["sum_y"] + n * mu_w,
+                "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + n * mu_w * mu_w,
+                "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m["s_x"]),
+            }
+            cols["r"].append(
+                pearson_from_sums(n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"])
+            )
             cols["lstsq_residual"].append(resid)
-            raw_b = {"n": raw_a["n"], "sum_x": m_["s_x"], "sum_xx": m_["s_xx"],
-                     "sum_y": bs["sum_y"] + nn * mu_w,
-                     "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + nn * mu_w * mu_w,
-                     "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m_["s_x"])}
-            cols["r_B"].append(pearson_from_sums(nn, raw_b["sum_x"], raw_b["sum_y"], raw_b["sum_xx"], raw_b["sum_yy"],
-                                                 raw_b["sum_xy"]))
-            for name in suff:
-                suff[name].append(torch.stack([raw_a[name], raw_b[name]], -1))  # (H, method)
+            for name in SUMS:
+                cols[name].append(sums[name])
+        return {name: torch.stack(parts, -1) for name, parts in cols.items()}  # (H, sink)
 
-        out["r"] = torch.stack([torch.stack([cols["r_A"][i], cols["r_B"][i]], -1) for i in range(2)], -1)
-        for name in ("r_f", "r_g", "lstsq_residual"):
-            out[name] = torch.stack(cols[name], -1)
-        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)
-        for name, parts in suff.items():
-            out[name] = torch.stack(parts, -1)  # (H, method, sink)
+    def error_and_bound(self, ops: UnitOperands) -> dict:
+        """The error of A and the bound of method.md section 5, entry by entry, per head and sink.
 
-        if not with_bound:
-            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
-                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=f64)
-            return {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
-
-        # the error of A, E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)], and the bound
-        # s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)| with a = |q^(l)|, b = |k^(l) - kbar^(l)| (0 for a
-        # dropped column)
-        a_norm = band_norms(q) * (s * amp * amp)  # (H, T, L)
-        b_norm = torch.stack([band_norms((k64 - mean[:, None]).float()) for mean in (kbar, kbar_wo)], 1)  # (H_kv, sink, T, L)
-        b_norm[:, SINKS.index("without"), 0] = 0
-        counts = torch.tensor([n[sk] for sk in SINKS], device=dev, dtype=f64)
-        table = self.table(rope.inv_freq, T, window)
-        kx, kf, kphi, kg = keys[used].split(d, -1)
-        e_keys = torch.stack([torch.cat([kx - kf, -kg], -1),
-                              torch.cat([kx - kf - kphi, -kg - shift[used, None].float()], -1)], 1)  # (n_kv, sink, T, 2d)
+        ``E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)]`` and the bound
+        ``s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)|`` with ``a = |q^(l)|``, ``b = |k^(l) - kbar^(l)|``
+        (0 for a dropped column). Returns (H, sink) float64 ``err_abs_mean`` (mean |E|), ``bound_mean`` and
+        ``bound_slack_min`` (min of bound - |E|).
+        """
+        dev, f64 = self.device, torch.float64
+        groups, rope = ops.groups, ops.rope
+        T, d = ops.q.shape[1:]
+        s, amp = float(rope.scaling), float(rope.attention_scaling)
+        used = groups.used
+        a_norm = band_norms(ops.q) * (s * amp * amp)  # (H, T, L)
+        b_norm = torch.stack([band_norms((ops.k64 - mean[:, None]).float()) for mean in (ops.kbar, ops.kbar_wo)], 1)
+        b_norm[:, SINKS.index("without"), 0] = 0  # (H_kv, sink, T, L)
+        counts = torch.tensor([ops.counts[sink] for sink in SINKS], device=dev, dtype=f64)  # (sink,)
+        table = self.table(rope.inv_freq, T, ops.window)
+        kx, kf, kphi, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each
+        e_with = torch.cat([kx - kf, -kg], -1)  # (H_kv, T, 2d)
+        e_without = torch.cat([kx - kf - kphi, -kg - ops.shift[used, None].float()], -1)  # (H_kv, T, 2d)
+        e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)
         e_keys[:, 1, 0] = 0  # 'without' drops column 0
-        p_def = rotate(q, torch.tensor(self.default_D), theta, amp) * s
-        err_sum, slack_min = self._error_pass(by_kv(torch.cat([q_rot, p_def], -1)), e_keys, by_kv(a_norm),
-                                              b_norm[used], table, window)
-        err_sum, slack_min = (to_heads(x.permute(2, 0, 1)).T for x in (err_sum, slack_min))
-        out["err_abs_mean"] = err_sum / counts
-        out["bound_mean"] = table.sums(a_norm, b_norm, kv) / counts
-        out["bound_slack_min"] = slack_min.double()
-        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
-        # the bound must hold; float32 error carries rounding of order eps * s |q| |k| sqrt(d)
-        scale = s * amp * amp * q.norm(dim=-1).amax(-1) * k.norm(dim=-1).amax(-1)[kv]  # (H,)
+        p_dummy = rotate(ops.q, torch.tensor(self.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
+        err_sum, slack_min = self._error_pass(
+            groups.by_kv(torch.cat([ops.q_rot, p_dummy], -1)),  # (H_kv, h, T, 2d)
+            e_keys,
+            groups.by_kv(a_norm),  # (H_kv, h, T, L)
+            b_norm[used],
+            table,
+            ops.window,
+        )  # (H_kv, h, sink) each
+        err_sum = groups.to_heads(err_sum.permute(2, 0, 1)).T  # (H, sink)
+        slack_min = groups.to_heads(slack_min.permute(2, 0, 1)).T  # (H, sink)
+        return {
+            "err_abs_mean": err_sum / counts,
+            "bound_mean": table.sums(a_norm, b_norm, ops.kv) / counts,
+            "bound_slack_min": slack_min.double(),
+        }
+
+    def check_bound(self, ops: UnitOperands, slack_min: np.ndarray) -> None:
+        """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -tolerance.
+
+        float32 error carries rounding of order eps * s |q| |k| sqrt(d): the tolerance is ``BOUND_RTOL`` times
+        ``s |q|max |k|max`` per head.
+        """
+        rope = ops.rope
+        s, amp = float(rope.scaling), float(rope.attention_scaling)
+        q_max = ops.q.norm(dim=-1).amax(-1)  # (H,)
+        k_max = ops.k.norm(dim=-1).amax(-1)[ops.kv]  # (H,)
+        scale = s * amp * amp * q_max * k_max  # (H,)
         tol = (BOUND_RTOL * scale.double()[:, None]).cpu().numpy()
-        worst = result["bound_slack_min"] + tol
+        worst = slack_min + tol
         if (worst < 0).any():
             h_bad, s_bad = np.unravel_index(int(np.argmin(worst / tol)), worst.shape)
             raise RuntimeError(
-                f"bound of science.md section 5 violated: head {h_bad}, sink {SINKS[s_bad]}, min(bound - |error|) = "
-                f"{result['bound_slack_min'][h_bad, s_bad]:.3g} below the rounding tolerance -{tol[h_bad, 0]:.3g}")
-        return result
+                f"bound of method.md section 5 violated: head {h_bad}, sink {SINKS[s_bad]}, min(bound - |error|) = "
+                f"{slack_min[h_bad, s_bad]:.3g} below the rounding tolerance -{tol[h_bad, 0]:.3g}"
+            )
 
     def _error_pass(self, e_queries, e_keys, a, b, table: BoundTable, window: int):
         """Per query head and sink: sum over the counted entries of |W - A|, and min (bound - |W - A|).
@@ -697,7 +874,7 @@ class Decomposer:
         keep the working set in cache. In a block the columns are taken in reverse order, where a Toeplitz
         factor f(i - j) becomes a Hankel view of one stored vector. Slow bands of the bound: one matrix product
         times sign(i - j - D); fast bands: per row, one product of the query factors with the Hankel factors
-        times the key factors. Layout (row, head, sink, column).
+        times the key factors. Layout (row, head, sink, column). method.md section 5.
         """
         dev = self.device
         n, h, T, _ = e_queries.shape
@@ -729,16 +906,73 @@ class Decomposer:
             hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
             factors = torch.empty(t, nf, 2, w, device=dev)
             for g in range(n):
-                err = torch.mm(q_rows[g, i0:i1].view(t * h, -1), k_rev[g, :, rev].reshape(2 * w, -1).T)
-                err = err.view(t, h, 2, w).abs_().mul_(keep_f)
+                q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
+                k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
+                err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
+                err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
                 err_sum[g] += err.sum((0, 3)).double()  # a block's float32 sum is exact enough
-                bound = torch.mm(u_rows[g, i0:i1].view(t * h, -1), v_rev[g, :, rev].reshape(2 * w, -1).T)
-                bound = bound.view(t, h, 2, w).mul_(sign).view(t, h, 2 * w)
+                u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
+                v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
+                bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
+                bound = bound.view(t, h, 2, w).mul_(sign)
+                bound = bound.view(t, h, 2 * w)  # (row, head, (sink, column))
                 torch.mul(hank, b_rev[g, :, :, rev], out=factors)  # (row, band, sink, column)
-                bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w)).view(t, h, 2, w)
+                bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w))  # plus the fast bands
+                bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
                 slack = bound.sub_(err).masked_fill_(drop, float("inf"))
                 slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
         return err_sum, slack_min
+
+
+class KVGroups:
+    """Query heads grouped by the KV head they read (GQA); every KV head serves the same number of query heads."""
+
+    def __init__(self, kv_group: np.ndarray, device):
+        used, per_kv = np.unique(kv_group, return_counts=True)
+        if (per_kv != per_kv[0]).any():
+            raise ValueError(f"kv_group {kv_group.tolist()}: every KV head must serve the same number of query heads")
+        self.n_heads = len(kv_group)
+        self.per_kv = int(per_kv[0])
+        self.order = torch.as_tensor(np.argsort(kv_group, kind="stable"), device=device)  # query heads by KV head
+        self.used = torch.as_tensor(used, device=device)  # (kv_head,) the KV heads that some query head reads
+
+    def by_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., head, token, e) -> (..., kv_head, h, token, e): the h query heads of each KV head together."""
+        x = x[..., self.order, :, :]
+        return x.reshape(*x.shape[:-3], len(self.used), self.per_kv, *x.shape[-2:])
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., kv_head, h) -> (..., head), in the original head order."""
+        out = torch.empty(x.shape[:-2] + (self.n_heads,), dtype=x.dtype, device=x.device)
+        out[..., self.order] = x.reshape(*x.shape[:-2], self.n_heads)
+        return out
+
+
+@dataclass(frozen=True)
+class UnitOperands:
+    """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
+
+    H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``Decomposer.distances``). ``kbar`` is
+    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without').
+    """
+
+    q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
+    k: torch.Tensor  # (H_kv, T, d) pre-RoPE keys, float32
+    k64: torch.Tensor  # (H_kv, T, d) the keys in float64
+    kv: torch.Tensor  # (H,) the KV head of each query head
+    groups: KVGroups
+    rope: LayerRope
+    theta: torch.Tensor  # (L,) inv_freq on the device, float32
+    window: int  # 0: every j <= i counts
+    counts: dict  # sink -> number of counted entries
+    kbar: torch.Tensor  # (H_kv, d) float64
+    kbar_wo: torch.Tensor  # (H_kv, d) float64
+    shift: torch.Tensor  # (H_kv, d) float64, R_0 (kbar - kbar'): the sink-free g's row-constant offset
+    q_rot: torch.Tensor  # (H, T, d) s R_i q_i
+    q0: torch.Tensor  # (H, T, d) s R_0 q_i
+    k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
+    keys: torch.Tensor  # (H_kv, T, 4 d) [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)]
+    rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
 
 
 # ------------------------------------------------------------------------------------------ the store
@@ -765,7 +999,7 @@ def decompose_store(
     out_path,
     *,
     dummy_distances,
-    default_D: int,
+    dummy_distance: int,
     device: str = "auto",
     lstsq_tol: float = LSTSQ_TOL,
     bound_samples: int = 0,
@@ -781,7 +1015,7 @@ def decompose_store(
     # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
     ds = open_dataset(qk_path, lazy=False)
     _check_store(ds, qk_path)
-    dec = Decomposer(dummy_distances, default_D, device=device, lstsq_tol=lstsq_tol)
+    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
     N, L = ds.sizes["sample"], ds.sizes["layer"]
     kv_group = ds["kv_group"].values
     ropes = [layer_rope(ds, layer) for layer in range(L)]
@@ -797,27 +1031,43 @@ def decompose_store(
                 arrays[name] = np.full((N, L) + value.shape, np.nan)
             arrays[name][s_, l_] = value
     coords = {
-        "sample": ds["sample"].values, "layer": ds["layer"].values, "head": ds["head"].values,
-        "method": list(METHODS), "sink": list(SINKS), "D": np.asarray(dec.sweep, dtype=np.int64),
+        "sample": ds["sample"].values,
+        "layer": ds["layer"].values,
+        "head": ds["head"].values,
+        "method": list(METHODS),
+        "sink": list(SINKS),
+        "D": np.asarray(dec.dummy_distances, dtype=np.int64),
     }
     base = ("sample", "layer", "head")
     dims = {
         "r": base + ("method", "sink"),
-        "r_f": base + ("sink",), "r_g": base + ("sink",),
+        "r_f": base + ("sink",),
+        "r_g": base + ("sink",),
         "r_sweep": base + ("sink", "D"),
-        "err_abs_mean": base + ("sink",), "bound_mean": base + ("sink",), "bound_slack_min": base + ("sink",),
+        "err_abs_mean": base + ("sink",),
+        "bound_mean": base + ("sink",),
+        "bound_slack_min": base + ("sink",),
         "lstsq_residual": base + ("sink",),
-        **{name: base + ("method", "sink") for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")},
+        **{name: base + ("method", "sink") for name in SUMS},
     }
     data = {name: (dims[name], arrays[name]) for name in dims}
     data["r2_f"] = (dims["r_f"], arrays["r_f"] ** 2)
     data["r2_g"] = (dims["r_g"], arrays["r_g"] ** 2)
     carried = {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
-    out = xr.Dataset(data, coords=coords, attrs=provenance(
-        config_hash=config_hash, default_D=int(default_D), lstsq_tol=float(lstsq_tol),
-        bound_samples=int(min(bound_samples, N) if bound_samples else N),
-        lstsq_residual_max=float(dec.max_residual), device=str(dec.device), source=str(qk_path), **carried,
-    ))
+    out = xr.Dataset(
+        data,
+        coords=coords,
+        attrs=provenance(
+            config_hash=config_hash,
+            dummy_distance=int(dummy_distance),
+            lstsq_tol=float(lstsq_tol),
+            bound_samples=int(min(bound_samples, N) if bound_samples else N),
+            lstsq_residual_max=float(dec.max_residual),
+            device=str(dec.device),
+            source=str(qk_path),
+            **carried,
+        ),
+    )
     ds.close()
     write_netcdf(out, out_path)
     return out

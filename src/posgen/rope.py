@@ -1,4 +1,4 @@
-"""Rotary position embedding in transformers' ``rotate_half`` convention.
+"""Rotary position embedding in transformers' ``rotate_half`` convention (docs/method.md section 1).
 
 Band l pairs dims l and l + d/2 and turns them by ``m * inv_freq[l]`` at position m. Everything here works
 in float32 on whatever device the inputs live on. Angles are formed exactly as transformers forms them

@@ -30,29 +30,54 @@ from posgen.rope import rotate
 from posgen.store import QKWriter, open_dataset
 
 
-def synthetic_store(path, *, n_samples=1, n_layers=1, n_tokens=1200, n_heads=9, n_kv_heads=3, head_dim=64,
-                    rope_theta=100000.0, sliding_window=0, seed=0, compression=1) -> Path:
+def synthetic_store(
+    path,
+    *,
+    n_samples=1,
+    n_layers=1,
+    n_tokens=1200,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    sliding_window=0,
+    seed=0,
+    compression=1,
+) -> Path:
     """A qk.h5 of random pre-RoPE q/k with a shared (mean) component, as real keys have."""
     rng = np.random.default_rng(seed)
     half = head_dim // 2
     inv_freq = (rope_theta ** (-np.arange(half) / half)).astype(np.float32)
     with QKWriter(
-        path, n_samples=n_samples, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
-        n_tokens=n_tokens, head_dim=head_dim, ref_samples=[0], ref_layers=[0],
+        path,
+        n_samples=n_samples,
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        n_tokens=n_tokens,
+        head_dim=head_dim,
+        ref_samples=[0],
+        ref_layers=[0],
         rope={
             "inv_freq": np.tile(inv_freq, (n_layers, 1)),
             "attention_scaling": np.ones(n_layers),
-            "scaling": np.full(n_layers, head_dim ** -0.5),
+            "scaling": np.full(n_layers, head_dim**-0.5),
             "sliding_window": np.full(n_layers, sliding_window),
             "kv_group": np.arange(n_heads) // (n_heads // n_kv_heads),
         },
-        attrs={"model": "synthetic", "variant": "trained", "init_seed": -1}, compression=compression,
+        attrs={"model": "synthetic", "variant": "trained", "init_seed": -1},
+        compression=compression,
     ) as writer:
         for s in range(n_samples):
             q = rng.standard_normal((n_layers, n_heads, n_tokens, head_dim)) + rng.standard_normal(head_dim)
             k = rng.standard_normal((n_layers, n_kv_heads, n_tokens, head_dim)) + 2 * rng.standard_normal(head_dim)
-            writer.write_sample(s, q.astype(np.float32), k.astype(np.float32), np.zeros(n_tokens, np.int64),
-                                np.zeros((1, n_heads, n_tokens, n_tokens), np.float32))
+            writer.write_sample(
+                s,
+                q.astype(np.float32),
+                k.astype(np.float32),
+                np.zeros(n_tokens, np.int64),
+                np.zeros((1, n_heads, n_tokens, n_tokens), np.float32),
+            )
     return Path(path)
 
 
@@ -68,14 +93,16 @@ def floor_inputs(dec: Decomposer, q, k, kv_group, rope):
         qg = q[torch.as_tensor(np.flatnonzero(kv_group == g), device=dev)]
         kg = k[int(g)]
         kbars = [kg.mean(0), kg[1:].mean(0)]
-        groups.append({  # query heads of a KV head stacked into one (h T) x d operand
-            "q_rot": rotate(qg, pos, theta, amp).reshape(-1, d),
-            "k_rot_t": rotate(kg, pos, theta, amp).T.contiguous(),
-            "kbar_rot_t": [rotate(kb.expand(T, d), pos, theta, amp).T.contiguous() for kb in kbars],
-            "p": [rotate(qg, torch.tensor(D), theta, amp).reshape(-1, d) for D in dec.sweep],
-            "dk_t": [((kg - kb) * amp).T.contiguous() for kb in kbars],
-            "out": torch.empty(qg.shape[0] * T, T, device=dev),
-        })
+        groups.append(
+            {  # query heads of a KV head stacked into one (h T) x d operand
+                "q_rot": rotate(qg, pos, theta, amp).reshape(-1, d),
+                "k_rot_t": rotate(kg, pos, theta, amp).T.contiguous(),
+                "kbar_rot_t": [rotate(kb.expand(T, d), pos, theta, amp).T.contiguous() for kb in kbars],
+                "p": [rotate(qg, torch.tensor(D), theta, amp).reshape(-1, d) for D in dec.dummy_distances],
+                "dk_t": [((kg - kb) * amp).T.contiguous() for kb in kbars],
+                "out": torch.empty(qg.shape[0] * T, T, device=dev),
+            }
+        )
     return groups
 
 
@@ -111,12 +138,27 @@ def main(argv=None):
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
-    parser.add_argument("--default-D", type=int, default=1000)
-    parser.add_argument("--store-run", action="store_true",
-                        help="also run decompose_store over the whole store (time per unit, peak memory)")
-    parser.add_argument("--bound-samples", type=int, default=2,
-                        help="decomposition.bound_samples for --store-run (default: the default config's)")
+    parser.add_argument(
+        "--dummy-distances",
+        type=int,
+        nargs="+",
+        default=[0, 250, 500, 1000, 2000],
+        help="decomposition.dummy_distances, the sweep of the dummy distance D",
+    )
+    parser.add_argument(
+        "--dummy-distance", type=int, default=1000, help="decomposition.dummy_distance, Method A's dummy distance D"
+    )
+    parser.add_argument(
+        "--store-run",
+        action="store_true",
+        help="also run decompose_store over the whole store (time per unit, peak memory)",
+    )
+    parser.add_argument(
+        "--bound-samples",
+        type=int,
+        default=2,
+        help="decomposition.bound_samples for --store-run (default: the default config's)",
+    )
     shape = parser.add_argument_group("synthetic store shape")
     shape.add_argument("--samples", type=int, default=1)
     shape.add_argument("--layers", type=int, default=1)
@@ -130,9 +172,20 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
-        qk = Path(args.qk) if args.qk else synthetic_store(
-            Path(tmp) / "qk.h5", n_samples=args.samples, n_layers=args.layers, n_tokens=args.tokens,
-            n_heads=args.heads, n_kv_heads=args.kv_heads, head_dim=args.head_dim, rope_theta=args.rope_theta)
+        qk = (
+            Path(args.qk)
+            if args.qk
+            else synthetic_store(
+                Path(tmp) / "qk.h5",
+                n_samples=args.samples,
+                n_layers=args.layers,
+                n_tokens=args.tokens,
+                n_heads=args.heads,
+                n_kv_heads=args.kv_heads,
+                head_dim=args.head_dim,
+                rope_theta=args.rope_theta,
+            )
+        )
         ds = open_dataset(qk, lazy=False)
         start = time.perf_counter()
         q = ds["q"].isel(sample=args.sample, layer=args.layer).values
@@ -142,7 +195,7 @@ def main(argv=None):
         rope = layer_rope(ds, args.layer)
         ds.close()
 
-        dec = Decomposer(args.dummy_distances, args.default_D, device=args.device)
+        dec = Decomposer(args.dummy_distances, args.dummy_distance, device=args.device)
         dev = dec.device
         # first call: Method B factorisations (once per mask) and the bound tables, cached afterwards
         setup_s = _timed(lambda: dec.unit(q, k, kv_group, rope), dev)
@@ -159,8 +212,12 @@ def main(argv=None):
         report = {
             "device": str(dev),
             "torch_threads": torch.get_num_threads(),
-            "shape": {"heads": int(q.shape[0]), "kv_heads": int(k.shape[0]), "tokens": int(q.shape[1]),
-                      "head_dim": int(q.shape[2])},
+            "shape": {
+                "heads": int(q.shape[0]),
+                "kv_heads": int(k.shape[0]),
+                "tokens": int(q.shape[1]),
+                "head_dim": int(q.shape[2]),
+            },
             "dummy_distances": args.dummy_distances,
             "floor_matmuls_per_head": 1 + len(SINKS) + len(args.dummy_distances),
             "floor_per_sink_g_matmuls_per_head": 1 + len(SINKS) * (1 + len(args.dummy_distances)),
@@ -179,12 +236,21 @@ def main(argv=None):
         }
         if args.store_run:
             start = time.perf_counter()
-            out = decompose_store(qk, Path(tmp) / "decomposition.nc", dummy_distances=args.dummy_distances,
-                                  default_D=args.default_D, bound_samples=args.bound_samples, device=args.device,
-                                  progress=False)
+            out = decompose_store(
+                qk,
+                Path(tmp) / "decomposition.nc",
+                dummy_distances=args.dummy_distances,
+                dummy_distance=args.dummy_distance,
+                bound_samples=args.bound_samples,
+                device=args.device,
+                progress=False,
+            )
             per_unit = (time.perf_counter() - start) / (out.sizes["sample"] * out.sizes["layer"])
-            report["store_run"] = {"bound_samples": args.bound_samples, "s_per_unit": round(per_unit, 4),
-                                   "ratio": round(per_unit / base, 2)}
+            report["store_run"] = {
+                "bound_samples": args.bound_samples,
+                "s_per_unit": round(per_unit, 4),
+                "ratio": round(per_unit / base, 2),
+            }
         report["peak_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
         if dev.type == "cuda":
             report["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
