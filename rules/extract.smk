@@ -12,7 +12,7 @@ rule extract:
         dtype=config["dtype"],
         device=config["device"],
         extract=config["extract"],
-        config_hash=CONFIG_HASH,
+        config_hash=hash_of(EXTRACT_LEAVES),
     threads: 2
     resources:
         mem_mb=8000,
