@@ -49,7 +49,10 @@ MALFORMED = [
     (_set(["extract"], {"ref_samples": [9]}), "config.extract.ref_samples: sample 9 does not exist"),
     (_set(["decomposition"], {"dummy_distances": []}), "config.decomposition.dummy_distances:"),
     (lambda c: c["models"].append(dict(c["models"][0])), "config.models: duplicate model name(s) smollm2-135m"),
-    (_set(["decomposition"], {"default_D": 500}), "config.decomposition.default_D: renamed to decomposition.dummy_distance"),
+    (
+        _set(["decomposition"], {"default_D": 500}),
+        "config.decomposition.default_D: renamed to decomposition.dummy_distance",
+    ),
     (_set(["decomposition"], {"bootstrap": 500}), "config.decomposition.bootstrap: renamed to intervals.bootstrap"),
     (_set(["decomposition"], {"bootstrap_seed": 1}), "config.decomposition.bootstrap_seed: renamed to intervals.seed"),
     (_set(["intervals"], {"bootstrap": 10}), "config.intervals.bootstrap:"),

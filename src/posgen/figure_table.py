@@ -71,7 +71,8 @@ class FigureRow:
     def paths(self, values: dict[str, list[str]], ext: str = "png") -> list[str]:
         """Every output path of extension ``ext`` for wildcard ``values`` (``{"model": [...], ...}``)."""
         keys = self.wildcards
-        return [self.output(ext).format(**dict(zip(keys, combo))) for combo in itertools.product(*(values[k] for k in keys))]
+        combos = itertools.product(*(values[k] for k in keys))
+        return [self.output(ext).format(**dict(zip(keys, combo))) for combo in combos]
 
 
 def template_fields(template: str) -> list[str]:
@@ -85,6 +86,7 @@ def _row(name, category, inputs, **kw) -> FigureRow:
 
 _EXAMPLES = "results/{model}/{variant}/examples.nc"
 _DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
+_PERTURB = "results/{model}/{variant}/perturb.nc"
 
 FIGURES = {
     row.name: row
@@ -95,8 +97,8 @@ FIGURES = {
         _row("layer_r", "4. Per-layer r", {"summary": "results/{model}/summary.nc"}),
         _row("bands", "5. Feature bands", {"bands": "results/{model}/{variant}/bands.nc"}),
         _row("dummy_sweep", "6. Dummy-distance sweep", {"decomposition": _DECOMPOSITION}, bootstrap=True),
-        _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": "results/{model}/{variant}/perturb.nc"}, bootstrap=True),
-        _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": "results/{model}/{variant}/perturb.nc"}, bootstrap=True),
+        _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),
+        _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True),
         _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True),
     ]
 }

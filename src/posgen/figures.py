@@ -793,7 +793,8 @@ FIGURES = {
     "cap": Spec(fig_cap, _load_cap),
 }
 if set(FIGURES) != set(FIGURE_TABLE):
-    raise ImportError(f"posgen.figures.FIGURES and posgen.figure_table.FIGURES differ: {set(FIGURES) ^ set(FIGURE_TABLE)}")
+    differ = sorted(set(FIGURES) ^ set(FIGURE_TABLE))
+    raise ImportError(f"posgen.figures.FIGURES and posgen.figure_table.FIGURES differ in {', '.join(differ)}")
 
 
 def render(
