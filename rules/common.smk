@@ -16,7 +16,8 @@ TARGETS = []
 
 # The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
 # `config_hash` covers exactly these plus its own model's `models` entry, so editing any other key (a figure
-# setting, another model) neither changes the hash nor reruns the job.
+# setting, another model) neither changes the hash nor reruns the job. Rules pass leaves, not whole sections:
+# Snakemake compares params by their text, in which a section's key order (as written in the file) would count.
 WINDOWS_LEAVES = ["corpus.source", "n_samples", "seq_len", "window_seed"]
 EXTRACT_LEAVES = [
     "dtype",
@@ -71,8 +72,9 @@ def hash_of(leaves, per_model=True):
 
 
 def own_model_entry(wildcards):
-    """The job's own `models` entry (never the whole list)."""
-    return model_entry(config, wildcards.model)
+    """The job's own `models` entry (never the whole list), keys sorted: Snakemake compares params by their
+    text, so the order of the keys in the config file must not matter."""
+    return dict(sorted(model_entry(config, wildcards.model).items()))
 
 
 # Figure rules (rules/figures.smk, one per row of posgen.figure_table): the values an input wildcard that the

@@ -11,7 +11,10 @@ rule extract:
     params:
         dtype=config["dtype"],
         device=config["device"],
-        extract=config["extract"],
+        ref_samples=config["extract"]["ref_samples"],
+        ref_layers=config["extract"]["ref_layers"],
+        check_rtol=config["extract"]["check_rtol"],
+        compression=config["extract"]["compression"],
         config_hash=hash_of(EXTRACT_LEAVES),
     threads: 2
     resources:

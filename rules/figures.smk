@@ -12,7 +12,10 @@ rule example_heads:
     log:
         "logs/figures/{model}/{variant}/example_heads.log",
     params:
-        options=config["figures"],
+        sample=config["figures"]["sample"],
+        map_tokens=config["figures"]["map_tokens"],
+        pool_pairs=config["figures"]["pool_pairs"],
+        seed=config["figures"]["seed"],
         config_hash=hash_of(EXAMPLES_LEAVES),
     threads: 1
     resources:

@@ -56,11 +56,14 @@ def planned_jobs(proc) -> list[tuple[str, list[str]]]:
 
 
 def dry_run_with(tiny_workflow, tmp_path, edit) -> list[tuple[str, list[str]]]:
-    """The jobs a dry run plans over the finished tiny run with an edited copy of its config (outputs untouched)."""
+    """The jobs a dry run plans over the finished tiny run with an edited copy of its config (outputs untouched).
+
+    The copy is written with its keys sorted, unlike the original: the order of keys in the file must not count.
+    """
     config = copy.deepcopy(yaml.safe_load(tiny_workflow.configfile.read_text()))
     edit(config)
     configfile = tmp_path / "config.yaml"
-    configfile.write_text(yaml.safe_dump(config, sort_keys=False))
+    configfile.write_text(yaml.safe_dump(config, sort_keys=True))
     return planned_jobs(WorkflowRun(tiny_workflow.workdir, configfile).snakemake("--dry-run"))
 
 
