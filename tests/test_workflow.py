@@ -19,6 +19,13 @@ def test_tiny_run_produces_every_extraction(tiny_workflow):
     assert "extract tiny-llama/trained: 100%" in (tiny_workflow.workdir / logs[logs.index("logs/extract/tiny-llama/trained.log")]).read_text()
 
 
+def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
+    results = tiny_workflow.workdir / "results"
+    per_model = (results / "tiny-llama" / "summary.csv").read_text()
+    assert (results / "summary.csv").read_text() == per_model
+    assert per_model.count("\ntiny-llama,") == 2 * 2 * 2  # variants x methods x sinks
+
+
 def test_second_run_has_nothing_to_do(tiny_workflow):
     proc = tiny_workflow.snakemake("--cores", "2", "--dry-run")
     assert "Nothing to be done" in proc.stdout + proc.stderr

@@ -150,7 +150,6 @@ def summarize(decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 10
     return table
 
 
-
 def concat_tables(csv_paths, csv_path) -> pd.DataFrame:
     """results/summary.csv: the per-model summary.csv files one after another, their text kept verbatim."""
     # read as text: the cells (digits, config_hash) are copied, never re-parsed and re-printed
