@@ -66,10 +66,10 @@ wildcard_constraints:
 def hash_of(leaves, per_model=True):
     """A params function: the job's config hash over ``leaves`` plus (``per_model``) its model's entry."""
 
-    def config_hash(wildcards):
+    def job_config_hash(wildcards):
         return job_hash(config, leaves, wildcards.model if per_model else None)
 
-    return config_hash
+    return job_config_hash
 
 
 def own_model_entry(wildcards):
