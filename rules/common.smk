@@ -5,18 +5,57 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from posgen.config import validate as validate_config, variants, config_hash  # noqa: E402
+# config_hash (whole sections) stays importable for rules files not yet moved to hash_of (rules/synthetic.smk)
+from posgen.config import config_hash, job_hash, model_entry, validate as validate_config, variants  # noqa: E402
+from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
 
 validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
 
 MODELS = [m["name"] for m in config["models"]]
 VARIANTS = variants(config)
-# Hash of the keys that define the extracted data; recorded in every output (a params change reruns a job,
-# so unrelated keys such as figure settings stay out of it).
-WINDOWS_KEYS = ["models", "corpus", "n_samples", "seq_len", "window_seed"]
-WINDOWS_HASH = config_hash(config, WINDOWS_KEYS)
-CONFIG_HASH = config_hash(config, WINDOWS_KEYS + ["dtype", "extract"])
 TARGETS = []
+
+# The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
+# `config_hash` covers exactly these plus its own model's `models` entry, so editing any other key (a figure
+# setting, another model) neither changes the hash nor reruns the job. Rules pass leaves, not whole sections:
+# Snakemake compares params by their text, in which a section's key order (as written in the file) would count.
+WINDOWS_LEAVES = ["corpus.source", "n_samples", "seq_len", "window_seed"]
+EXTRACT_LEAVES = [
+    "dtype",
+    "device",
+    "extract.ref_samples",
+    "extract.ref_layers",
+    "extract.check_rtol",
+    "extract.compression",
+]
+DECOMPOSE_LEAVES = [
+    "decomposition.dummy_distances",
+    "decomposition.dummy_distance",
+    "decomposition.lstsq_tol",
+    "decomposition.bound_samples",
+    "device",
+]
+BANDS_LEAVES = []
+INTERVAL_LEAVES = ["intervals.bootstrap", "intervals.seed"]
+PERTURB_LEAVES = [
+    "perturb.n_samples",
+    "perturb.seq_len",
+    "perturb.rates",
+    "perturb.seed",
+    "perturb.jitter",
+    "decomposition.dummy_distance",
+    "dtype",
+    "device",
+]
+CAP_LEAVES = [
+    "perturb.n_samples",
+    "perturb.seq_len",
+    "perturb.caps",
+    "decomposition.dummy_distance",
+    "dtype",
+    "device",
+]
+EXAMPLES_LEAVES = ["figures.sample", "figures.map_tokens", "figures.pool_pairs", "figures.seed"]
 
 
 wildcard_constraints:
@@ -24,5 +63,34 @@ wildcard_constraints:
     variant=r"trained|random-seed\d+",
 
 
-def model_entry(wildcards):
-    return next(m for m in config["models"] if m["name"] == wildcards.model)
+def hash_of(leaves, per_model=True):
+    """A params function: the job's config hash over ``leaves`` plus (``per_model``) its model's entry."""
+
+    def job_config_hash(wildcards):
+        return job_hash(config, leaves, wildcards.model if per_model else None)
+
+    return job_config_hash
+
+
+def own_model_entry(wildcards):
+    """The job's own `models` entry (never the whole list), keys sorted: Snakemake compares params by their
+    text, so the order of the keys in the config file must not matter."""
+    return dict(sorted(model_entry(config, wildcards.model).items()))
+
+
+# Figure rules (rules/figures.smk, one per row of posgen.figure_table): the values an input wildcard that the
+# figure's scope does not keep is expanded over, in this order. A rules file that adds a global figure reading
+# files with other wildcards adds their values here (before rules/figures.smk is included).
+FIGURE_WILDCARDS = {"model": MODELS, "variant": VARIANTS}
+
+
+def figure_inputs(row):
+    """The row's inputs: wildcards of its scope kept, every other one expanded over FIGURE_WILDCARDS."""
+    over = {name: FIGURE_WILDCARDS[name] for name in row.expanded()}
+    return {role: expand(template, **over, allow_missing=True) for role, template in row.inputs.items()}
+
+
+def figure_hash(row):
+    """The params function of a figure's config hash: what its params read."""
+    leaves = (["random_init_seeds"] if "variant" in row.expanded() else []) + (INTERVAL_LEAVES if row.bootstrap else [])
+    return hash_of(leaves, per_model="model" in row.wildcards)

@@ -14,7 +14,7 @@ rule windows:
         n_samples=config["n_samples"],
         seq_len=config["seq_len"],
         seed=config["window_seed"],
-        config_hash=WINDOWS_HASH,
+        config_hash=hash_of(WINDOWS_LEAVES),
     conda:
         "../envs/posgen.yaml"
     script:

@@ -8,13 +8,12 @@ rule decompose:
     benchmark:
         "benchmarks/decompose/{model}/{variant}.tsv"
     params:
-        # only the keys the decomposition reads: a params change reruns the job
-        decomposition={
-            key: config["decomposition"][key]
-            for key in ["dummy_distances", "default_D", "lstsq_tol", "bound_samples"]
-        },
+        dummy_distances=config["decomposition"]["dummy_distances"],
+        dummy_distance=config["decomposition"]["dummy_distance"],
+        lstsq_tol=config["decomposition"]["lstsq_tol"],
+        bound_samples=config["decomposition"]["bound_samples"],
         device=config["device"],
-        config_hash=CONFIG_HASH,
+        config_hash=hash_of(DECOMPOSE_LEAVES),
     threads: 2
     resources:
         mem_mb=4000,
@@ -35,7 +34,7 @@ rule bands:
     benchmark:
         "benchmarks/bands/{model}/{variant}.tsv"
     params:
-        config_hash=CONFIG_HASH,
+        config_hash=hash_of(BANDS_LEAVES),
     threads: 1
     resources:
         mem_mb=2000,
@@ -46,22 +45,21 @@ rule bands:
         "../workflow_scripts/bands.py"
 
 
+# One job per model, so that adding a model leaves the others' summaries (and their figures) alone.
 rule summarize:
     input:
-        decomposition=expand(
-            rules.decompose.output.decomposition, model=MODELS, variant=VARIANTS
-        ),
+        decomposition=expand(rules.decompose.output.decomposition, variant=VARIANTS, allow_missing=True),
     output:
-        csv="results/summary.csv",
-        nc=expand("results/{model}/summary.nc", model=MODELS),
+        csv="results/{model}/summary.csv",
+        nc="results/{model}/summary.nc",
     log:
-        "logs/summarize.log",
+        "logs/summarize/{model}.log",
     benchmark:
-        "benchmarks/summarize.tsv"
+        "benchmarks/summarize/{model}.tsv"
     params:
-        models=MODELS,
-        decomposition=config["decomposition"],
-        config_hash=CONFIG_HASH,
+        n_boot=config["intervals"]["bootstrap"],
+        seed=config["intervals"]["seed"],
+        config_hash=hash_of(INTERVAL_LEAVES),
     threads: 1
     resources:
         mem_mb=2000,
@@ -72,8 +70,25 @@ rule summarize:
         "../workflow_scripts/summarize.py"
 
 
-TARGETS.extend(
-    expand(rules.decompose.output.decomposition, model=MODELS, variant=VARIANTS)
-)
+localrules:
+    summary_table,
+
+
+# results/summary.csv: the per-model tables, models in name order; every row keeps its own job's config_hash.
+rule summary_table:
+    input:
+        csv=expand(rules.summarize.output.csv, model=sorted(MODELS)),
+    output:
+        csv="results/summary.csv",
+    log:
+        "logs/summary_table.log",
+    conda:
+        "../envs/posgen.yaml"
+    script:
+        "../workflow_scripts/summary_table.py"
+
+
+TARGETS.extend(expand(rules.decompose.output.decomposition, model=MODELS, variant=VARIANTS))
 TARGETS.extend(expand(rules.bands.output.bands, model=MODELS, variant=VARIANTS))
-TARGETS.extend(rules.summarize.output)
+TARGETS.extend(expand(rules.summarize.output.nc, model=MODELS))
+TARGETS.extend(rules.summary_table.output)

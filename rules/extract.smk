@@ -11,8 +11,11 @@ rule extract:
     params:
         dtype=config["dtype"],
         device=config["device"],
-        extract=config["extract"],
-        config_hash=CONFIG_HASH,
+        ref_samples=config["extract"]["ref_samples"],
+        ref_layers=config["extract"]["ref_layers"],
+        check_rtol=config["extract"]["check_rtol"],
+        compression=config["extract"]["compression"],
+        config_hash=hash_of(EXTRACT_LEAVES),
     threads: 2
     resources:
         mem_mb=8000,

@@ -9,7 +9,7 @@ rule get_model:
     log:
         "logs/get_model/{model}.log",
     params:
-        entry=model_entry,
+        entry=own_model_entry,
     conda:
         "../envs/posgen.yaml"
     script:

@@ -1,10 +1,6 @@
 # Position-generalisation experiments (science.md section 7): perturbed token order / position ids, and
 # LM-Infinite style RoPE distance capping. Logic in posgen.perturb.
 
-PERTURB_HASH = config_hash(
-    config, ["models", "corpus", "n_samples", "seq_len", "window_seed", "dtype", "perturb", "decomposition"]
-)
-
 
 rule perturb:
     input:
@@ -17,11 +13,15 @@ rule perturb:
     benchmark:
         "benchmarks/perturb/{model}/{variant}.tsv"
     params:
-        perturb=config["perturb"],
-        default_D=config["decomposition"]["default_D"],
+        n_samples=config["perturb"]["n_samples"],
+        seq_len=config["perturb"]["seq_len"],
+        rates=config["perturb"]["rates"],
+        seed=config["perturb"]["seed"],
+        jitter=config["perturb"]["jitter"],
+        dummy_distance=config["decomposition"]["dummy_distance"],
         dtype=config["dtype"],
         device=config["device"],
-        config_hash=PERTURB_HASH,
+        config_hash=hash_of(PERTURB_LEAVES),
     threads: 2
     resources:
         mem_mb=6000,
@@ -43,11 +43,13 @@ rule cap:
     benchmark:
         "benchmarks/cap/{model}/{variant}.tsv"
     params:
-        perturb=config["perturb"],
-        default_D=config["decomposition"]["default_D"],
+        n_samples=config["perturb"]["n_samples"],
+        seq_len=config["perturb"]["seq_len"],
+        distance_caps=config["perturb"]["caps"],
+        dummy_distance=config["decomposition"]["dummy_distance"],
         dtype=config["dtype"],
         device=config["device"],
-        config_hash=PERTURB_HASH,
+        config_hash=hash_of(CAP_LEAVES),
     threads: 2
     resources:
         mem_mb=6000,

@@ -43,7 +43,8 @@ def tiny_config(source_dir: Path, name: str = "tiny-llama") -> dict:
         "dtype": "float32",
         "device": "cpu",
         "extract": {"ref_samples": [0], "ref_layers": [0, -1]},
-        "decomposition": {"dummy_distances": [0, 100], "default_D": 100, "bootstrap": 200},
+        "decomposition": {"dummy_distances": [0, 100], "dummy_distance": 100},
+        "intervals": {"bootstrap": 200},
         "perturb": {"n_samples": 2, "seq_len": 32, "rates": [0, 0.1, 0.5], "caps": [4, 64]},
     }
 

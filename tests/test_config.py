@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posgen.config import ConfigError, config_hash, load, validate
+from posgen.config import ConfigError, config_hash, job_hash, leaf, load, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -14,7 +14,8 @@ def test_default_config_validates_and_fills_defaults():
     config = validate(copy.deepcopy(BASE))
     assert config["extract"]["ref_layers"] == [0, -1]
     assert config["extract"]["check_rtol"] == pytest.approx(1e-4)
-    assert config["decomposition"]["default_D"] == 1000
+    assert config["decomposition"]["dummy_distance"] == 1000
+    assert config["intervals"] == {"bootstrap": 1000, "seed": 0}
     assert config["models"][0]["trust_remote_code"] is False
 
 
@@ -48,6 +49,13 @@ MALFORMED = [
     (_set(["extract"], {"ref_samples": [9]}), "config.extract.ref_samples: sample 9 does not exist"),
     (_set(["decomposition"], {"dummy_distances": []}), "config.decomposition.dummy_distances:"),
     (lambda c: c["models"].append(dict(c["models"][0])), "config.models: duplicate model name(s) smollm2-135m"),
+    (
+        _set(["decomposition"], {"default_D": 500}),
+        "config.decomposition.default_D: renamed to decomposition.dummy_distance",
+    ),
+    (_set(["decomposition"], {"bootstrap": 500}), "config.decomposition.bootstrap: renamed to intervals.bootstrap"),
+    (_set(["decomposition"], {"bootstrap_seed": 1}), "config.decomposition.bootstrap_seed: renamed to intervals.seed"),
+    (_set(["intervals"], {"bootstrap": 10}), "config.intervals.bootstrap:"),
 ]
 
 
@@ -74,8 +82,30 @@ def test_load_reports_missing_and_broken_files(tmp_path):
 def test_config_hash_depends_only_on_selected_keys():
     a = validate(copy.deepcopy(BASE))
     b = copy.deepcopy(a)
-    b["decomposition"]["bootstrap"] = 5000
+    b["intervals"]["bootstrap"] = 5000
     keys = ["models", "n_samples", "seq_len"]
     assert config_hash(a, keys) == config_hash(b, keys)
     b["seq_len"] = 64
     assert config_hash(a, keys) != config_hash(b, keys)
+
+
+def test_job_hash_covers_exactly_its_leaves_and_its_own_model():
+    a = validate(copy.deepcopy(BASE))
+    leaves = ["decomposition.dummy_distance", "perturb.rates", "dtype"]
+    before = job_hash(a, leaves, "smollm2-135m")
+    assert len(before) == 16 and before != job_hash(a, leaves) != job_hash(a, leaves[:2], "smollm2-135m")
+    b = copy.deepcopy(a)
+    b["intervals"]["bootstrap"] = 500  # a leaf the job does not read
+    b["perturb"]["caps"] = [2]  # a sibling of a leaf it reads
+    b["models"].append({"name": "other", "source": "embedded:gemma3-270m"})  # another model
+    assert job_hash(b, leaves, "smollm2-135m") == before
+    b["perturb"]["rates"] = [0, 0.5]
+    assert job_hash(b, leaves, "smollm2-135m") != before
+    c = copy.deepcopy(a)
+    c["models"][0]["trust_remote_code"] = True  # the job's own model entry
+    assert job_hash(c, leaves, "smollm2-135m") != before
+    assert leaf(a, "perturb.rates") == a["perturb"]["rates"]
+    with pytest.raises(ConfigError, match=r"^config\.perturb\.speed: missing$"):
+        leaf(a, "perturb.speed")
+    with pytest.raises(ConfigError, match="no model named 'nope'"):
+        job_hash(a, leaves, "nope")

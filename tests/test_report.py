@@ -16,24 +16,18 @@ import yaml
 from PIL import Image
 
 from posgen.config import variants as config_variants
-from posgen.figures import FIGURES
+from posgen.figure_table import FIGURES
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-PER_VARIANT = {"logit_maps", "scatter"}  # one figure per (model, variant); the others one per model
 WINDOW = (1400, 1000)
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is not installed")
 
 
-def expected_figures(config: dict) -> list[str]:
-    paths = []
-    for model in (m["name"] for m in config["models"]):
-        for name in FIGURES:
-            if name in PER_VARIANT:
-                paths += [f"results/{model}/figures/{name}_{v}.png" for v in config_variants(config)]
-            else:
-                paths.append(f"results/{model}/figures/{name}.png")
-    return paths
+def expected_figures(config: dict, name: str | None = None) -> list[str]:
+    """The PNGs of every figure of the table (or of figure ``name``) for ``config``'s models and variants."""
+    values = {"model": [m["name"] for m in config["models"]], "variant": config_variants(config)}
+    return [path for row in FIGURES.values() if name in (None, row.name) for path in row.paths(values)]
 
 
 def report_json(html: str, var: str) -> dict:
@@ -127,6 +121,9 @@ def test_report_lists_every_figure_with_caption(report):
     assert "results/reproduction.csv" in results
     filed = {p for sub in categories.values() for paths in sub.values() for p in paths}
     assert set(expected) <= filed  # each figure sits in a category of the menu
+    for row in FIGURES.values():  # the one its table row names
+        in_category = {p for paths in categories[row.category].values() for p in paths}
+        assert set(expected_figures(config, row.name)) <= in_category, row.name
     for path in expected:
         entry = results[path]
         assert entry["mime_type"] == "image/png", path

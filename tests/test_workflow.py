@@ -1,8 +1,10 @@
 """The tiny end-to-end run of the whole workflow, its idempotence, lint, and config errors through Snakemake."""
 
+import copy
 import re
 
-from conftest import make_run, tiny_config
+import yaml
+from conftest import WorkflowRun, make_run, tiny_config
 from posgen.store import open_dataset
 
 
@@ -15,6 +17,13 @@ def test_tiny_run_produces_every_extraction(tiny_workflow):
     logs = sorted(p.relative_to(tiny_workflow.workdir).as_posix() for p in (tiny_workflow.workdir / "logs").rglob("*.log"))
     assert "logs/extract/tiny-llama/trained.log" in logs
     assert "extract tiny-llama/trained: 100%" in (tiny_workflow.workdir / logs[logs.index("logs/extract/tiny-llama/trained.log")]).read_text()
+
+
+def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
+    results = tiny_workflow.workdir / "results"
+    per_model = (results / "tiny-llama" / "summary.csv").read_text()
+    assert (results / "summary.csv").read_text() == per_model
+    assert per_model.count("\ntiny-llama,") == 2 * 2 * 2  # variants x methods x sinks
 
 
 def test_second_run_has_nothing_to_do(tiny_workflow):
@@ -35,3 +44,58 @@ def test_bad_config_stops_snakemake_with_one_line_naming_the_key(tmp_path, tiny_
     proc = run.snakemake("--cores", "1", "--dry-run", check=False)
     assert proc.returncode != 0
     assert re.search(r"config\.seq_len: -5 is less than the minimum of 8", proc.stderr + proc.stdout)
+
+
+# Steps whose jobs cost model forward passes (or read their outputs per model and variant).
+UPSTREAM = {"get_model", "windows", "extract", "decompose", "bands", "perturb", "cap", "example_heads"}
+
+
+def planned_jobs(proc) -> list[tuple[str, list[str]]]:
+    """(rule, output paths) of every job a ``snakemake --dry-run`` lists, checked against its job-stats total."""
+    text = proc.stdout + proc.stderr
+    jobs = []
+    for rule, body in re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", text, re.M):
+        outputs = re.search(r"^    output: (.*)$", body, re.M)
+        jobs.append((rule, outputs.group(1).split(", ") if outputs else []))
+    total = re.search(r"^total\s+(\d+)$", text, re.M)
+    assert total and int(total.group(1)) == len(jobs), text[-3000:]
+    return jobs
+
+
+def dry_run_with(tiny_workflow, tmp_path, edit) -> list[tuple[str, list[str]]]:
+    """The jobs a dry run plans over the finished tiny run with an edited copy of its config (outputs untouched).
+
+    The copy is written with its keys sorted, unlike the original: the order of keys in the file must not count.
+    """
+    config = copy.deepcopy(yaml.safe_load(tiny_workflow.configfile.read_text()))
+    edit(config)
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(yaml.safe_dump(config, sort_keys=True))
+    return planned_jobs(WorkflowRun(tiny_workflow.workdir, configfile).snakemake("--dry-run"))
+
+
+def test_changing_an_interval_setting_reruns_only_summaries_and_figures(tiny_workflow, tmp_path):
+    def edit(config):
+        config["intervals"]["bootstrap"] = 300
+
+    rules = {rule for rule, _ in dry_run_with(tiny_workflow, tmp_path, edit)}
+    assert not rules & UPSTREAM, sorted(rules)
+    # what does read the setting reruns: the summary and the bootstrapped figures, not the other figures
+    assert {"summarize", "fig_dummy_sweep", "fig_perturb_ppl", "fig_perturb_fg", "fig_cap"} <= rules
+    assert not rules & {"fig_logit_maps", "fig_scatter", "fig_r_heatmap", "fig_bands"}, sorted(rules)
+
+
+def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_path):
+    def edit(config):
+        config["models"].append({"name": "tiny-llama-b", "source": config["models"][0]["source"]})
+
+    def of(model, outputs):
+        return any(path.startswith((f"results/{model}/", f"resources/models/{model}/")) for path in outputs)
+
+    jobs = dry_run_with(tiny_workflow, tmp_path, edit)
+    first = [(rule, out) for rule, out in jobs if of("tiny-llama", out)]
+    assert not first, first
+    new = {rule for rule, out in jobs if of("tiny-llama-b", out)}
+    assert UPSTREAM | {"summarize", "fig_cap"} <= new, sorted(new)
+    # the cross-model tables are the only other jobs
+    assert {rule for rule, out in jobs if rule not in new} <= {"summary_table", "reproduction", "all"}

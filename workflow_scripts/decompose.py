@@ -7,10 +7,10 @@ p = snakemake.params
 decompose_store(
     snakemake.input.qk,
     snakemake.output.decomposition,
-    dummy_distances=p.decomposition["dummy_distances"],
-    default_D=p.decomposition["default_D"],
+    dummy_distances=p.dummy_distances,
+    default_D=p.dummy_distance,
     device=p.device,
-    lstsq_tol=p.decomposition["lstsq_tol"],
-    bound_samples=p.decomposition["bound_samples"],
+    lstsq_tol=p.lstsq_tol,
+    bound_samples=p.bound_samples,
     config_hash=p.config_hash,
 )

@@ -14,9 +14,9 @@ extract(
     variant=snakemake.wildcards.variant,
     dtype=p.dtype,
     device=p.device,
-    ref_samples=p.extract["ref_samples"],
-    ref_layers=p.extract["ref_layers"],
-    check_rtol=p.extract["check_rtol"],
-    compression=p.extract["compression"],
+    ref_samples=p.ref_samples,
+    ref_layers=p.ref_layers,
+    check_rtol=p.check_rtol,
+    compression=p.compression,
     config_hash=p.config_hash,
 )

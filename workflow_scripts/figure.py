@@ -9,9 +9,9 @@ render(
     dict(snakemake.input.items()),
     snakemake.output.png,
     snakemake.output.pdf,
-    variants=p.get("variants", []),
-    n_boot=p.get("n_boot", 1000),
-    seed=p.get("seed", 0),
-    model=snakemake.wildcards.model,
+    variants=p.variants,
+    n_boot=p.n_boot,
+    seed=p.seed,
+    **dict(snakemake.wildcards.items()),  # model (and variant) for the provenance; none for a global figure
     config_hash=p.config_hash,
 )

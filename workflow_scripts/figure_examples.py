@@ -7,7 +7,7 @@ write_examples(
     snakemake.input.qk,
     snakemake.input.decomposition,
     snakemake.output.examples,
-    options=snakemake.params.options,
+    options={key: snakemake.params[key] for key in ("sample", "map_tokens", "pool_pairs", "seed")},
     model=snakemake.wildcards.model,
     variant=snakemake.wildcards.variant,
     config_hash=snakemake.params.config_hash,

@@ -7,8 +7,8 @@ p = snakemake.params
 summarize(
     snakemake.input.decomposition,
     snakemake.output.csv,
-    dict(zip(p.models, snakemake.output.nc)),
-    n_boot=p.decomposition["bootstrap"],
-    seed=p.decomposition["bootstrap_seed"],
+    {snakemake.wildcards.model: snakemake.output.nc},
+    n_boot=p.n_boot,
+    seed=p.seed,
     config_hash=p.config_hash,
 )

@@ -1,4 +1,4 @@
-"""Config validation (Snakemake's own JSON-schema validator) with one-line errors, and config hashing."""
+"""Config validation (Snakemake's own JSON-schema validator) with one-line errors, and per-job config hashing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ import yaml
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 VARIANT_TRAINED = "trained"
+
+
+# Keys that were moved or renamed: (section, old key) -> new dotted key. A config still using one stops with a
+# line naming the new key instead of the schema's generic "unknown key".
+RENAMED = {
+    ("decomposition", "default_D"): "decomposition.dummy_distance",
+    ("decomposition", "bootstrap"): "intervals.bootstrap",
+    ("decomposition", "bootstrap_seed"): "intervals.seed",
+}
 
 
 class ConfigError(ValueError):
@@ -47,6 +56,9 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
 
     if not isinstance(config, dict):
         raise ConfigError("config: expected a mapping at the top level")
+    for (section, old), new in RENAMED.items():
+        if isinstance(config.get(section), dict) and old in config[section]:
+            raise ConfigError(f"config.{section}.{old}: renamed to {new}")
     try:
         snakemake_validate(config, str(schema), set_default=True)
     except WorkflowError as err:
@@ -96,6 +108,28 @@ def config_hash(config: dict, keys: list[str] | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def leaf(config: dict, path: str):
+    """The value at dotted ``path`` (``"perturb.rates"``); a missing key is a ConfigError naming it."""
+    node = config
+    for key in path.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise ConfigError(f"config.{path}: missing")
+        node = node[key]
+    return node
+
+
+def job_hash(config: dict, leaves: list[str], model: str | None = None) -> str:
+    """Hash of exactly the config ``leaves`` (dotted paths) a job reads, plus model ``model``'s own entry.
+
+    Recorded as ``config_hash`` in the job's outputs. Keys the job does not read, and the other models' entries,
+    stay out, so editing them neither changes the hash nor reruns the job.
+    """
+    picked = {path: leaf(config, path) for path in leaves}
+    if model is not None:
+        picked["models[name]"] = model_entry(config, model)
+    return config_hash(picked)
+
+
 def variants(config: dict) -> list[str]:
     """The extraction variants: the trained weights plus one random-init control per seed."""
     return [VARIANT_TRAINED] + [f"random-seed{s}" for s in config["random_init_seeds"]]
@@ -112,6 +146,7 @@ def init_seed(variant: str) -> int:
 
 
 def model_entry(config: dict, name: str) -> dict:
+    """The ``models`` entry named ``name``."""
     for m in config["models"]:
         if m["name"] == name:
             return m

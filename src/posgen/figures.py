@@ -29,6 +29,7 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from posgen.config import VARIANT_TRAINED, init_seed  # noqa: E402
+from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
 from posgen.stats import bootstrap_mean, pearson  # noqa: E402
 from posgen.store import atomic_path, require  # noqa: E402
 
@@ -719,25 +720,28 @@ def _load_cap(inputs, variants):
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """One paper figure: drawing function, loader of its input files, whether it bootstraps."""
+    """How one paper figure is made: its drawing function and the loader of its input files."""
 
     func: object
     loader: object
-    bootstrap: bool = False
 
 
-# Figure name -> Spec. rules/figures.smk has one rule per name (fig_<name>); the tests cover every entry.
+# Figure name -> Spec, one entry per row of posgen.figure_table (which also says whether the figure
+# bootstraps); rules/figures.smk makes one rule per row (fig_<name>); the tests cover every entry.
 FIGURES = {
     "logit_maps": Spec(fig_logit_maps, _load_examples),
     "scatter": Spec(fig_scatter, _load_examples),
     "r_heatmap": Spec(fig_r_heatmap, _load_r_heatmap),
     "layer_r": Spec(fig_layer_r, _load_layer_r),
     "bands": Spec(fig_bands, _load_bands),
-    "dummy_sweep": Spec(fig_dummy_sweep, _load_dummy_sweep, bootstrap=True),
-    "perturb_ppl": Spec(fig_perturb_ppl, _load_perturb, bootstrap=True),
-    "perturb_fg": Spec(fig_perturb_fg, _load_perturb, bootstrap=True),
-    "cap": Spec(fig_cap, _load_cap, bootstrap=True),
+    "dummy_sweep": Spec(fig_dummy_sweep, _load_dummy_sweep),
+    "perturb_ppl": Spec(fig_perturb_ppl, _load_perturb),
+    "perturb_fg": Spec(fig_perturb_fg, _load_perturb),
+    "cap": Spec(fig_cap, _load_cap),
 }
+if set(FIGURES) != set(FIGURE_TABLE):
+    differ = sorted(set(FIGURES) ^ set(FIGURE_TABLE))
+    raise ImportError(f"posgen.figures.FIGURES and posgen.figure_table.FIGURES differ in {', '.join(differ)}")
 
 
 def render(
@@ -747,17 +751,20 @@ def render(
     pdf: str | Path,
     *,
     variants=(),
-    n_boot: int = 1000,
-    seed: int = 0,
+    n_boot: int | None = 1000,
+    seed: int | None = 0,
     **attrs,
 ) -> None:
-    """Load figure ``name``'s input files (``inputs``: role -> path or paths), draw it, save PNG + PDF."""
+    """Load figure ``name``'s input files (``inputs``: role -> path or paths), draw it, save PNG + PDF.
+
+    ``n_boot`` and ``seed`` (the `intervals` settings) are used only by figures whose table row bootstraps.
+    """
     if name not in FIGURES:
         raise KeyError(f"figure {name!r}: unknown (known: {', '.join(FIGURES)})")
     spec = FIGURES[name]
     inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
-    data = spec.loader(inputs, list(variants))
-    fig = spec.func(data, n_boot=n_boot, seed=seed) if spec.bootstrap else spec.func(data)
+    data = spec.loader(inputs, list(variants or []))
+    fig = spec.func(data, n_boot=n_boot, seed=seed) if FIGURE_TABLE[name].bootstrap else spec.func(data)
     save_figure(fig, png, pdf, provenance=_stable_provenance(figure=name, **attrs))
 
 

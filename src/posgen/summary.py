@@ -133,3 +133,12 @@ def summarize(decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 10
         table.to_csv(tmp, index=False, float_format="%.6g")
     return table
 
+
+def concat_tables(csv_paths, csv_path) -> pd.DataFrame:
+    """results/summary.csv: the per-model summary.csv files one after another, their text kept verbatim."""
+    # read as text: the cells (digits, config_hash) are copied, never re-parsed and re-printed
+    tables = [pd.read_csv(path, dtype=str, keep_default_na=False) for path in csv_paths]
+    table = pd.concat(tables, ignore_index=True)
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, index=False)
+    return table
