@@ -1,4 +1,4 @@
-# Position-generalisation experiments (science.md section 7): perturbed token order / position ids, and
+# Position-generalisation experiments (docs/method.md section 7): perturbed token order / position ids, and
 # LM-Infinite style RoPE distance capping. Logic in posgen.perturb.
 
 

@@ -8,7 +8,7 @@ decompose_store(
     snakemake.input.qk,
     snakemake.output.decomposition,
     dummy_distances=p.dummy_distances,
-    default_D=p.dummy_distance,
+    dummy_distance=p.dummy_distance,
     device=p.device,
     lstsq_tol=p.lstsq_tol,
     bound_samples=p.bound_samples,

@@ -1,4 +1,4 @@
-"""Per-band feature statistics of the pre-RoPE queries and keys (science.md section 5).
+"""Per-band feature statistics of the pre-RoPE queries and keys (docs/method.md section 5).
 
 For RoPE band l (dims l and l + d/2, rotated by theta_l) and each (layer, head): the squared norm of the
 token mean (the shared, position-carrying component), the token variance ``E ||v_t - mean||^2`` (the

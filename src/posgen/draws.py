@@ -1,4 +1,4 @@
-"""Seeded perturbations of a token window: token order and position ids (science.md section 7).
+"""Seeded perturbations of a token window: token order and position ids (docs/method.md section 7).
 
 Perturbations (all seeded; position 0 -- the first token, the attention sink -- never moves)
 -------------------------------------------------------------------------------------------

@@ -187,8 +187,7 @@ def example_heads(
     require(qk, ["q", "k", "inv_freq", "scaling", "attention_scaling", "sliding_window", "kv_group"], "qk.h5")
     if not 0 <= sample < qk.sizes["sample"]:
         raise IndexError(f"config.figures.sample: {sample} is not a sample of qk.h5 (it has {qk.sizes['sample']})")
-    # decomposition.nc files written before the dummy distance got its one name carry it as default_D
-    dummy_distance = int(decomposition.attrs.get("dummy_distance", decomposition.attrs.get("default_D", 1000)))
+    dummy_distance = int(decomposition.attrs["dummy_distance"])
     heads = select_heads(decomposition)
     qs = qk["q"].isel(sample=sample)
     ks = qk["k"].isel(sample=sample)

@@ -1,4 +1,4 @@
-"""Method A of science.md section 3, the one home of its term formula: f and g as full matrices, at sampled
+"""Method A of docs/method.md section 3A, the one home of its term formula: f and g as full matrices, at sampled
 pairs, and their change between two forward passes.
 
 ``kbar`` here is the sink-free mean key (over tokens 1..T-1; "without" in docs/data-model.md), the reading the

@@ -1,4 +1,4 @@
-"""Position-generalisation experiments (science.md section 7) and their jobs: perturbed token order / position
+"""Position-generalisation experiments (docs/method.md section 7) and their jobs: perturbed token order / position
 ids (perturb.nc), and RoPE distance capping (cap.nc).
 
 The pieces live elsewhere: the seeded perturbation draws in :mod:`posgen.draws`, Method A's terms and their

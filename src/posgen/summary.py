@@ -1,4 +1,4 @@
-"""Aggregates of decomposition.nc with 95 % bootstrap intervals over samples (science.md sections 4 and 6).
+"""Aggregates of decomposition.nc with 95 % bootstrap intervals over samples (docs/method.md sections 4 and 6).
 
 Per (model, variant, method, sink): the mean of per-head r (over samples, layers, heads), the pooled r of
 all scored entries, per-layer means, and for every random-init variant the paired difference to the trained
