@@ -6,7 +6,7 @@ CORES ?= 2
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint format bench clean
 
 setup: $(STAMP)
 
@@ -24,8 +24,18 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
 
+# Formatters in check mode (ruff for Python, snakefmt for the rules), pyflakes/isort rules, and Snakemake's own lint.
 lint: $(STAMP)
-	$(BIN)/snakemake --lint
+	$(BIN)/ruff format --check src tests workflow_scripts
+	$(BIN)/ruff check src tests workflow_scripts
+	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/snakemake --lint --cores 1
+
+# Rewrites the sources in the formatters' style (what `make lint` checks).
+format: $(STAMP)
+	$(BIN)/ruff format src tests workflow_scripts
+	$(BIN)/ruff check --fix src tests workflow_scripts
+	$(BIN)/snakefmt Snakefile rules
 
 bench: $(STAMP)
 	$(BIN)/python -m posgen.bench extract
