@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
-
 from conftest import make_run, tiny_config
+
 from posgen.decompose import AdditiveDesign, toeplitz_shares
 from posgen.store import open_dataset
 from posgen.synthetic.analysis import ablate, deposit_index, top_gap
 from posgen.synthetic.figures import reproduction_markdown, reproduction_rows
 from posgen.synthetic.model import Classifier
-from posgen.synthetic.pe import PES, Dims, make_pe
+from posgen.synthetic.pe import Dims, make_pe
 from posgen.synthetic.tasks import PAD, TEST, make_task
 from posgen.synthetic.train import load_split, train
 
@@ -103,7 +103,7 @@ def test_rope_logits_of_constant_content_depend_only_on_distance(name):
     k = torch.randn(1, 2, 1, 8).expand(1, 2, T, 8)
     x = torch.randn(1, 1, 16).expand(1, T, 16)
     q_pe, k_pe, bias = pe.attend(0, q, k, x, x)
-    logits = (q_pe @ k_pe.transpose(-1, -2))[0]  # (H, T, T)
+    logits = (q_pe @ k_pe.transpose(-1, -2))[0].detach()  # (H, T, T)
     a = torch.arange(T)
     # depends only on i - j: each diagonal constant (up to float32 rounding of the rotation)
     for delta in range(-T + 1, T):
@@ -161,10 +161,13 @@ def test_faithful_keys_come_from_the_input_embeddings():
         m.layers[0].out.weight.mul_(3.0)
     after = m.attention_logits(tokens)
     torch.testing.assert_close(after[:, 0], before[:, 0])
-    q1 = m.layers[1].heads(m.layers[1].query(m.layers[1].norm_attn(m.pe.embed(m.embedding(tokens)))))
-    k1 = m.layers[1].heads(m.layers[1].key(m.pe.embed(m.embedding(tokens))))
     assert not torch.allclose(after[:, 1], before[:, 1])
-    assert k1.shape == q1.shape
+    clean = model("nope")
+    before = clean.attention_logits(tokens)
+    with torch.no_grad():  # the clean model's layer-1 keys follow the residual stream: both sides move
+        clean.layers[0].out.weight.mul_(3.0)
+    keys_moved = clean.attention_logits(tokens)[:, 1] - before[:, 1]
+    assert float(keys_moved.abs().max()) > 1e-4
 
 
 # ------------------------------------------------------------------------------------- ablation
@@ -188,21 +191,22 @@ def test_ablating_a_head_whose_values_are_zero_changes_nothing():
 def test_ablate_reports_each_heads_accuracy():
     m = model("nope", n_heads=2, n_layers=1, d_model=8)
     tokens = torch.randint(1, 16, (40, 6))
-    labels = m(tokens).argmax(-1)  # the model is right on every sample
     with torch.no_grad():
         m.layers[0].value.weight[4:] = 0
         m.layers[0].value.bias[4:] = 0
-    labels = m(tokens).argmax(-1)
+    labels = m(tokens).argmax(-1)  # the model is right on every sample
     base, ablated = ablate(m, tokens, labels, batch_size=16)
     assert base == 1.0 and ablated.shape == (1, 2) and ablated[0, 1] == 1.0
 
 
 def test_deposit_index_of_constructed_drops():
-    drop = np.array([
-        [0.60, 0.02, 0.00, -0.01],  # one head carries the layer
-        [0.10, 0.10, 0.10, 0.10],  # spread evenly
-        [0.00, -0.02, 0.00, -0.01],  # nothing matters
-    ])
+    drop = np.array(
+        [
+            [0.60, 0.02, 0.00, -0.01],  # one head carries the layer
+            [0.10, 0.10, 0.10, 0.10],  # spread evenly
+            [0.00, -0.02, 0.00, -0.01],  # nothing matters
+        ]
+    )
     index = deposit_index(drop)
     np.testing.assert_allclose(index[:2], [0.60 / 0.62, 0.25])
     assert np.isnan(index[2])
@@ -217,7 +221,7 @@ def _lstsq_shares(w: np.ndarray, causal: bool) -> tuple[float, float]:
     T = w.shape[0]
     i, j = np.nonzero(np.tril(np.ones((T, T))) if causal else np.ones((T, T)))
     y = w[i, j]
-    onehot = lambda idx, n: np.eye(n)[idx]  # noqa: E731
+    onehot = lambda idx, n: np.eye(n)[idx]
     design_a = onehot(i - j + T - 1, 2 * T - 1)
     full = np.hstack([design_a, onehot(i, T), onehot(j, T)])
     sst = ((y - y.mean()) ** 2).sum()
@@ -262,10 +266,21 @@ def test_training_is_deterministic_and_learns():
     runs = []
     for _ in range(2):
         torch.manual_seed(1)
-        m = Classifier(vocab_size=16, n_classes=9, max_len=12, pe="nope", n_layers=1, n_heads=2, d_model=16,
-                       d_ff=32, dropout=0.1)
-        curves = train(m, load_split(data, 0, "cpu"), load_split(data, 1, "cpu"), epochs=3, batch_size=32,
-                       lr=3e-3, weight_decay=0.0, warmup_fraction=0.1, betas=(0.9, 0.98), seed=1)
+        m = Classifier(
+            vocab_size=16, n_classes=9, max_len=12, pe="nope", n_layers=1, n_heads=2, d_model=16, d_ff=32, dropout=0.1
+        )
+        curves = train(
+            m,
+            load_split(data, 0, "cpu"),
+            load_split(data, 1, "cpu"),
+            epochs=3,
+            batch_size=32,
+            lr=3e-3,
+            weight_decay=0.0,
+            warmup_fraction=0.1,
+            betas=(0.9, 0.98),
+            seed=1,
+        )
         runs.append((m.state_dict(), curves))
     for key, value in runs[0][0].items():
         assert torch.equal(value, runs[1][0][key]), key
@@ -313,3 +328,25 @@ def test_tiny_synthetic_data_matches_its_task_file(synthetic_run):
     fresh = make_task("distance", {"vocab_size": 32, "test_fraction": 0.3, **TINY_SYNTHETIC}, seed=0)
     xr.testing.assert_equal(ds[["tokens", "label", "split"]], fresh[["tokens", "label", "split"]])
     assert math.isclose(float((ds["split"] == TEST).mean()), 0.3, abs_tol=0.01)
+
+
+def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
+    from posgen.synthetic import figures
+
+    root = synthetic_run.workdir / "results/synthetic"
+    training, ablation, toeplitz = (
+        open_dataset(root / f"{n}.nc", lazy=False) for n in ("training", "ablation", "toeplitz")
+    )
+    drawn = {
+        "accuracy": figures.fig_accuracy(training, n_boot=100),
+        "ablation": figures.fig_ablation(ablation, "distance"),
+        "deposit": figures.fig_deposit(ablation),
+        "toeplitz": figures.fig_toeplitz(toeplitz),
+    }
+    for name, fig in drawn.items():
+        assert len(fig.axes) >= 1
+        figures.save_figure(fig, tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").stat().st_size > 5000
+    # two seeds: a real interval around the mean
+    mean, lo, hi = figures.seed_interval([0.2, 0.4], n_boot=200)
+    assert mean == pytest.approx(0.3) and 0.2 <= lo <= mean <= hi <= 0.4

@@ -58,8 +58,9 @@ def _object_strings(ds: xr.Dataset) -> xr.Dataset:
     return ds.assign_coords({k: v.astype(object) for k, v in ds.coords.items() if v.dtype.kind in "US"})
 
 
-def ablation_job(task_path, checkpoints: list, keys: list[tuple[str, int]], out_path, *, device="auto",
-                 config_hash: str = "") -> xr.Dataset:
+def ablation_job(
+    task_path, checkpoints: list, keys: list[tuple[str, int]], out_path, *, device="auto", config_hash: str = ""
+) -> xr.Dataset:
     """Ablate every head of the task's classifiers (``keys`` = (pe, seed) per checkpoint): dims task, pe, seed,
     layer, head."""
     dev = resolve_device(device)
@@ -111,8 +112,16 @@ def toeplitz_of(model, tokens: torch.Tensor, lengths: np.ndarray) -> tuple[np.nd
     return pooled[0], pooled[1]
 
 
-def toeplitz_job(task_path, checkpoints: list, keys: list[tuple[str, int]], out_path, *, n_samples: int,
-                 device="auto", config_hash: str = "") -> xr.Dataset:
+def toeplitz_job(
+    task_path,
+    checkpoints: list,
+    keys: list[tuple[str, int]],
+    out_path,
+    *,
+    n_samples: int,
+    device="auto",
+    config_hash: str = "",
+) -> xr.Dataset:
     """Toeplitz and additive shares of every head of the task's classifiers on the first ``n_samples`` test
     samples (at least 3 real tokens each)."""
     dev = resolve_device(device)
@@ -159,8 +168,11 @@ def gather_training(paths: list, keys: list[tuple[str, str, int]], out_path, **a
     for path, (task, pe, seed) in zip(paths, keys):
         ds = open_dataset(path, lazy=False)
         part = ds[["train_loss", "train_accuracy", "test_accuracy"]]
-        part = part.assign(final_test_accuracy=float(ds.attrs["test_accuracy"]),
-                           train_seconds=float(ds.attrs["train_seconds"]))
+        part = part.assign(
+            final_test_accuracy=float(ds.attrs["test_accuracy"]),
+            chance_accuracy=float(ds.attrs["chance_accuracy"]),
+            train_seconds=float(ds.attrs["train_seconds"]),
+        )
         part.attrs = {}
         parts.append(_key_dims(part, task, pe, seed))
     out = xr.combine_by_coords(parts, combine_attrs="drop")
@@ -168,8 +180,9 @@ def gather_training(paths: list, keys: list[tuple[str, str, int]], out_path, **a
     return _write(out, out_path)
 
 
-def summary_table(training: xr.Dataset, ablation: xr.Dataset, toeplitz: xr.Dataset, n_boot: int = 1000,
-                  seed: int = 0) -> pd.DataFrame:
+def summary_table(
+    training: xr.Dataset, ablation: xr.Dataset, toeplitz: xr.Dataset, n_boot: int = 1000, seed: int = 0
+) -> pd.DataFrame:
     """One row per (task, pe): test accuracy (mean over seeds, 95 % bootstrap interval), chance, and in layer 0 the
     largest drop, the gap to the second, the deposit index, and mean Toeplitz / additive shares."""
     from posgen.synthetic.figures import seed_interval
@@ -181,16 +194,23 @@ def summary_table(training: xr.Dataset, ablation: xr.Dataset, toeplitz: xr.Datas
             mean, lo, hi = seed_interval(acc, n_boot, seed)
             abl = ablation.sel(task=task, pe=pe)
             toe = toeplitz.sel(task=task, pe=pe)
-            rows.append({
-                "task": str(task), "pe": str(pe), "n_seeds": int(np.isfinite(acc).sum()),
-                "test_accuracy": mean, "test_accuracy_lo": lo, "test_accuracy_hi": hi,
-                "layer0_max_drop": float(abl["drop"].isel(layer=0).max("head").mean("seed")),
-                "layer0_top_gap": float(abl["top_gap"].isel(layer=0).mean("seed")),
-                "layer0_deposit_index": float(abl["deposit_index"].isel(layer=0).mean("seed")),
-                "max_drop_any_layer": float(abl["drop"].max(("layer", "head")).mean("seed")),
-                "toeplitz_share": float(toe["toeplitz_share"].mean()),
-                "additive_share": float(toe["additive_share"].mean()),
-            })
+            rows.append(
+                {
+                    "task": str(task),
+                    "pe": str(pe),
+                    "n_seeds": int(np.isfinite(acc).sum()),
+                    "test_accuracy": mean,
+                    "test_accuracy_lo": lo,
+                    "test_accuracy_hi": hi,
+                    "chance_accuracy": float(training["chance_accuracy"].sel(task=task, pe=pe).mean("seed")),
+                    "layer0_max_drop": float(abl["drop"].isel(layer=0).max("head").mean("seed")),
+                    "layer0_top_gap": float(abl["top_gap"].isel(layer=0).mean("seed")),
+                    "layer0_deposit_index": float(abl["deposit_index"].isel(layer=0).mean("seed")),
+                    "max_drop_any_layer": float(abl["drop"].max(("layer", "head")).mean("seed")),
+                    "toeplitz_share": float(toe["toeplitz_share"].mean()),
+                    "additive_share": float(toe["additive_share"].mean()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -198,8 +218,13 @@ def write_summary(training_path, ablation_path, toeplitz_path, csv_path, n_boot:
     """``summary.csv`` from the gathered NetCDFs (:func:`summary_table`)."""
     from posgen.store import atomic_path
 
-    table = summary_table(open_dataset(training_path, lazy=False), open_dataset(ablation_path, lazy=False),
-                          open_dataset(toeplitz_path, lazy=False), n_boot, seed)
+    table = summary_table(
+        open_dataset(training_path, lazy=False),
+        open_dataset(ablation_path, lazy=False),
+        open_dataset(toeplitz_path, lazy=False),
+        n_boot,
+        seed,
+    )
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")
     return table

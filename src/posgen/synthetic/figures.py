@@ -82,8 +82,9 @@ def fig_ablation(ablation: xr.Dataset, task: str) -> Figure:
     pes = list(drop["pe"].values)
     cols = min(len(pes), 5)
     rows = int(np.ceil(len(pes) / cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 1.5 * rows + 0.4), squeeze=False, sharex=True,
-                             sharey=True)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(PAGE_WIDTH, 1.5 * rows + 0.4), squeeze=False, sharex=True, sharey=True
+    )
     limit = max(float(np.nanmax(np.abs(drop.values))), 1.0)
     for ax, pe in zip(axes.flat, pes):
         image = ax.imshow(drop.sel(pe=pe).values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
@@ -91,7 +92,7 @@ def fig_ablation(ablation: xr.Dataset, task: str) -> Figure:
         ax.grid(False)
         _integer_ticks(ax.xaxis)
         _integer_ticks(ax.yaxis)
-    for ax in axes.flat[len(pes):]:
+    for ax in axes.flat[len(pes) :]:
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("layer")
@@ -129,8 +130,9 @@ def fig_toeplitz(toeplitz: xr.Dataset) -> Figure:
         sel = toeplitz.sel(task=task)
         pes = list(sel["pe"].values)
         x = np.arange(len(pes))
-        for offset, (name, label) in zip([-0.2, 0.2], [("toeplitz_share", "a(i-j)"),
-                                                       ("additive_share", "a(i-j)+b(i)+c(j)")]):
+        for offset, (name, label) in zip(
+            [-0.2, 0.2], [("toeplitz_share", "a(i-j)"), ("additive_share", "a(i-j)+b(i)+c(j)")]
+        ):
             values = sel[name].mean(("seed", "layer", "head")).values
             ax.bar(x + offset, values, 0.4, label=label)
         ax.set_xticks(x, pes, rotation=40, ha="right")
@@ -148,15 +150,23 @@ def reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
         key = (row["task"], row["pe"])
         paper_acc, paper_note = PAPER_ACCURACY.get(key, (None, ""))
         paper_drop, drop_note = PAPER_DEPOSIT.get(key, (None, ""))
-        rows.append({
-            "task": row["task"], "pe": row["pe"],
-            "paper_accuracy": np.nan if paper_acc is None else paper_acc, "paper_note": paper_note,
-            "accuracy": 100 * row["test_accuracy"], "accuracy_lo": 100 * row["test_accuracy_lo"],
-            "accuracy_hi": 100 * row["test_accuracy_hi"], "n_seeds": row["n_seeds"],
-            "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop, "paper_deposit_note": drop_note,
-            "layer0_max_drop": 100 * row["layer0_max_drop"], "layer0_top_gap": 100 * row["layer0_top_gap"],
-            "layer0_deposit_index": row["layer0_deposit_index"],
-        })
+        rows.append(
+            {
+                "task": row["task"],
+                "pe": row["pe"],
+                "paper_accuracy": np.nan if paper_acc is None else paper_acc,
+                "paper_note": paper_note,
+                "accuracy": 100 * row["test_accuracy"],
+                "accuracy_lo": 100 * row["test_accuracy_lo"],
+                "accuracy_hi": 100 * row["test_accuracy_hi"],
+                "n_seeds": row["n_seeds"],
+                "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop,
+                "paper_deposit_note": drop_note,
+                "layer0_max_drop": 100 * row["layer0_max_drop"],
+                "layer0_top_gap": 100 * row["layer0_top_gap"],
+                "layer0_deposit_index": row["layer0_deposit_index"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -177,11 +187,24 @@ def reproduction_markdown(rows: pd.DataFrame) -> str:
         "|---|---|---|---:|---|---:|---:|---:|",
     ]
     for _, r in rows.iterrows():
-        paper = " ".join(x for x in [num(r["paper_accuracy"]) if np.isfinite(r["paper_accuracy"]) else "",
-                                     r["paper_note"]] if x) or "-"
+        paper = (
+            " ".join(
+                x for x in [num(r["paper_accuracy"]) if np.isfinite(r["paper_accuracy"]) else "", r["paper_note"]] if x
+            )
+            or "-"
+        )
         ci = f" [{num(r['accuracy_lo'])}, {num(r['accuracy_hi'])}]" if np.isfinite(r["accuracy_lo"]) else ""
-        paper_drop = " ".join(x for x in [num(r["paper_layer0_max_drop"]) if np.isfinite(r["paper_layer0_max_drop"])
-                                          else "", r["paper_deposit_note"]] if x) or "-"
+        paper_drop = (
+            " ".join(
+                x
+                for x in [
+                    num(r["paper_layer0_max_drop"]) if np.isfinite(r["paper_layer0_max_drop"]) else "",
+                    r["paper_deposit_note"],
+                ]
+                if x
+            )
+            or "-"
+        )
         lines.append(
             f"| {r['task']} | {r['pe']} | {paper} | {num(r['accuracy'])}{ci} | {paper_drop} | "
             f"{num(r['layer0_max_drop'])} | {num(r['layer0_top_gap'])} | {num(r['layer0_deposit_index'], '{:.2f}')} |"

@@ -58,15 +58,39 @@ class EncoderLayer(nn.Module):
 
 
 class Classifier(nn.Module):
-    def __init__(self, *, vocab_size: int, n_classes: int, max_len: int, pe: str, n_layers: int, n_heads: int,
-                 d_model: int, d_ff: int, dropout: float, faithful: bool = False, rope_heads: int = 1,
-                 rope_base: float = 10000.0):
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        n_classes: int,
+        max_len: int,
+        pe: str,
+        n_layers: int,
+        n_heads: int,
+        d_model: int,
+        d_ff: int,
+        dropout: float,
+        faithful: bool = False,
+        rope_heads: int = 1,
+        rope_base: float = 10000.0,
+    ):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"synthetic.model.d_model: {d_model} is not a multiple of n_heads {n_heads}")
-        self.config = dict(vocab_size=vocab_size, n_classes=n_classes, max_len=max_len, pe=pe, n_layers=n_layers,
-                           n_heads=n_heads, d_model=d_model, d_ff=d_ff, dropout=dropout, faithful=faithful,
-                           rope_heads=rope_heads, rope_base=rope_base)
+        self.config = dict(
+            vocab_size=vocab_size,
+            n_classes=n_classes,
+            max_len=max_len,
+            pe=pe,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            d_model=d_model,
+            d_ff=d_ff,
+            dropout=dropout,
+            faithful=faithful,
+            rope_heads=rope_heads,
+            rope_base=rope_base,
+        )
         self.dims = Dims(n_layers, n_heads, d_model, max_len, faithful, rope_heads, rope_base)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.pe = make_pe(pe, self.dims)

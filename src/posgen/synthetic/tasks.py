@@ -23,7 +23,9 @@ TRAIN, TEST = 0, 1  # values of the ``split`` variable
 
 def _fillers(rng: np.random.Generator, first_filler: int, vocab_size: int, shape) -> np.ndarray:
     if vocab_size <= first_filler:
-        raise ValueError(f"synthetic.vocab_size: {vocab_size} leaves no filler token (triggers use ids < {first_filler})")
+        raise ValueError(
+            f"synthetic.vocab_size: {vocab_size} leaves no filler token (triggers use ids < {first_filler})"
+        )
     return rng.integers(first_filler, vocab_size, size=shape)
 
 
@@ -41,12 +43,19 @@ def distance_task(rng: np.random.Generator, n_samples: int, max_side: int, max_m
     tokens[rows, first] = 1
     tokens[rows, second] = 2
     tokens[np.arange(n_tokens)[None, :] >= length[:, None]] = PAD
-    return {"tokens": tokens, "label": second - first, "length": length, "first": first, "second": second,
-            "n_classes": max_middle + 2}
+    return {
+        "tokens": tokens,
+        "label": second - first,
+        "length": length,
+        "first": first,
+        "second": second,
+        "n_classes": max_middle + 2,
+    }
 
 
-def count_task(rng: np.random.Generator, n_samples: int, seq_len: int, n_triggers: int, max_count: int,
-               vocab_size: int) -> dict:
+def count_task(
+    rng: np.random.Generator, n_samples: int, seq_len: int, n_triggers: int, max_count: int, vocab_size: int
+) -> dict:
     """Tokens (sample, token), labels and lengths of the count task."""
     if max_count > seq_len:
         raise ValueError(f"synthetic.count.max_count: {max_count} exceeds synthetic.count.seq_len {seq_len}")
@@ -69,8 +78,9 @@ def make_task(task: str, options: dict, seed: int) -> xr.Dataset:
         data = distance_task(rng, sizes["n_samples"], sizes["max_side"], sizes["max_middle"], vocab_size)
     elif task == "count":
         sizes = options["count"]
-        data = count_task(rng, sizes["n_samples"], sizes["seq_len"], sizes["n_triggers"], sizes["max_count"],
-                          vocab_size)
+        data = count_task(
+            rng, sizes["n_samples"], sizes["seq_len"], sizes["n_triggers"], sizes["max_count"], vocab_size
+        )
     else:
         raise ValueError(f"synthetic.tasks: unknown task {task!r} (expected distance or count)")
     n_samples = len(data["label"])
@@ -86,8 +96,15 @@ def make_task(task: str, options: dict, seed: int) -> xr.Dataset:
     for name in ("first", "second"):
         if name in data:
             variables[f"trigger_{name}"] = ("sample", data[name].astype(np.int32))
-    attrs = provenance(task=task, data_seed=seed, n_classes=int(data["n_classes"]), vocab_size=vocab_size,
-                       pad_id=PAD, sizes=sizes, test_fraction=options["test_fraction"])
+    attrs = provenance(
+        task=task,
+        data_seed=seed,
+        n_classes=int(data["n_classes"]),
+        vocab_size=vocab_size,
+        pad_id=PAD,
+        sizes=sizes,
+        test_fraction=options["test_fraction"],
+    )
     return xr.Dataset(variables, attrs=attrs)
 
 

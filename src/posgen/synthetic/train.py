@@ -32,8 +32,10 @@ def load_split(data: xr.Dataset, split: int, device) -> tuple[torch.Tensor, torc
     tokens = np.asarray(data["tokens"].values)[chosen]
     length = int(np.asarray(data["length"].values)[chosen].max())
     labels = np.asarray(data["label"].values)[chosen]
-    return (torch.as_tensor(tokens[:, :length], dtype=torch.long, device=device),
-            torch.as_tensor(labels, dtype=torch.long, device=device))
+    return (
+        torch.as_tensor(tokens[:, :length], dtype=torch.long, device=device),
+        torch.as_tensor(labels, dtype=torch.long, device=device),
+    )
 
 
 def batch_tokens(tokens: torch.Tensor, faithful: bool) -> torch.Tensor:
@@ -64,8 +66,21 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def train(model: Classifier, train_set, test_set, *, epochs: int, batch_size: int, lr: float, weight_decay: float,
-          warmup_fraction: float, betas, seed: int, desc: str = "train", eval_batch_size: int = 1024) -> dict:
+def train(
+    model: Classifier,
+    train_set,
+    test_set,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    weight_decay: float,
+    warmup_fraction: float,
+    betas,
+    seed: int,
+    desc: str = "train",
+    eval_batch_size: int = 1024,
+) -> dict:
     """Train in place; returns per-epoch curves (train loss, train and test accuracy) and timing."""
     tokens, labels = train_set
     n = len(labels)
@@ -106,14 +121,33 @@ def train(model: Classifier, train_set, test_set, *, epochs: int, batch_size: in
 def model_config(options: dict, data: xr.Dataset, pe: str) -> dict:
     """Classifier keyword arguments from the ``synthetic`` config section and the task's data set."""
     m = options["model"]
-    return dict(vocab_size=int(data.attrs["vocab_size"]), n_classes=int(data.attrs["n_classes"]),
-                max_len=int(data.sizes["token"]), pe=pe, n_layers=m["n_layers"], n_heads=m["n_heads"],
-                d_model=m["d_model"], d_ff=m["d_ff"], dropout=m["dropout"], faithful=options["faithful"],
-                rope_heads=options["rope_heads"], rope_base=float(options["rope_base"]))
+    return dict(
+        vocab_size=int(data.attrs["vocab_size"]),
+        n_classes=int(data.attrs["n_classes"]),
+        max_len=int(data.sizes["token"]),
+        pe=pe,
+        n_layers=m["n_layers"],
+        n_heads=m["n_heads"],
+        d_model=m["d_model"],
+        d_ff=m["d_ff"],
+        dropout=m["dropout"],
+        faithful=options["faithful"],
+        rope_heads=options["rope_heads"],
+        rope_base=float(options["rope_base"]),
+    )
 
 
-def train_job(task_path, checkpoint_path, curves_path, *, pe: str, seed: int, options: dict, device: str = "auto",
-              config_hash: str = "") -> xr.Dataset:
+def train_job(
+    task_path,
+    checkpoint_path,
+    curves_path,
+    *,
+    pe: str,
+    seed: int,
+    options: dict,
+    device: str = "auto",
+    config_hash: str = "",
+) -> xr.Dataset:
     """Train one (task, pe, seed) classifier; write its checkpoint and its curves NetCDF."""
     dev = resolve_device(device)
     data = open_dataset(task_path, lazy=False)
@@ -123,25 +157,52 @@ def train_job(task_path, checkpoint_path, curves_path, *, pe: str, seed: int, op
     model = build(config).to(dev)
     train_set, test_set = load_split(data, TRAIN, dev), load_split(data, TEST, dev)
     t = options["train"]
-    curves = train(model, train_set, test_set, epochs=t["epochs"], batch_size=t["batch_size"], lr=t["lr"],
-                   weight_decay=t["weight_decay"], warmup_fraction=t["warmup_fraction"], betas=t["betas"],
-                   seed=seed, desc=f"train {task}/{pe}/seed{seed}")
+    curves = train(
+        model,
+        train_set,
+        test_set,
+        epochs=t["epochs"],
+        batch_size=t["batch_size"],
+        lr=t["lr"],
+        weight_decay=t["weight_decay"],
+        warmup_fraction=t["warmup_fraction"],
+        betas=t["betas"],
+        seed=seed,
+        desc=f"train {task}/{pe}/seed{seed}",
+    )
     with atomic_path(checkpoint_path) as tmp:
         torch.save({"config": config, "state_dict": model.state_dict(), "task": task, "seed": seed}, tmp)
     steps = np.arange(1, t["epochs"] + 1)
+    # the best constant guess: the test split's most frequent label
+    majority = float(np.bincount(test_set[1].cpu().numpy()).max() / len(test_set[1]))
     ds = xr.Dataset(
-        {name: ("step", np.asarray(curves[name], dtype=np.float64)) for name in
-         ("train_loss", "train_accuracy", "test_accuracy")},
+        {
+            name: ("step", np.asarray(curves[name], dtype=np.float64))
+            for name in ("train_loss", "train_accuracy", "test_accuracy")
+        },
         coords={"step": steps},
-        attrs=provenance(task=task, pe=pe, seed=seed, model_config=config, train=t, device=str(dev),
-                         train_seconds=curves["seconds"], samples_per_second=curves["samples_per_second"],
-                         test_accuracy=curves["test_accuracy"][-1], n_train=len(train_set[1]),
-                         n_test=len(test_set[1]), config_hash=config_hash),
+        attrs=provenance(
+            task=task,
+            pe=pe,
+            seed=seed,
+            model_config=config,
+            train=t,
+            device=str(dev),
+            train_seconds=curves["seconds"],
+            samples_per_second=curves["samples_per_second"],
+            test_accuracy=curves["test_accuracy"][-1],
+            chance_accuracy=majority,
+            n_train=len(train_set[1]),
+            n_test=len(test_set[1]),
+            config_hash=config_hash,
+        ),
     )
     ds["step"].attrs["long_name"] = "epoch"
     write_netcdf(ds, curves_path)
-    print(f"{task}/{pe}/seed{seed}: test accuracy {curves['test_accuracy'][-1]:.4f} "
-          f"({curves['seconds']:.1f} s, {curves['samples_per_second']:.0f} samples/s)")
+    print(
+        f"{task}/{pe}/seed{seed}: test accuracy {curves['test_accuracy'][-1]:.4f} "
+        f"({curves['seconds']:.1f} s, {curves['samples_per_second']:.0f} samples/s)"
+    )
     return ds
 
 
