@@ -120,7 +120,7 @@ def test_t5_and_alibi_biases_are_exactly_toeplitz():
     with torch.no_grad():
         t5.beta.normal_()
     for layer in range(2):
-        bias = t5.bias(layer, 10)
+        bias = t5.bias(layer, 10).detach()
         assert bias.shape == (4, 10, 10) and _is_toeplitz(bias)
         assert torch.equal(bias[:, 7, 2], t5.beta[layer, :, 10 - 1 + 5])
     alibi = make_pe("alibi", dims).bias(0, 10)
