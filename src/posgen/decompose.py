@@ -353,23 +353,38 @@ class AdditiveDesign:
     Unknowns: a_delta (delta = 0 .. n_delta - 1), b_i, c_j. The design has a 3-dim null space (constants
     moved between a, b, c, and the linear trend a + l*delta, b - l*i, c + l*j); b is eliminated exactly
     (its block is diagonal) and a_0 and c at the first and last counted key columns are fixed to 0.
+
+    ``causal=False`` fits the full bidirectional T x T matrix (no window, no sink handling): a has one entry
+    per signed distance, stored at index ``delta mod (2T - 1)`` (0 .. T-1, then -(T-1) .. -1; ``deltas``),
+    so a_0 stays at index 0. Its mask products are dense matrix products (small T); the causal path is the
+    O(T) prefix-sum one, unchanged.
     """
 
-    def __init__(self, n_tokens: int, window: int, sink: str, device):
+    def __init__(self, n_tokens: int, window: int, sink: str, device, causal: bool = True):
         T = n_tokens
         if T < 3 or (window and window < 2):
             raise ValueError(f"additive fit needs >= 3 tokens and a window >= 2 (got T={T}, window={window})")
+        if not causal and (window or sink != "with"):
+            raise ValueError(f"bidirectional additive fit takes no window and sink 'with' (got {window}, {sink!r})")
         f64 = torch.float64
-        info = MaskInfo(T, window)
-        self.n_tokens, self.window, self.sink = T, window, sink
-        self.n_delta = window or T
-        M = info.bool(sink, device).to(f64)
+        self.n_tokens, self.window, self.sink, self.causal = T, window, sink, causal
+        if causal:
+            self.n_delta = window or T
+            self.deltas = torch.arange(self.n_delta, device=device)
+            M = MaskInfo(T, window).bool(sink, device).to(f64)
+        else:
+            self.n_delta = 2 * T - 1
+            index = torch.arange(self.n_delta, device=device)
+            self.deltas = torch.where(index < T, index, index - self.n_delta)  # signed i - j per a index
+            M = torch.ones(T, T, dtype=f64, device=device)
         nab = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, i] = M[i, i - delta]
         nac = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, j] = M[j + delta, j]
-        for delta in range(self.n_delta):
+        for index, delta in enumerate(self.deltas.tolist()):
             diag = torch.diagonal(M, -delta)
-            nab[delta, delta:] = diag
-            nac[delta, : T - delta] = diag
+            nab[index, max(delta, 0) : T + min(delta, 0)] = diag
+            nac[index, max(-delta, 0) : T - max(delta, 0)] = diag
+        if not causal:
+            self._dense = (nab, nac, M)  # mask blocks for the products below
         self.cnt_a, self.cnt_b, self.cnt_c = nab.sum(1), M.sum(1), M.sum(0)
         self.inv_b = torch.where(self.cnt_b > 0, 1.0 / self.cnt_b.clamp(min=1), torch.zeros_like(self.cnt_b))
         # reduced system on z = (a, c) after eliminating b; e[z, i] couples z with b (dense only here)
@@ -396,7 +411,7 @@ class AdditiveDesign:
         # sides, on GPUs above all); iterative refinement in ``fit`` removes its extra rounding
         self.inverse = torch.cholesky_inverse(chol)
         # null space of the design (constants a<->b, b<->c, linear trend), on the counted unknowns
-        delta = torch.arange(self.n_delta, device=device, dtype=f64)
+        delta = self.deltas.to(f64)
         tok = torch.arange(T, device=device, dtype=f64)
         zero_a, zero_t, one_a, one_t = torch.zeros_like(delta), torch.zeros_like(tok), torch.ones_like(delta), torch.ones_like(tok)
         null = torch.stack([
@@ -415,7 +430,7 @@ class AdditiveDesign:
         residual measures the solve.
         """
         diag, rows, cols, col0 = (t.double() for t in sums)
-        ra = diag[:, : self.n_delta]
+        ra = diag[:, : self.n_delta]  # bidirectional: every signed diagonal, in the order of ``deltas``
         if self.sink == "without":
             ra = ra - col0[:, : self.n_delta]
             rows = rows - col0
@@ -430,10 +445,14 @@ class AdditiveDesign:
         return torch.nn.functional.pad(torch.cumsum(v, -1), (1, 0))  # [k] = sum of v[:k]
 
     def nab(self, b):
+        if not self.causal:
+            return b @ self._dense[0].T
         out = self._prefix(b)[..., -1:] - self._prefix(b)[..., : self.n_delta]  # sum_{i >= delta} b_i
         return out - b[..., : self.n_delta] if self.sink == "without" else out
 
     def nab_t(self, a):
+        if not self.causal:
+            return a @ self._dense[0]
         T, nd = self.n_tokens, self.n_delta
         idx = torch.arange(T, device=a.device).clamp(max=nd - 1) + 1
         out = self._prefix(a)[..., idx]  # sum_{delta <= min(i, nd - 1)} a_delta
@@ -442,11 +461,15 @@ class AdditiveDesign:
         return out
 
     def nac(self, c):
+        if not self.causal:
+            return c @ self._dense[1].T
         T, nd = self.n_tokens, self.n_delta
         out = self._prefix(c)[..., T - torch.arange(nd, device=c.device)]  # sum_{j <= T - 1 - delta} c_j
         return out - c[..., :1] if self.sink == "without" else out
 
     def nac_t(self, a):
+        if not self.causal:
+            return a @ self._dense[1]
         T, nd = self.n_tokens, self.n_delta
         idx = (T - 1 - torch.arange(T, device=a.device)).clamp(max=nd - 1) + 1
         out = self._prefix(a)[..., idx]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
@@ -456,6 +479,8 @@ class AdditiveDesign:
         return out
 
     def m(self, c):
+        if not self.causal:
+            return c @ self._dense[2].T
         T, nd = self.n_tokens, self.n_delta
         i = torch.arange(T, device=c.device)
         pre = self._prefix(c)
@@ -465,6 +490,8 @@ class AdditiveDesign:
         return out
 
     def m_t(self, b):
+        if not self.causal:
+            return b @ self._dense[2]
         T, nd = self.n_tokens, self.n_delta
         j = torch.arange(T, device=b.device)
         pre = self._prefix(b)
@@ -1071,3 +1098,35 @@ def decompose_store(
     ds.close()
     write_netcdf(out, out_path)
     return out
+
+
+# ------------------------------------------------------------------------------ Toeplitz shares
+
+
+def toeplitz_shares(logits: torch.Tensor, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Variance shares of the best ``a(i-j)`` and of the best ``a(i-j) + b(i) + c(j)`` fit of logit matrices.
+
+    ``logits (..., T, T)``; with ``causal`` only the entries j <= i count, else all (bidirectional). Shares are
+    ``1 - SSE / SST`` over the counted entries, float64, shaped ``logits.shape[:-2]``; NaN for a constant
+    matrix. The best Toeplitz fit is the mean of each diagonal; the additive fit is :class:`AdditiveDesign`.
+    """
+    T = logits.shape[-1]
+    lead = logits.shape[:-2]
+    design = AdditiveDesign(T, 0, "with", logits.device, causal=causal)
+    mask = causal_mask(T, 0, logits.device) if causal else torch.ones(T, T, dtype=torch.bool, device=logits.device)
+    n = mask.sum().double()
+    w = logits.reshape(-1, T, T).double() * mask  # (m, T, T), zero outside the mask
+    # shares are shift invariant; centring keeps the sums of squares below from cancelling
+    w = (w - (w.sum((-1, -2)) / n)[:, None, None]) * mask
+    sst = (w * w).sum((-1, -2))  # (m,)
+    diag = torch.stack([torch.diagonal(w, -d, dim1=-2, dim2=-1).sum(-1) for d in design.deltas.tolist()], -1)
+    rows, cols, col0 = w.sum(-1), w.sum(-2), w[..., :, 0]  # (m, T) each
+    # diagonal means: explained sum of squares sum_delta (diagonal sum)^2 / count (the overall mean is 0)
+    toeplitz_ss = (diag * diag / design.cnt_a.clamp(min=1)).sum(-1)  # (m,)
+    _, _, sums = design.fit(*design.rhs((diag, rows, cols, col0)))
+    additive_ss = sums["sum_yy"] - sums["sum_y"] ** 2 / n  # (m,)
+    nan = torch.full_like(sst, float("nan"))
+    positive = sst > 1e-300
+    toeplitz = torch.where(positive, toeplitz_ss / sst.clamp(min=1e-300), nan)
+    additive = torch.where(positive, additive_ss / sst.clamp(min=1e-300), nan)
+    return toeplitz.reshape(lead), additive.reshape(lead)

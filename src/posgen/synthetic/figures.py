@@ -1,0 +1,212 @@
+"""Drawing functions of the second paper's family and its reproduction rows, in the house style of
+``posgen.figures`` (``style``, ``save_figure``). Inputs are the gathered NetCDFs of ``rules/synthetic.smk``:
+``training.nc`` (task, pe, seed, step), ``ablation.nc`` and ``toeplitz.nc`` (task, pe, seed, layer, head).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import xarray as xr
+from matplotlib.figure import Figure
+
+from posgen.figures import COLUMN_WIDTH, PAGE_WIDTH, _integer_ticks, _styled, save_figure, style  # noqa: F401
+
+# Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
+# test accuracy in percent; None where only a qualitative statement is known.
+PAPER_ACCURACY = {
+    ("distance", "rope+sinusoidal"): (92.64, "best"),
+    ("count", "rope+sinusoidal"): (69.43, ""),
+    ("distance", "decoupled"): (88.34, ""),
+    ("count", "decoupled"): (97.41, "best"),
+    ("distance", "sinusoidal"): (None, "second best"),
+    ("count", "sinusoidal"): (None, "moderate"),
+    ("distance", "alibi"): (None, "fails"),
+    ("count", "alibi"): (None, "worst"),
+    ("distance", "nope"): (None, "fails"),
+    ("count", "nope"): (77.69, ""),
+}
+PAPER_DEPOSIT = {  # (task, pe): layer-0 largest single-head drop in points, as reported
+    ("distance", "rope+sinusoidal"): (60.0, "one layer-0 head, about 60 points; others barely matter"),
+    ("distance", "nope"): (None, "absent"),
+    ("count", "rope+sinusoidal"): (None, "absent"),
+}
+
+
+def seed_interval(values, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean over seeds and its 95 % percentile bootstrap interval (NaN interval with a single seed)."""
+    try:
+        from posgen.stats import bootstrap_indices, interval
+    except ImportError:  # before the shared stats module lands
+        from posgen.summary import bootstrap_indices, interval
+
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return np.nan, np.nan, np.nan
+    if len(values) == 1:
+        return float(values[0]), np.nan, np.nan
+    idx = bootstrap_indices(len(values), n_boot, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean, lo, hi = interval(lambda v: np.mean(v, axis=0), values, idx)
+    return float(mean), float(lo), float(hi)
+
+
+@_styled
+def fig_accuracy(training: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
+    """Final test accuracy per PE (x) and task (colour), mean over seeds with 95 % bootstrap intervals."""
+    acc = training["final_test_accuracy"]
+    tasks, pes = list(acc["task"].values), list(acc["pe"].values)
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 2.4))
+    width = 0.8 / len(tasks)
+    for t, task in enumerate(tasks):
+        stats = np.array([seed_interval(acc.sel(task=task, pe=pe).values, n_boot, seed) for pe in pes]) * 100
+        x = np.arange(len(pes)) + (t - (len(tasks) - 1) / 2) * width
+        err = np.abs(stats[:, 1:] - stats[:, :1]).T
+        ax.bar(x, stats[:, 0], width, label=task, yerr=np.nan_to_num(err), capsize=2)
+    ax.set_xticks(np.arange(len(pes)), pes, rotation=30, ha="right")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(title="task")
+    return fig
+
+
+@_styled
+def fig_ablation(ablation: xr.Dataset, task: str) -> Figure:
+    """Accuracy drop (points) when one head is ablated, layer x head, one panel per PE (mean over seeds)."""
+    drop = ablation["drop"].sel(task=task).mean("seed") * 100
+    pes = list(drop["pe"].values)
+    cols = min(len(pes), 5)
+    rows = int(np.ceil(len(pes) / cols))
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(PAGE_WIDTH, 1.5 * rows + 0.4), squeeze=False, sharex=True, sharey=True
+    )
+    limit = max(float(np.nanmax(np.abs(drop.values))), 1.0)
+    for ax, pe in zip(axes.flat, pes):
+        image = ax.imshow(drop.sel(pe=pe).values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+        ax.set_title(pe)
+        ax.grid(False)
+        _integer_ticks(ax.xaxis)
+        _integer_ticks(ax.yaxis)
+    for ax in axes.flat[len(pes) :]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("layer")
+    for ax in axes[-1]:
+        ax.set_xlabel("head")
+    fig.colorbar(image, ax=axes, label="accuracy drop (points)", shrink=0.8)
+    fig.suptitle(f"single-head ablation, {task} task")
+    return fig
+
+
+@_styled
+def fig_deposit(ablation: xr.Dataset) -> Figure:
+    """Deposit index (max drop / sum of positive drops) per layer, one line per PE, one panel per task."""
+    tasks = list(ablation["task"].values)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(PAGE_WIDTH, 2.2), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        index = ablation["deposit_index"].sel(task=task).mean("seed")
+        for pe in index["pe"].values:
+            ax.plot(index["layer"], index.sel(pe=pe), marker="o", label=str(pe))
+        ax.set_title(task)
+        ax.set_xlabel("layer")
+        _integer_ticks(ax.xaxis)
+    axes[0, 0].set_ylabel("deposit index")
+    axes[0, 0].set_ylim(0, 1.05)
+    axes[0, -1].legend(fontsize=6, ncols=2)
+    return fig
+
+
+@_styled
+def fig_toeplitz(toeplitz: xr.Dataset) -> Figure:
+    """Variance shares of the a(i-j) and a(i-j)+b(i)+c(j) fits per PE (mean over layers, heads, seeds)."""
+    tasks = list(toeplitz["task"].values)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(PAGE_WIDTH, 2.4), sharey=True, squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        sel = toeplitz.sel(task=task)
+        pes = list(sel["pe"].values)
+        x = np.arange(len(pes))
+        for offset, (name, label) in zip(
+            [-0.2, 0.2], [("toeplitz_share", "a(i-j)"), ("additive_share", "a(i-j)+b(i)+c(j)")]
+        ):
+            values = sel[name].mean(("seed", "layer", "head")).values
+            ax.bar(x + offset, values, 0.4, label=label)
+        ax.set_xticks(x, pes, rotation=40, ha="right")
+        ax.set_title(task)
+        ax.set_ylim(0, 1)
+    axes[0, 0].set_ylabel("variance share of the logits")
+    axes[0, -1].legend()
+    return fig
+
+
+def reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The second paper's reported numbers beside ours, one row per (task, pe) of ``summary.csv``."""
+    rows = []
+    for _, row in summary.iterrows():
+        key = (row["task"], row["pe"])
+        paper_acc, paper_note = PAPER_ACCURACY.get(key, (None, ""))
+        paper_drop, drop_note = PAPER_DEPOSIT.get(key, (None, ""))
+        rows.append(
+            {
+                "task": row["task"],
+                "pe": row["pe"],
+                "paper_accuracy": np.nan if paper_acc is None else paper_acc,
+                "paper_note": paper_note,
+                "accuracy": 100 * row["test_accuracy"],
+                "accuracy_lo": 100 * row["test_accuracy_lo"],
+                "accuracy_hi": 100 * row["test_accuracy_hi"],
+                "n_seeds": row["n_seeds"],
+                "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop,
+                "paper_deposit_note": drop_note,
+                "layer0_max_drop": 100 * row["layer0_max_drop"],
+                "layer0_top_gap": 100 * row["layer0_top_gap"],
+                "layer0_deposit_index": row["layer0_deposit_index"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def reproduction_markdown(rows: pd.DataFrame) -> str:
+    """Markdown of :func:`reproduction_rows` (accuracies and drops in percentage points)."""
+
+    def num(value, fmt="{:.1f}"):
+        return "-" if not np.isfinite(value) else fmt.format(value)
+
+    lines = [
+        "# Reproduction of arXiv 2505.13027 (positional encodings on synthetic tasks)",
+        "",
+        "Test accuracy (%) and the layer-0 single-head ablation (largest drop and its gap to the second, in "
+        "points; deposit index = max drop / sum of positive drops). Paper numbers from secondary notes; their "
+        "'rope' is our rope+sinusoidal. Our intervals: 95 % bootstrap over seeds (none with one seed).",
+        "",
+        "| task | PE | paper acc. | ours acc. [95 % CI] | paper layer-0 drop | ours layer-0 drop | gap | deposit idx |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
+    for _, r in rows.iterrows():
+        paper = (
+            " ".join(
+                x for x in [num(r["paper_accuracy"]) if np.isfinite(r["paper_accuracy"]) else "", r["paper_note"]] if x
+            )
+            or "-"
+        )
+        ci = f" [{num(r['accuracy_lo'])}, {num(r['accuracy_hi'])}]" if np.isfinite(r["accuracy_lo"]) else ""
+        paper_drop = (
+            " ".join(
+                x
+                for x in [
+                    num(r["paper_layer0_max_drop"]) if np.isfinite(r["paper_layer0_max_drop"]) else "",
+                    r["paper_deposit_note"],
+                ]
+                if x
+            )
+            or "-"
+        )
+        lines.append(
+            f"| {r['task']} | {r['pe']} | {paper} | {num(r['accuracy'])}{ci} | {paper_drop} | "
+            f"{num(r['layer0_max_drop'])} | {num(r['layer0_top_gap'])} | {num(r['layer0_deposit_index'], '{:.2f}')} |"
+        )
+    return "\n".join(lines) + "\n"
