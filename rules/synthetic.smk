@@ -1,11 +1,14 @@
-# The second paper's family (science.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks,
+# The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks,
 # one training job per (task, pe, seed); per-task ablation and Toeplitz jobs; gathered NetCDFs and a summary.
 
 SYN = config["synthetic"]
 SYN_TASKS, SYN_PES, SYN_SEEDS = SYN["tasks"], SYN["pes"], SYN["seeds"]
 SYN_DATA_KEYS = ["data_seed", "vocab_size", "test_fraction", "distance", "count"]
 SYN_MODEL_KEYS = ["model", "train", "faithful", "rope_heads", "rope_base"]
-SYN_HASH = config_hash(config, ["synthetic"])
+# config leaves each step reads (its config_hash covers exactly these; see rules/common.smk)
+SYN_DATA_LEAVES = [f"synthetic.{key}" for key in SYN_DATA_KEYS]
+SYN_TRAIN_LEAVES = SYN_DATA_LEAVES + [f"synthetic.{key}" for key in SYN_MODEL_KEYS] + ["device"]
+SYN_ALL_LEAVES = SYN_TRAIN_LEAVES + ["synthetic.tasks", "synthetic.pes", "synthetic.seeds"]
 SYN_CLASSIFIERS = [(pe, seed) for pe in SYN_PES for seed in SYN_SEEDS]  # expand order of pe, seed below
 SYN_CONSTRAINTS = {
     "task": "|".join(SYN_TASKS),
@@ -25,6 +28,7 @@ rule synthetic_tasks:
         **SYN_CONSTRAINTS,
     params:
         options={key: SYN[key] for key in SYN_DATA_KEYS},
+        config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
     threads: 1
     resources:
         mem_mb=2000,
@@ -50,7 +54,7 @@ rule synthetic_train:
     params:
         options={key: SYN[key] for key in SYN_MODEL_KEYS},
         device=config["device"],
-        config_hash=SYN_HASH,
+        config_hash=hash_of(SYN_TRAIN_LEAVES, per_model=False),
     threads: 1
     resources:
         mem_mb=2000,
@@ -76,7 +80,7 @@ rule synthetic_ablate:
     params:
         classifiers=SYN_CLASSIFIERS,
         device=config["device"],
-        config_hash=SYN_HASH,
+        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
     threads: 1
     resources:
         mem_mb=2000,
@@ -103,7 +107,7 @@ rule synthetic_toeplitz:
         classifiers=SYN_CLASSIFIERS,
         n_samples=SYN["toeplitz_samples"],
         device=config["device"],
-        config_hash=SYN_HASH,
+        config_hash=hash_of(SYN_ALL_LEAVES + ["synthetic.toeplitz_samples"], per_model=False),
     threads: 1
     resources:
         mem_mb=2000,
@@ -129,7 +133,7 @@ rule synthetic_gather:
         "benchmarks/synthetic/gather.tsv"
     params:
         classifiers=[(task, pe, seed) for task in SYN_TASKS for pe in SYN_PES for seed in SYN_SEEDS],
-        config_hash=SYN_HASH,
+        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
     threads: 1
     resources:
         mem_mb=2000,
@@ -150,7 +154,7 @@ rule synthetic_summary:
     benchmark:
         "benchmarks/synthetic/summary.tsv"
     params:
-        intervals=config.get("intervals", {"bootstrap": 1000, "seed": 0}),
+        intervals=config["intervals"],
     threads: 1
     resources:
         mem_mb=2000,

@@ -1,6 +1,6 @@
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.synthetic.analysis import toeplitz_job  # noqa: E402
 
 p = snakemake.params

@@ -1,6 +1,6 @@
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.synthetic.train import train_job  # noqa: E402
 
 p, w = snakemake.params, snakemake.wildcards

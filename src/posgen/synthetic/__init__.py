@@ -1,4 +1,4 @@
-"""The second paper's family (arXiv 2505.13027, science.md section 8): which positional encoding learns what on
+"""The second paper's family (arXiv 2505.13027, docs/method.md section 8): which positional encoding learns what on
 two synthetic classification tasks, and where a small encoder puts its positional reasoning.
 
 ``tasks``: the position-sensitive "distance" and position-agnostic "count" data sets; ``pe``: the registry of

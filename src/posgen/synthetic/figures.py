@@ -14,6 +14,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from posgen.figures import COLUMN_WIDTH, PAGE_WIDTH, _integer_ticks, _styled, save_figure, style  # noqa: F401
+from posgen.stats import bootstrap_indices, interval
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -38,11 +39,6 @@ PAPER_DEPOSIT = {  # (task, pe): layer-0 largest single-head drop in points, as 
 
 def seed_interval(values, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean over seeds and its 95 % percentile bootstrap interval (NaN interval with a single seed)."""
-    try:
-        from posgen.stats import bootstrap_indices, interval
-    except ImportError:  # before the shared stats module lands
-        from posgen.summary import bootstrap_indices, interval
-
     values = np.asarray(values, dtype=np.float64)
     values = values[np.isfinite(values)]
     if len(values) == 0:

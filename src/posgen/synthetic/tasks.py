@@ -108,7 +108,9 @@ def make_task(task: str, options: dict, seed: int) -> xr.Dataset:
     return xr.Dataset(variables, attrs=attrs)
 
 
-def write_task(task: str, options: dict, seed: int, path) -> xr.Dataset:
+def write_task(task: str, options: dict, seed: int, path, config_hash: str = "") -> xr.Dataset:
+    """Generate the task and write it to ``path`` (NetCDF), recording the job's config hash."""
     ds = make_task(task, options, seed)
+    ds.attrs["config_hash"] = config_hash
     write_netcdf(ds, path)
     return ds
