@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -31,6 +32,18 @@ def tiny_source(tmp_path_factory):
     return get
 
 
+# small enough for the tiny end-to-end run (about 20 s on 2 cores)
+TINY_SYNTHETIC = {
+    "pes": ["nope", "rope", "alibi", "decoupled"],
+    "seeds": [0, 1],
+    "distance": {"n_samples": 120, "max_side": 3, "max_middle": 5},
+    "count": {"n_samples": 120, "seq_len": 10, "n_triggers": 2, "max_count": 5},
+    "model": {"n_layers": 2, "n_heads": 2, "d_model": 8, "d_ff": 16},
+    "train": {"epochs": 2, "batch_size": 32},
+    "toeplitz_samples": 3,
+}
+
+
 def tiny_config(source_dir: Path, name: str = "tiny-llama") -> dict:
     """A complete workflow config small enough to run end to end in about a minute on 2 cores."""
     return {
@@ -46,6 +59,7 @@ def tiny_config(source_dir: Path, name: str = "tiny-llama") -> dict:
         "decomposition": {"dummy_distances": [0, 100], "dummy_distance": 100},
         "intervals": {"bootstrap": 200},
         "perturb": {"n_samples": 2, "seq_len": 32, "rates": [0, 0.1, 0.5], "caps": [4, 64]},
+        "synthetic": copy.deepcopy(TINY_SYNTHETIC),
     }
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
-from conftest import make_run, tiny_config
+from conftest import TINY_SYNTHETIC
 
 from posgen.decompose import AdditiveDesign, toeplitz_shares
 from posgen.store import open_dataset
@@ -25,16 +25,6 @@ OPTIONS = {
     "test_fraction": 0.3,
     "distance": {"n_samples": 300, "max_side": 4, "max_middle": 6},
     "count": {"n_samples": 300, "seq_len": 12, "n_triggers": 3, "max_count": 8},
-}
-# small enough for the tiny end-to-end run (about 20 s on 2 cores)
-TINY_SYNTHETIC = {
-    "pes": ["nope", "rope", "alibi", "decoupled"],
-    "seeds": [0, 1],
-    "distance": {"n_samples": 120, "max_side": 3, "max_middle": 5},
-    "count": {"n_samples": 120, "seq_len": 10, "n_triggers": 2, "max_count": 5},
-    "model": {"n_layers": 2, "n_heads": 2, "d_model": 8, "d_ff": 16},
-    "train": {"epochs": 2, "batch_size": 32},
-    "toeplitz_samples": 3,
 }
 
 
@@ -292,12 +282,9 @@ def test_training_is_deterministic_and_learns():
 
 
 @pytest.fixture(scope="module")
-def synthetic_run(tmp_path_factory, tiny_source):
-    config = tiny_config(tiny_source("llama"))
-    config["synthetic"] = TINY_SYNTHETIC
-    run = make_run(tmp_path_factory.mktemp("synthetic-workflow"), config)
-    run.snakemake("--cores", "2", "results/synthetic/summary.csv")
-    return run
+def synthetic_run(tiny_workflow):
+    """The synthetic family runs inside the shared tiny end-to-end run (its config has TINY_SYNTHETIC)."""
+    return tiny_workflow
 
 
 def test_tiny_synthetic_run(synthetic_run):
