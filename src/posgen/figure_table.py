@@ -87,6 +87,7 @@ def _row(name, category, inputs, **kw) -> FigureRow:
 _EXAMPLES = "results/{model}/{variant}/examples.nc"
 _DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
 _PERTURB = "results/{model}/{variant}/perturb.nc"
+_ABLATION = "results/synthetic/ablation.nc"
 
 FIGURES = {
     row.name: row
@@ -100,5 +101,16 @@ FIGURES = {
         _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),
         _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True),
         _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True),
+        # the second paper (docs/method.md section 8): PE classifiers on the synthetic tasks
+        _row(
+            "synthetic_accuracy",
+            "10. PE x task: accuracy",
+            {"training": "results/synthetic/training.nc"},
+            scope=GLOBAL,
+            bootstrap=True,
+        ),
+        _row("synthetic_ablation", "11. PE x task: single-head ablation", {"ablation": _ABLATION}, scope=GLOBAL),
+        _row("synthetic_deposit", "12. PE x task: deposit index", {"ablation": _ABLATION}, scope=GLOBAL),
+        _row("synthetic_toeplitz", "13. PE x task: Toeplitz share", {"toeplitz": "results/synthetic/toeplitz.nc"}, scope=GLOBAL),
     ]
 }

@@ -738,9 +738,21 @@ FIGURES = {
     "perturb_fg": Spec(fig_perturb_fg, _load_perturb),
     "cap": Spec(fig_cap, _load_cap),
 }
-if set(FIGURES) != set(FIGURE_TABLE):
-    differ = sorted(set(FIGURES) ^ set(FIGURE_TABLE))
-    raise ImportError(f"posgen.figures.FIGURES and posgen.figure_table.FIGURES differ in {', '.join(differ)}")
+
+
+def registry() -> dict[str, Spec]:
+    """Every figure of the table with its Spec: this family's (FIGURES) and the second family's.
+
+    Raises if the specs and posgen.figure_table disagree, so a table row without a drawing function (or the
+    reverse) fails the first figure job, and the tests.
+    """
+    from posgen.synthetic.figures import FIGURES as SYNTHETIC_FIGURES
+
+    specs = {**FIGURES, **SYNTHETIC_FIGURES}
+    if set(specs) != set(FIGURE_TABLE):
+        differ = sorted(set(specs) ^ set(FIGURE_TABLE))
+        raise KeyError(f"figure specs and posgen.figure_table differ in {', '.join(differ)}")
+    return specs
 
 
 def render(
@@ -758,9 +770,10 @@ def render(
 
     ``n_boot`` and ``seed`` (the `intervals` settings) are used only by figures whose table row bootstraps.
     """
-    if name not in FIGURES:
-        raise KeyError(f"figure {name!r}: unknown (known: {', '.join(FIGURES)})")
-    spec = FIGURES[name]
+    specs = registry()
+    if name not in specs:
+        raise KeyError(f"figure {name!r}: unknown (known: {', '.join(specs)})")
+    spec = specs[name]
     inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
     data = spec.loader(inputs, list(variants or []))
     fig = spec.func(data, n_boot=n_boot, seed=seed) if FIGURE_TABLE[name].bootstrap else spec.func(data)

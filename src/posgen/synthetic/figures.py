@@ -13,7 +13,7 @@ import pandas as pd
 import xarray as xr
 from matplotlib.figure import Figure
 
-from posgen.figures import COLUMN_WIDTH, PAGE_WIDTH, _integer_ticks, _styled, save_figure, style  # noqa: F401
+from posgen.figures import PAGE_WIDTH, Spec, _integer_ticks, _styled
 from posgen.stats import bootstrap_indices, interval
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
@@ -72,30 +72,31 @@ def fig_accuracy(training: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Fig
 
 
 @_styled
-def fig_ablation(ablation: xr.Dataset, task: str) -> Figure:
-    """Accuracy drop (points) when one head is ablated, layer x head, one panel per PE (mean over seeds)."""
-    drop = ablation["drop"].sel(task=task).mean("seed") * 100
-    pes = list(drop["pe"].values)
-    cols = min(len(pes), 5)
-    rows = int(np.ceil(len(pes) / cols))
+def fig_ablation(ablation: xr.Dataset) -> Figure:
+    """Accuracy drop (points) when one head is ablated, layer x head; rows = task, columns = PE (mean over seeds)."""
+    drop = ablation["drop"].mean("seed") * 100
+    tasks, pes = list(drop["task"].values), list(drop["pe"].values)
     fig, axes = plt.subplots(
-        rows, cols, figsize=(PAGE_WIDTH, 1.5 * rows + 0.4), squeeze=False, sharex=True, sharey=True
+        len(tasks),
+        len(pes),
+        figsize=(PAGE_WIDTH, 1.2 * len(tasks) + 0.6),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
     )
     limit = max(float(np.nanmax(np.abs(drop.values))), 1.0)
-    for ax, pe in zip(axes.flat, pes):
-        image = ax.imshow(drop.sel(pe=pe).values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
-        ax.set_title(pe)
-        ax.grid(False)
-        _integer_ticks(ax.xaxis)
-        _integer_ticks(ax.yaxis)
-    for ax in axes.flat[len(pes) :]:
-        ax.set_visible(False)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("layer")
+    for row, task in enumerate(tasks):
+        for col, pe in enumerate(pes):
+            ax = axes[row, col]
+            image = ax.imshow(drop.sel(task=task, pe=pe).values, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+            ax.set_title(pe if row == 0 else "", fontsize=6)
+            ax.grid(False)
+            _integer_ticks(ax.xaxis)
+            _integer_ticks(ax.yaxis)
+        axes[row, 0].set_ylabel(f"{task}\nlayer")
     for ax in axes[-1]:
         ax.set_xlabel("head")
     fig.colorbar(image, ax=axes, label="accuracy drop (points)", shrink=0.8)
-    fig.suptitle(f"single-head ablation, {task} task")
     return fig
 
 
@@ -206,3 +207,23 @@ def reproduction_markdown(rows: pd.DataFrame) -> str:
             f"{num(r['layer0_max_drop'])} | {num(r['layer0_top_gap'])} | {num(r['layer0_deposit_index'], '{:.2f}')} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _open(path) -> xr.Dataset:
+    from posgen.store import open_dataset
+
+    return open_dataset(path, lazy=False)
+
+
+def _load(role: str):
+    """Loader of a figure drawn from one gathered file (inputs: role -> [path])."""
+    return lambda inputs, variants: _open(inputs[role][0])
+
+
+# Figure name -> Spec, one entry per second-family row of posgen.figure_table.
+FIGURES = {
+    "synthetic_accuracy": Spec(fig_accuracy, _load("training")),
+    "synthetic_ablation": Spec(fig_ablation, _load("ablation")),
+    "synthetic_deposit": Spec(fig_deposit, _load("ablation")),
+    "synthetic_toeplitz": Spec(fig_toeplitz, _load("toeplitz")),
+}
