@@ -15,8 +15,8 @@ include: "rules/corpus.smk"
 include: "rules/extract.smk"
 include: "rules/decompose.smk"
 include: "rules/perturb.smk"
-include: "rules/figures.smk"
 include: "rules/synthetic.smk"
+include: "rules/figures.smk"
 
 
 rule all:

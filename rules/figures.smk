@@ -66,15 +66,23 @@ localrules:
 rule reproduction:
     input:
         summary=rules.summary_table.output.csv,
+        synthetic_summary=rules.synthetic_summary.output.csv,
     output:
         csv=report(
             "results/reproduction.csv",
             caption="../report/reproduction.rst",
-            category="0. Reproduction of r = 0.959",
+            category="0. Reproduction tables",
             subcategory="all models",
             labels={"table": "reproduction"},
         ),
         md="results/reproduction.md",
+        synthetic_csv=report(
+            "results/reproduction_synthetic.csv",
+            caption="../report/reproduction_synthetic.rst",
+            category="0. Reproduction tables",
+            subcategory="all models",
+            labels={"table": "reproduction (second paper)"},
+        ),
     log:
         "logs/figures/reproduction.log",
     params:

@@ -780,16 +780,34 @@ def render(
     save_figure(fig, png, pdf, provenance=_stable_provenance(figure=name, **attrs))
 
 
-def write_reproduction(summary_csv: str | Path, csv: str | Path, md: str | Path, **attrs) -> pd.DataFrame:
-    """results/reproduction.csv and .md from results/summary.csv."""
-    path = Path(summary_csv)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
-    table = reproduction_table(pd.read_csv(path))
+def write_reproduction(
+    summary_csv: str | Path,
+    csv: str | Path,
+    md: str | Path,
+    synthetic_summary_csv: str | Path | None = None,
+    synthetic_csv: str | Path | None = None,
+    **attrs,
+) -> pd.DataFrame:
+    """results/reproduction.csv and .md from results/summary.csv; with the second family's summary, its rows
+    (the second paper's numbers beside ours) go to ``synthetic_csv`` and a second section of the Markdown."""
+    from posgen.synthetic.figures import reproduction_markdown as synthetic_markdown
+    from posgen.synthetic.figures import reproduction_rows
+
+    paths = [Path(p) for p in (summary_csv, synthetic_summary_csv) if p is not None]
+    for path in paths:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file")
+    table = reproduction_table(pd.read_csv(summary_csv))
     prov = _stable_provenance(**attrs)
     keep = {k: prov[k] for k in ("config_hash", "posgen_version") if k in prov}
     with atomic_path(csv) as tmp:
         table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
+    text = reproduction_markdown(table, provenance=keep)
+    if synthetic_summary_csv is not None:
+        rows = reproduction_rows(pd.read_csv(synthetic_summary_csv))
+        with atomic_path(synthetic_csv) as tmp:
+            rows.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
+        text += "\n" + synthetic_markdown(rows)
     with atomic_path(md) as tmp:
-        Path(tmp).write_text(reproduction_markdown(table, provenance=keep))
+        Path(tmp).write_text(text)
     return table
