@@ -20,7 +20,8 @@ import xarray as xr
 from posgen.decompose import toeplitz_shares
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.tasks import TEST
-from posgen.synthetic.train import accuracy, load_classifier, load_split, resolve_device
+from posgen.models import resolve_device
+from posgen.synthetic.train import accuracy, load_classifier, load_split
 
 
 def deposit_index(drop: np.ndarray) -> np.ndarray:

@@ -17,13 +17,8 @@ from tqdm import tqdm
 
 from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
 from posgen.synthetic.model import Classifier, build
+from posgen.models import resolve_device
 from posgen.synthetic.tasks import TEST, TRAIN
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def load_split(data: xr.Dataset, split: int, device) -> tuple[torch.Tensor, torch.Tensor]:
