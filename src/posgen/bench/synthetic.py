@@ -23,7 +23,8 @@ from posgen.config import SCHEMA
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
-from posgen.synthetic.train import load_split, model_config, resolve_device, train
+from posgen.models import resolve_device
+from posgen.synthetic.train import load_split, model_config, train
 
 
 class PlainEncoder(nn.Module):
