@@ -9,13 +9,13 @@ rule windows:
         windows="results/{model}/windows.h5",
     log:
         "logs/windows/{model}.log",
+    conda:
+        "../envs/posgen.yaml"
     params:
         source=config["corpus"]["source"],
         n_samples=config["n_samples"],
         seq_len=config["seq_len"],
         seed=config["window_seed"],
         config_hash=hash_of(WINDOWS_LEAVES),
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/windows.py"

@@ -7,6 +7,12 @@ rule decompose:
         "logs/decompose/{model}/{variant}.log",
     benchmark:
         "benchmarks/decompose/{model}/{variant}.tsv"
+    conda:
+        "../envs/posgen.yaml"
+    threads: 2
+    resources:
+        mem_mb=4000,
+        runtime=120,
     params:
         dummy_distances=config["decomposition"]["dummy_distances"],
         dummy_distance=config["decomposition"]["dummy_distance"],
@@ -14,12 +20,6 @@ rule decompose:
         bound_samples=config["decomposition"]["bound_samples"],
         device=config["device"],
         config_hash=hash_of(DECOMPOSE_LEAVES),
-    threads: 2
-    resources:
-        mem_mb=4000,
-        runtime=120,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/decompose.py"
 
@@ -33,14 +33,14 @@ rule bands:
         "logs/bands/{model}/{variant}.log",
     benchmark:
         "benchmarks/bands/{model}/{variant}.tsv"
-    params:
-        config_hash=hash_of(BANDS_LEAVES),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        config_hash=hash_of(BANDS_LEAVES),
     script:
         "../workflow_scripts/bands.py"
 
@@ -56,16 +56,16 @@ rule summarize:
         "logs/summarize/{model}.log",
     benchmark:
         "benchmarks/summarize/{model}.tsv"
-    params:
-        n_boot=config["intervals"]["bootstrap"],
-        seed=config["intervals"]["seed"],
-        config_hash=hash_of(INTERVAL_LEAVES),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        n_boot=config["intervals"]["bootstrap"],
+        seed=config["intervals"]["seed"],
+        config_hash=hash_of(INTERVAL_LEAVES),
     script:
         "../workflow_scripts/summarize.py"
 

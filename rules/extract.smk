@@ -8,6 +8,12 @@ rule extract:
         "logs/extract/{model}/{variant}.log",
     benchmark:
         "benchmarks/extract/{model}/{variant}.tsv"
+    conda:
+        "../envs/posgen.yaml"
+    threads: 2
+    resources:
+        mem_mb=8000,
+        runtime=60,
     params:
         dtype=config["dtype"],
         device=config["device"],
@@ -16,12 +22,6 @@ rule extract:
         check_rtol=config["extract"]["check_rtol"],
         compression=config["extract"]["compression"],
         config_hash=hash_of(EXTRACT_LEAVES),
-    threads: 2
-    resources:
-        mem_mb=8000,
-        runtime=60,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/extract.py"
 

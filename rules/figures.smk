@@ -11,18 +11,18 @@ rule example_heads:
         examples="results/{model}/{variant}/examples.nc",
     log:
         "logs/figures/{model}/{variant}/example_heads.log",
+    conda:
+        "../envs/posgen.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
     params:
         sample=config["figures"]["sample"],
         map_tokens=config["figures"]["map_tokens"],
         pool_pairs=config["figures"]["pool_pairs"],
         seed=config["figures"]["seed"],
         config_hash=hash_of(EXAMPLES_LEAVES),
-    threads: 1
-    resources:
-        mem_mb=4000,
-        runtime=30,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/figure_examples.py"
 
@@ -33,7 +33,6 @@ for row in FIGURE_TABLE.values():
     rule:
         name:
             f"fig_{row.name}"
-        localrule: True
         input:
             **figure_inputs(row),
         output:
@@ -47,14 +46,15 @@ for row in FIGURE_TABLE.values():
             pdf=row.output("pdf"),
         log:
             row.log,
+        localrule: True
+        conda:
+            "../envs/posgen.yaml"
         params:
             figure=row.name,
             variants=VARIANTS if "variant" in row.expanded() else [],
             n_boot=config["intervals"]["bootstrap"] if row.bootstrap else None,
             seed=config["intervals"]["seed"] if row.bootstrap else None,
             config_hash=figure_hash(row),
-        conda:
-            "../envs/posgen.yaml"
         script:
             "../workflow_scripts/figure.py"
 
@@ -85,10 +85,10 @@ rule reproduction:
         ),
     log:
         "logs/figures/reproduction.log",
-    params:
-        config_hash=hash_of([], per_model=False),
     conda:
         "../envs/posgen.yaml"
+    params:
+        config_hash=hash_of([], per_model=False),
     script:
         "../workflow_scripts/reproduction.py"
 

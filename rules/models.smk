@@ -8,9 +8,9 @@ rule get_model:
         manifest="resources/models/{model}/manifest.json",
     log:
         "logs/get_model/{model}.log",
-    params:
-        entry=own_model_entry,
     conda:
         "../envs/posgen.yaml"
+    params:
+        entry=own_model_entry,
     script:
         "../workflow_scripts/get_model.py"

@@ -12,6 +12,12 @@ rule perturb:
         "logs/perturb/{model}/{variant}.log",
     benchmark:
         "benchmarks/perturb/{model}/{variant}.tsv"
+    conda:
+        "../envs/posgen.yaml"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=60,
     params:
         n_samples=config["perturb"]["n_samples"],
         seq_len=config["perturb"]["seq_len"],
@@ -22,12 +28,6 @@ rule perturb:
         dtype=config["dtype"],
         device=config["device"],
         config_hash=hash_of(PERTURB_LEAVES),
-    threads: 2
-    resources:
-        mem_mb=6000,
-        runtime=60,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/perturb.py"
 
@@ -42,6 +42,12 @@ rule cap:
         "logs/cap/{model}/{variant}.log",
     benchmark:
         "benchmarks/cap/{model}/{variant}.tsv"
+    conda:
+        "../envs/posgen.yaml"
+    threads: 2
+    resources:
+        mem_mb=6000,
+        runtime=30,
     params:
         n_samples=config["perturb"]["n_samples"],
         seq_len=config["perturb"]["seq_len"],
@@ -50,12 +56,6 @@ rule cap:
         dtype=config["dtype"],
         device=config["device"],
         config_hash=hash_of(CAP_LEAVES),
-    threads: 2
-    resources:
-        mem_mb=6000,
-        runtime=30,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/cap.py"
 

@@ -26,15 +26,15 @@ rule synthetic_tasks:
         "benchmarks/synthetic/tasks/{task}.tsv"
     wildcard_constraints:
         **SYN_CONSTRAINTS,
-    params:
-        options={key: SYN[key] for key in SYN_DATA_KEYS},
-        config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        options={key: SYN[key] for key in SYN_DATA_KEYS},
+        config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_tasks.py"
 
@@ -51,16 +51,16 @@ rule synthetic_train:
         "benchmarks/synthetic/train/{task}/{pe}/seed{seed}.tsv"
     wildcard_constraints:
         **SYN_CONSTRAINTS,
-    params:
-        options={key: SYN[key] for key in SYN_MODEL_KEYS},
-        device=config["device"],
-        config_hash=hash_of(SYN_TRAIN_LEAVES, per_model=False),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        options={key: SYN[key] for key in SYN_MODEL_KEYS},
+        device=config["device"],
+        config_hash=hash_of(SYN_TRAIN_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_train.py"
 
@@ -77,16 +77,16 @@ rule synthetic_ablate:
         "benchmarks/synthetic/ablate/{task}.tsv"
     wildcard_constraints:
         **SYN_CONSTRAINTS,
-    params:
-        classifiers=SYN_CLASSIFIERS,
-        device=config["device"],
-        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=30,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        classifiers=SYN_CLASSIFIERS,
+        device=config["device"],
+        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_ablate.py"
 
@@ -103,17 +103,17 @@ rule synthetic_toeplitz:
         "benchmarks/synthetic/toeplitz/{task}.tsv"
     wildcard_constraints:
         **SYN_CONSTRAINTS,
+    conda:
+        "../envs/posgen.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=30,
     params:
         classifiers=SYN_CLASSIFIERS,
         n_samples=SYN["toeplitz_samples"],
         device=config["device"],
         config_hash=hash_of(SYN_ALL_LEAVES + ["synthetic.toeplitz_samples"], per_model=False),
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    conda:
-        "../envs/posgen.yaml"
     script:
         "../workflow_scripts/synthetic_toeplitz.py"
 
@@ -131,15 +131,15 @@ rule synthetic_gather:
         "logs/synthetic/gather.log",
     benchmark:
         "benchmarks/synthetic/gather.tsv"
-    params:
-        classifiers=[(task, pe, seed) for task in SYN_TASKS for pe in SYN_PES for seed in SYN_SEEDS],
-        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        classifiers=[(task, pe, seed) for task in SYN_TASKS for pe in SYN_PES for seed in SYN_SEEDS],
+        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_gather.py"
 
@@ -153,14 +153,14 @@ rule synthetic_summary:
         "logs/synthetic/summary.log",
     benchmark:
         "benchmarks/synthetic/summary.tsv"
-    params:
-        intervals=config["intervals"],
+    conda:
+        "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
         runtime=10,
-    conda:
-        "../envs/posgen.yaml"
+    params:
+        intervals=config["intervals"],
     script:
         "../workflow_scripts/synthetic_summary.py"
 

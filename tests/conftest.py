@@ -68,11 +68,20 @@ class WorkflowRun:
     workdir: Path
     configfile: Path
 
-    def snakemake(self, *args: str, check: bool = True, env: dict | None = None,
-                  timeout: float | None = None) -> subprocess.CompletedProcess:
+    def snakemake(
+        self, *args: str, check: bool = True, env: dict | None = None, timeout: float | None = None
+    ) -> subprocess.CompletedProcess:
         """Run snakemake on the repository's Snakefile in this run's directory."""
-        cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(self.workdir),
-               "--configfile", str(self.configfile), *args]
+        cmd = [
+            SNAKEMAKE,
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(self.workdir),
+            "--configfile",
+            str(self.configfile),
+            *args,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")

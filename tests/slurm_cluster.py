@@ -45,7 +45,18 @@ class SlurmClusterError(RuntimeError):
 
 def missing_requirements() -> str | None:
     """Why this host cannot run the test cluster, or None."""
-    for exe in ("sbatch", "srun", "squeue", "scancel", "sinfo", "scontrol", "slurmctld", "slurmd", "munged", "mungekey"):
+    for exe in (
+        "sbatch",
+        "srun",
+        "squeue",
+        "scancel",
+        "sinfo",
+        "scontrol",
+        "slurmctld",
+        "slurmd",
+        "munged",
+        "mungekey",
+    ):
         if shutil.which(exe, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None:
             return f"{exe} not found (install Debian slurm-wlm and munge: .ci/slurm-deps.sh)"
     if os.geteuid() != 0:
@@ -181,7 +192,11 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
     def _spawn(self, name: str, argv: list[str], **kw) -> None:
         log = open(self.root / "log" / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env(),
             start_new_session=True,  # a Ctrl-C in the terminal reaches the test, which then stops them in order
             **kw,
         )
@@ -220,9 +235,18 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         try:
             self._spawn(
                 "munged",
-                [_sbin("munged"), "--foreground", f"--socket={m}/munge.socket.2", f"--key-file={m}/munge.key",
-                 f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log", f"--seed-file={m}/munged.seed"],
-                user=munge.pw_uid, group=munge.pw_gid, extra_groups=[],
+                [
+                    _sbin("munged"),
+                    "--foreground",
+                    f"--socket={m}/munge.socket.2",
+                    f"--key-file={m}/munge.key",
+                    f"--pid-file={m}/munged.pid",
+                    f"--log-file={m}/munged.log",
+                    f"--seed-file={m}/munged.seed",
+                ],
+                user=munge.pw_uid,
+                group=munge.pw_gid,
+                extra_groups=[],
             )
             self._wait_for("the munge socket", (m / "munge.socket.2").exists, timeout)
             conf = ["-f", str(self.conf)]
@@ -240,8 +264,9 @@ PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP
         return out.startswith("idle")
 
     def jobs(self) -> list[str]:
-        out = self._query(["squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED",
-                           "-o", "%i"])
+        out = self._query(
+            ["squeue", "--noheader", "--states=PENDING,RUNNING,COMPLETING,CONFIGURING,SUSPENDED", "-o", "%i"]
+        )
         return out.stdout.split()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -293,7 +318,7 @@ sys.exit(p.returncode)
 """
         )
         srun = bin_dir / "srun"
-        srun.write_text(f"#!/bin/sh\nexport SLURM_CONF={self.conf}\nexec {real_srun} \"$@\"\n")
+        srun.write_text(f'#!/bin/sh\nexport SLURM_CONF={self.conf}\nexec {real_srun} "$@"\n')
         for f in (sbatch, srun):
             f.chmod(0o755)
         return bin_dir

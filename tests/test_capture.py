@@ -22,8 +22,15 @@ def extracted(request, tiny_source, tmp_path_factory):
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 3, 40, 0, "embedded"), tmp / "windows.h5")
     out = {}
     for variant in ["trained", "random-seed0"]:
-        extract(model_dir, tmp / "windows.h5", tmp / f"{variant}.h5", model_name=arch, variant=variant,
-                ref_samples=[0, 2], ref_layers=[0, -1])
+        extract(
+            model_dir,
+            tmp / "windows.h5",
+            tmp / f"{variant}.h5",
+            model_name=arch,
+            variant=variant,
+            ref_samples=[0, 2],
+            ref_layers=[0, -1],
+        )
         out[variant] = open_dataset(tmp / f"{variant}.h5", lazy=False)
     return arch, model_dir, tmp, out
 
@@ -31,8 +38,19 @@ def extracted(request, tiny_source, tmp_path_factory):
 def test_store_has_named_dims_and_provenance(extracted):
     arch, _, _, out = extracted
     ds = out["trained"]
-    assert set(ds.dims) == {"sample", "layer", "head", "kv_head", "token", "dim", "band", "ref_sample",
-                            "ref_layer", "query", "key"}
+    assert set(ds.dims) == {
+        "sample",
+        "layer",
+        "head",
+        "kv_head",
+        "token",
+        "dim",
+        "band",
+        "ref_sample",
+        "ref_layer",
+        "query",
+        "key",
+    }
     assert ds.sizes["head"] == 4 and ds.sizes["kv_head"] == 2 and ds.sizes["dim"] == 16
     assert ds["kv_group"].values.tolist() == [0, 0, 1, 1]
     assert ds["ref_layer"].values.tolist() == [0, ds.sizes["layer"] - 1]
@@ -50,8 +68,13 @@ def test_rerotated_store_reproduces_model_logits(extracted):
             for layer in ds["ref_layer"].values:
                 q = torch.from_numpy(ds["q"].sel(sample=rs, layer=layer).values)
                 k = torch.from_numpy(ds["k"].sel(sample=rs, layer=layer).values)[ds["kv_group"].values]
-                w = rope.logits(q, k, torch.from_numpy(ds["inv_freq"].sel(layer=layer).values),
-                                float(ds["scaling"].sel(layer=layer)), float(ds["attention_scaling"].sel(layer=layer)))
+                w = rope.logits(
+                    q,
+                    k,
+                    torch.from_numpy(ds["inv_freq"].sel(layer=layer).values),
+                    float(ds["scaling"].sel(layer=layer)),
+                    float(ds["attention_scaling"].sel(layer=layer)),
+                )
                 ref = torch.from_numpy(ds["logits_ref"].sel(ref_sample=rs, ref_layer=layer).values)
                 rel = torch.linalg.matrix_norm(w - ref) / torch.linalg.matrix_norm(ref)
                 assert rel.max() <= 1e-4
@@ -79,7 +102,9 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
     assert not np.allclose(out["trained"]["q"].values, out["random-seed0"]["q"].values)
     np.testing.assert_array_equal(out["trained"]["token_id"].values, out["random-seed0"]["token_id"].values)
     extract(model_dir, tmp / "windows.h5", tmp / "again.h5", model_name=arch, variant="random-seed0")
-    np.testing.assert_array_equal(open_dataset(tmp / "again.h5", lazy=False)["q"].values, out["random-seed0"]["q"].values)
+    np.testing.assert_array_equal(
+        open_dataset(tmp / "again.h5", lazy=False)["q"].values, out["random-seed0"]["q"].values
+    )
 
 
 def test_self_check_names_layer_and_head_when_rope_is_wrong(extracted):

@@ -28,6 +28,7 @@ def _set(path, value):
             del node[path[-1]]
         else:
             node[path[-1]] = value
+
     return edit
 
 
@@ -59,7 +60,9 @@ MALFORMED = [
 ]
 
 
-@pytest.mark.parametrize("edit, expected", MALFORMED, ids=[m[1].split(":")[0] + str(i) for i, m in enumerate(MALFORMED)])
+@pytest.mark.parametrize(
+    "edit, expected", MALFORMED, ids=[m[1].split(":")[0] + str(i) for i, m in enumerate(MALFORMED)]
+)
 def test_malformed_config_gives_one_line_naming_the_key(edit, expected):
     config = copy.deepcopy(BASE)
     edit(config)

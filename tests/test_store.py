@@ -9,12 +9,23 @@ def _writer(path, rng, n_samples=2):
     rope = {
         "inv_freq": np.tile(10000.0 ** -(np.arange(4) / 4), (3, 1)),
         "attention_scaling": np.ones(3),
-        "scaling": np.full(3, 8 ** -0.5),
+        "scaling": np.full(3, 8**-0.5),
         "sliding_window": np.array([4, 0, 4]),
         "kv_group": np.array([0, 0, 1, 1]),
     }
-    return QKWriter(path, n_samples=n_samples, n_layers=3, n_heads=4, n_kv_heads=2, n_tokens=10, head_dim=8,
-                    ref_samples=[0], ref_layers=[0, 2], rope=rope, attrs={"model": "m", "seed": 3, "extra": {"a": 1}})
+    return QKWriter(
+        path,
+        n_samples=n_samples,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        n_tokens=10,
+        head_dim=8,
+        ref_samples=[0],
+        ref_layers=[0, 2],
+        rope=rope,
+        attrs={"model": "m", "seed": 3, "extra": {"a": 1}},
+    )
 
 
 def test_qk_round_trip_through_xarray_with_named_dims(tmp_path):

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from posgen.store import write_netcdf
 from posgen.stats import bootstrap_indices
+from posgen.store import write_netcdf
 from posgen.summary import COLUMNS, summarize
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
@@ -27,16 +27,27 @@ def fake_decomposition(path, model, variant, r_per_sample, n_layers=3, n_heads=4
     dims = ("sample", "layer", "head", "method", "sink")
     vars_ = {"r": (dims, r)}
     for name in ("r_f", "r_g", "r2_f", "r2_g"):
-        vars_[name] = (("sample", "layer", "head", "sink"), np.full((N, n_layers, n_heads, 2), 0.25 if "2" in name else 0.5))
+        vars_[name] = (
+            ("sample", "layer", "head", "sink"),
+            np.full((N, n_layers, n_heads, 2), 0.25 if "2" in name else 0.5),
+        )
     suff = np.zeros(shape + (6,))
     if data is not None:
         for s, (x, y) in enumerate(data):
             suff[s] = [len(x), x.sum(), y.sum(), (x * x).sum(), (y * y).sum(), (x * y).sum()]
     for i, name in enumerate(SUFF):
         vars_[name] = (dims, suff[..., i])
-    ds = xr.Dataset(vars_, coords={"sample": np.arange(N), "layer": np.arange(n_layers), "head": np.arange(n_heads),
-                                   "method": ["A", "B"], "sink": ["with", "without"]},
-                    attrs={"model": model, "variant": variant})
+    ds = xr.Dataset(
+        vars_,
+        coords={
+            "sample": np.arange(N),
+            "layer": np.arange(n_layers),
+            "head": np.arange(n_heads),
+            "method": ["A", "B"],
+            "sink": ["with", "without"],
+        },
+        attrs={"model": model, "variant": variant},
+    )
     write_netcdf(ds, path)
     return path
 
@@ -50,8 +61,9 @@ def test_intervals_and_paired_difference(tmp_path):
         fake_decomposition(tmp_path / "t.nc", "m", "trained", v, data=data),
         fake_decomposition(tmp_path / "r.nc", "m", "random-seed0", v - 0.3, data=data),
     ]
-    table = summarize(paths, tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=2000, seed=1,
-                      config_hash="cafe")
+    table = summarize(
+        paths, tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=2000, seed=1, config_hash="cafe"
+    )
     assert list(table.columns[: len(COLUMNS)]) == COLUMNS
     assert len(table) == 2 * 2 * 2  # variants x methods x sinks
     trained = table[table.variant == "trained"]
@@ -89,7 +101,9 @@ def test_identical_samples_give_zero_width_intervals_and_layer_means(tmp_path):
     np.testing.assert_allclose(table.mean_r_hi, table.mean_r)
     nc = xr.open_dataset(tmp_path / "summary.nc", engine="h5netcdf")
     assert nc["layer_r"].dims == ("variant", "method", "sink", "layer")
-    np.testing.assert_allclose(nc["layer_r"].sel({"variant": "trained", "method": "A", "sink": "with"}), 0.5 + np.array(offset))
+    np.testing.assert_allclose(
+        nc["layer_r"].sel({"variant": "trained", "method": "A", "sink": "with"}), 0.5 + np.array(offset)
+    )
     np.testing.assert_allclose(nc["layer_r_lo"], nc["layer_r"])
     assert "posgen_version" in nc.attrs and nc.attrs["model"] == "m"
 
@@ -111,8 +125,10 @@ def test_bootstrap_indices_are_seeded():
 
 
 def test_mismatched_samples_are_refused(tmp_path):
-    paths = [fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5)),
-             fake_decomposition(tmp_path / "r.nc", "m", "random-seed0", np.full(3, 0.5))]
+    paths = [
+        fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5)),
+        fake_decomposition(tmp_path / "r.nc", "m", "random-seed0", np.full(3, 0.5)),
+    ]
     with pytest.raises(ValueError, match="random-seed0: samples differ"):
         summarize(paths, tmp_path / "s.csv", {"m": tmp_path / "s.nc"}, n_boot=100)
     with pytest.raises(KeyError, match="no decomposition.nc for model.*other"):

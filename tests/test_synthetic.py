@@ -322,13 +322,21 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
     from posgen.figure_table import FIGURES as TABLE
 
     n_tasks, n_pes = 2, len(TINY_SYNTHETIC["pes"])
-    panels = {"synthetic_accuracy": 1, "synthetic_ablation": n_tasks * n_pes, "synthetic_deposit": n_tasks,
-              "synthetic_toeplitz": n_tasks}
+    panels = {
+        "synthetic_accuracy": 1,
+        "synthetic_ablation": n_tasks * n_pes,
+        "synthetic_deposit": n_tasks,
+        "synthetic_toeplitz": n_tasks,
+    }
     assert {name for name in TABLE if name.startswith("synthetic_")} == set(panels)
     for name, n_panels in panels.items():
         inputs = {role: [synthetic_run.workdir / path] for role, path in TABLE[name].inputs.items()}
         data = figures.registry()[name].loader(inputs, [])
-        fig = figures.registry()[name].func(data, n_boot=100) if TABLE[name].bootstrap else figures.registry()[name].func(data)
+        fig = (
+            figures.registry()[name].func(data, n_boot=100)
+            if TABLE[name].bootstrap
+            else figures.registry()[name].func(data)
+        )
         assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == n_panels, name
         # the workflow drew the same figure through its fig_<name> rule
         assert (synthetic_run.workdir / TABLE[name].output("png")).stat().st_size > 5000

@@ -5,6 +5,7 @@ import re
 
 import yaml
 from conftest import WorkflowRun, make_run, tiny_config
+
 from posgen.store import open_dataset
 
 
@@ -14,9 +15,14 @@ def test_tiny_run_produces_every_extraction(tiny_workflow):
         assert ds.sizes["sample"] == 3 and ds.sizes["token"] == 48
         assert ds.attrs["self_check_max_rel_error"] <= 1e-4
         assert ds.attrs["variant"] == variant and len(ds.attrs["config_hash"]) == 16
-    logs = sorted(p.relative_to(tiny_workflow.workdir).as_posix() for p in (tiny_workflow.workdir / "logs").rglob("*.log"))
+    logs = sorted(
+        p.relative_to(tiny_workflow.workdir).as_posix() for p in (tiny_workflow.workdir / "logs").rglob("*.log")
+    )
     assert "logs/extract/tiny-llama/trained.log" in logs
-    assert "extract tiny-llama/trained: 100%" in (tiny_workflow.workdir / logs[logs.index("logs/extract/tiny-llama/trained.log")]).read_text()
+    assert (
+        "extract tiny-llama/trained: 100%"
+        in (tiny_workflow.workdir / logs[logs.index("logs/extract/tiny-llama/trained.log")]).read_text()
+    )
 
 
 def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):

@@ -39,12 +39,19 @@ def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = Tru
     require(ds, ("q", "k", "inv_freq"), str(qk_path))
     N, L, H, Hkv = ds.sizes["sample"], ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"]
     n_band = ds.sizes["dim"] // 2
-    acc = {name: np.zeros(shape) for name, shape in {
-        "q_mean_sq": (L, H, n_band), "q_var": (L, H, n_band), "k_mean_sq": (L, Hkv, n_band), "k_var": (L, Hkv, n_band),
-    }.items()}
+    acc = {
+        name: np.zeros(shape)
+        for name, shape in {
+            "q_mean_sq": (L, H, n_band),
+            "q_var": (L, H, n_band),
+            "k_mean_sq": (L, Hkv, n_band),
+            "k_var": (L, Hkv, n_band),
+        }.items()
+    }
     label = f"bands {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
-    for s_, l_ in tqdm([(s_, l_) for s_ in range(N) for l_ in range(L)], desc=label, unit="layer",
-                       disable=not progress):
+    for s_, l_ in tqdm(
+        [(s_, l_) for s_ in range(N) for l_ in range(L)], desc=label, unit="layer", disable=not progress
+    ):
         for side in ("q", "k"):
             mean_sq, var = band_moments(ds[side].isel(sample=s_, layer=l_).values)
             acc[f"{side}_mean_sq"][l_] += mean_sq / N
@@ -58,10 +65,17 @@ def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = Tru
         "k_ratio": (("layer", "kv_head", "band"), _ratio(acc["k_var"], acc["k_mean_sq"])),
         "theta": (("layer", "band"), np.asarray(ds["inv_freq"].values, dtype=np.float64)),
     }
-    coords = {"layer": ds["layer"].values, "head": ds["head"].values, "kv_head": ds["kv_head"].values,
-              "band": np.arange(n_band)}
-    out = xr.Dataset(data, coords=coords, attrs=provenance(
-        config_hash=config_hash, source=str(Path(qk_path)), n_samples=int(N), **carried_attrs(ds)))
+    coords = {
+        "layer": ds["layer"].values,
+        "head": ds["head"].values,
+        "kv_head": ds["kv_head"].values,
+        "band": np.arange(n_band),
+    }
+    out = xr.Dataset(
+        data,
+        coords=coords,
+        attrs=provenance(config_hash=config_hash, source=str(Path(qk_path)), n_samples=int(N), **carried_attrs(ds)),
+    )
     ds.close()
     write_netcdf(out, out_path)
     return out

@@ -68,7 +68,9 @@ def notify(module, query, key, scaling, kwargs) -> None:
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     notify(module, query, key, scaling, kwargs)
     if kwargs.get("softcap") is not None:
-        return _eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return _eager_forward(module)(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
@@ -129,8 +131,9 @@ def backend_for(config) -> str:
     return BACKEND_EAGER if getattr(text_config, "attn_logit_softcapping", None) else BACKEND
 
 
-def load_capturing(model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu",
-                   backend: str | None = None):
+def load_capturing(
+    model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu", backend: str | None = None
+):
     """``(model, tokenizer, manifest)`` of a checkpoint folder, loaded with a capturing backend: ``backend``, or
     the one its config needs (:func:`backend_for`)."""
     from posgen.models import load_model
@@ -220,7 +223,9 @@ class Capture:
         if self.model.config._attn_implementation not in CAPTURING_BACKENDS:
             raise RuntimeError(f"load the model with attn_implementation={BACKEND!r} to capture it")
         for m in self.modules:
-            pre_q, pre_k = (m.q_norm, m.k_norm) if hasattr(m, "q_norm") and hasattr(m, "k_norm") else (m.q_proj, m.k_proj)
+            pre_q, pre_k = (
+                (m.q_norm, m.k_norm) if hasattr(m, "q_norm") and hasattr(m, "k_norm") else (m.q_proj, m.k_proj)
+            )
             self._hooks.append(pre_q.register_forward_hook(self._hook("q", m.layer_idx, self.n_heads)))
             self._hooks.append(pre_k.register_forward_hook(self._hook("k", m.layer_idx, self.n_kv_heads)))
         _active = self

@@ -79,9 +79,7 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
                 f"config.extract.ref_samples: sample {i} does not exist (n_samples is {config['n_samples']})"
             )
     if config["perturb"]["seq_len"] > config["seq_len"]:
-        raise ConfigError(
-            f"config.perturb.seq_len: {config['perturb']['seq_len']} exceeds seq_len {config['seq_len']}"
-        )
+        raise ConfigError(f"config.perturb.seq_len: {config['perturb']['seq_len']} exceeds seq_len {config['seq_len']}")
     if config["perturb"]["n_samples"] > config["n_samples"]:
         raise ConfigError(
             f"config.perturb.n_samples: {config['perturb']['n_samples']} exceeds n_samples {config['n_samples']}"
@@ -140,9 +138,9 @@ def init_seed(variant: str) -> int:
     if variant == VARIANT_TRAINED:
         return -1
     prefix = "random-seed"
-    if not variant.startswith(prefix) or not variant[len(prefix):].isdigit():
+    if not variant.startswith(prefix) or not variant[len(prefix) :].isdigit():
         raise ConfigError(f"variant {variant!r}: expected 'trained' or 'random-seed<S>'")
-    return int(variant[len(prefix):])
+    return int(variant[len(prefix) :])
 
 
 def model_entry(config: dict, name: str) -> dict:

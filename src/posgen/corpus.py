@@ -57,7 +57,9 @@ def load_text(source: str) -> str:
         try:
             ds = datasets.load_dataset(repo, subset, split=split)
         except Exception as err:  # noqa: BLE001 - any hub/dataset failure becomes one line
-            raise CorpusError(f"corpus {source}: cannot load ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+            raise CorpusError(
+                f"corpus {source}: cannot load ({type(err).__name__}: {str(err).splitlines()[0]})"
+            ) from None
         if field not in ds.column_names:
             raise CorpusError(f"corpus {source}: no field {field!r} (have {', '.join(ds.column_names)})")
         return "\n\n".join(map(str, ds[field]))
@@ -124,8 +126,9 @@ def write_windows(windows: xr.Dataset, path: str | Path, **attrs) -> None:
     write_netcdf(windows, path)
 
 
-def read_windows(path: str | Path, n_samples: int | None = None, seq_len: int | None = None,
-                 section: str = "perturb") -> xr.Dataset:
+def read_windows(
+    path: str | Path, n_samples: int | None = None, seq_len: int | None = None, section: str = "perturb"
+) -> xr.Dataset:
     """``windows.h5``: its first ``n_samples`` windows cut to their first ``seq_len`` tokens (None: all).
 
     ``section`` is the config section whose ``n_samples`` / ``seq_len`` asked for more than the file holds,
@@ -145,8 +148,17 @@ def read_windows(path: str | Path, n_samples: int | None = None, seq_len: int | 
     return windows.isel(sample=slice(n_samples), token=slice(seq_len))
 
 
-def windows_job(model_dir: str | Path, out_path: str | Path, *, source: str, n_samples: int, seq_len: int,
-                seed: int, model_name: str, config_hash: str = "") -> xr.Dataset:
+def windows_job(
+    model_dir: str | Path,
+    out_path: str | Path,
+    *,
+    source: str,
+    n_samples: int,
+    seq_len: int,
+    seed: int,
+    model_name: str,
+    config_hash: str = "",
+) -> xr.Dataset:
     """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer."""
     from transformers import AutoTokenizer
 

@@ -50,8 +50,18 @@ SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient stati
 LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
 # attrs of qk.h5 carried into the outputs
-CARRIED_ATTRS = ("model", "model_source", "model_revision", "weights_sha256", "variant", "init_seed",
-                 "architecture", "capture_point", "softcap", "dtype")
+CARRIED_ATTRS = (
+    "model",
+    "model_source",
+    "model_revision",
+    "weights_sha256",
+    "variant",
+    "init_seed",
+    "architecture",
+    "capture_point",
+    "softcap",
+    "dtype",
+)
 
 
 @dataclass(frozen=True)
@@ -392,9 +402,9 @@ class AdditiveDesign:
         n_z = self.n_delta + T
         s = torch.zeros(n_z, n_z, dtype=f64, device=device)
         s[: self.n_delta, : self.n_delta] = torch.diag(self.cnt_a)
-        s[self.n_delta:, self.n_delta:] = torch.diag(self.cnt_c)
-        s[: self.n_delta, self.n_delta:] = nac
-        s[self.n_delta:, : self.n_delta] = nac.T
+        s[self.n_delta :, self.n_delta :] = torch.diag(self.cnt_c)
+        s[: self.n_delta, self.n_delta :] = nac
+        s[self.n_delta :, : self.n_delta] = nac.T
         s -= (e * self.inv_b) @ e.T
         del e, nab, nac, M
         counted = torch.cat([self.cnt_a, self.cnt_c]) > 0
@@ -405,18 +415,33 @@ class AdditiveDesign:
         self.keep = torch.nonzero(counted).flatten()
         chol, info_ = torch.linalg.cholesky_ex(s[self.keep][:, self.keep])
         if int(info_) != 0:
-            raise RuntimeError(f"additive fit: reduced normal matrix not positive definite (T={T}, window={window}, "
-                               f"sink={sink}); the gauge does not match the mask")
+            raise RuntimeError(
+                f"additive fit: reduced normal matrix not positive definite (T={T}, window={window}, "
+                f"sink={sink}); the gauge does not match the mask"
+            )
         # an explicit inverse turns every solve into one matrix product (trsm is slow for few right-hand
         # sides, on GPUs above all); iterative refinement in ``fit`` removes its extra rounding
         self.inverse = torch.cholesky_inverse(chol)
         # null space of the design (constants a<->b, b<->c, linear trend), on the counted unknowns
         delta = self.deltas.to(f64)
         tok = torch.arange(T, device=device, dtype=f64)
-        zero_a, zero_t, one_a, one_t = torch.zeros_like(delta), torch.zeros_like(tok), torch.ones_like(delta), torch.ones_like(tok)
-        null = torch.stack([
-            torch.cat([one_a, -one_t, zero_t]), torch.cat([zero_a, one_t, -one_t]), torch.cat([delta, -tok, tok]),
-        ], 1) * (torch.cat([self.cnt_a, self.cnt_b, self.cnt_c]) > 0)[:, None]
+        zero_a, zero_t, one_a, one_t = (
+            torch.zeros_like(delta),
+            torch.zeros_like(tok),
+            torch.ones_like(delta),
+            torch.ones_like(tok),
+        )
+        null = (
+            torch.stack(
+                [
+                    torch.cat([one_a, -one_t, zero_t]),
+                    torch.cat([zero_a, one_t, -one_t]),
+                    torch.cat([delta, -tok, tok]),
+                ],
+                1,
+            )
+            * (torch.cat([self.cnt_a, self.cnt_b, self.cnt_c]) > 0)[:, None]
+        )
         self.null = null
         self.null_proj = torch.linalg.solve(null.T @ null, null.T)  # r -> r - (r null) null_proj
 
@@ -507,7 +532,7 @@ class AdditiveDesign:
         rz = torch.cat([ra - self.nab(rb_scaled), rc - self.m_t(rb_scaled)], -1)
         z = torch.zeros_like(rz)
         z[:, self.keep] = rz[:, self.keep] @ self.inverse
-        a, c = z[:, : self.n_delta], z[:, self.n_delta:]
+        a, c = z[:, : self.n_delta], z[:, self.n_delta :]
         b = (rb - self.nab_t(a) - self.m(c)) * self.inv_b
         return a, b, c
 

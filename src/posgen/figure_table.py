@@ -111,6 +111,11 @@ FIGURES = {
         ),
         _row("synthetic_ablation", "11. PE x task: single-head ablation", {"ablation": _ABLATION}, scope=GLOBAL),
         _row("synthetic_deposit", "12. PE x task: deposit index", {"ablation": _ABLATION}, scope=GLOBAL),
-        _row("synthetic_toeplitz", "13. PE x task: Toeplitz share", {"toeplitz": "results/synthetic/toeplitz.nc"}, scope=GLOBAL),
+        _row(
+            "synthetic_toeplitz",
+            "13. PE x task: Toeplitz share",
+            {"toeplitz": "results/synthetic/toeplitz.nc"},
+            scope=GLOBAL,
+        ),
     ]
 }

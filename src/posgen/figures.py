@@ -24,9 +24,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import xarray as xr  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
 from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 
 from posgen.config import VARIANT_TRAINED, init_seed  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
@@ -103,9 +103,7 @@ def save_figure(fig: Figure, png: str | Path, pdf: str | Path | None = None, pro
     text = json.dumps(provenance, sort_keys=True, default=str) if provenance else None
     targets = [(png, "png", {"Software": None, "Description": text})]
     if pdf is not None:
-        targets.append(
-            (pdf, "pdf", {"Creator": None, "Producer": None, "CreationDate": None, "Subject": text})
-        )
+        targets.append((pdf, "pdf", {"Creator": None, "Producer": None, "CreationDate": None, "Subject": text}))
     try:
         for path, fmt, metadata in targets:
             with atomic_path(path) as tmp:
@@ -217,8 +215,9 @@ def example_heads(
         inv_freq = torch.from_numpy(np.asarray(qk["inv_freq"].values[li], dtype=np.float32))
         s = float(qk["scaling"].values[li])
         a = float(qk["attention_scaling"].values[li])
-        w_pairs, f_pairs, g_pairs = method_a_pairs(q, k, positions, inv_freq, s, a, dummy_distance,
-                                                   torch.from_numpy(ii), torch.from_numpy(jj))
+        w_pairs, f_pairs, g_pairs = method_a_pairs(
+            q, k, positions, inv_freq, s, a, dummy_distance, torch.from_numpy(ii), torch.from_numpy(jj)
+        )
         pool_w[li, :, : len(chosen)] = w_pairs.numpy()
         pool_a[li, :, : len(chosen)] = (f_pairs + g_pairs).numpy()
         for name, (layer, head, _) in heads.items():
@@ -226,8 +225,12 @@ def example_heads(
                 continue
             h = int(np.flatnonzero(head_ids == head)[0])
             w = logits(q[h], k[h], inv_freq, s, a).numpy()
-            f, g = (t[0].numpy() for t in method_a_terms(q[h:h + 1], k[h:h + 1], positions, inv_freq, s, a,
-                                                          dummy_distance=dummy_distance))
+            f, g = (
+                t[0].numpy()
+                for t in method_a_terms(
+                    q[h : h + 1], k[h : h + 1], positions, inv_freq, s, a, dummy_distance=dummy_distance
+                )
+            )
             keep = mask[:crop, :crop]
             maps[name] = {
                 "W": np.where(keep, w[:crop, :crop], np.nan),
@@ -321,9 +324,7 @@ def fig_logit_maps(examples: xr.Dataset) -> Figure:
             ax.set_title(title if row == 0 else "")
             ax.grid(False)
             if col == 0:
-                ax.set_ylabel(
-                    f"{name}: L{int(ex.example_layer)} H{int(ex.example_head)}\nquery position $i$"
-                )
+                ax.set_ylabel(f"{name}: L{int(ex.example_layer)} H{int(ex.example_head)}\nquery position $i$")
             if row == n - 1:
                 ax.set_xlabel("key position $j$")
         fig.colorbar(im, ax=axes[row, :].tolist(), shrink=0.9, label="logit", pad=0.01)
@@ -377,15 +378,18 @@ def fig_r_heatmap(r: xr.DataArray) -> Figure:
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     vmin = min(vmin, vmax - 1e-6)
     width = min(PAGE_WIDTH, 0.9 + 1.3 * n_cols)  # one column for trained + one seed
-    fig, axes = plt.subplots(
-        n_rows, n_cols, figsize=(width, 1.6 * n_rows), squeeze=False, sharex=True, sharey=True
-    )
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(width, 1.6 * n_rows), squeeze=False, sharex=True, sharey=True)
     for i, method in enumerate(r["method"].values):
         for j, variant in enumerate(r["variant"].values):
             ax = axes[i, j]
             values = r.sel({"method": method, "variant": variant}).transpose("layer", "head")
             im = ax.imshow(
-                values.values, aspect="auto", origin="lower", vmin=vmin, vmax=vmax, cmap="viridis",
+                values.values,
+                aspect="auto",
+                origin="lower",
+                vmin=vmin,
+                vmax=vmax,
+                cmap="viridis",
                 interpolation="nearest",
             )
             ax.grid(False)
@@ -406,8 +410,12 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
     colors = variant_colors(summary["variant"].values)
     sinks, methods = summary["sink"].values, summary["method"].values
     fig, axes = plt.subplots(
-        len(sinks), len(methods), figsize=(COLUMN_WIDTH, 1.5 * len(sinks) + 0.5),
-        squeeze=False, sharex=True, sharey=True,
+        len(sinks),
+        len(methods),
+        figsize=(COLUMN_WIDTH, 1.5 * len(sinks) + 0.5),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
     )
     layer = summary["layer"].values
     for i, sink in enumerate(sinks):
@@ -482,8 +490,9 @@ def fig_dummy_sweep(r_sweep: xr.DataArray, n_boot: int = 1000, seed: int = 0) ->
         for variant in r_sweep["variant"].values:
             sel = {"variant": variant, "sink": sink}
             ax.plot(d, mean.sel(sel).transpose("D"), marker="o", color=colors[variant], label=variant)
-            ax.fill_between(d, lo.sel(sel).transpose("D"), hi.sel(sel).transpose("D"), color=colors[variant],
-                            alpha=0.25, lw=0)
+            ax.fill_between(
+                d, lo.sel(sel).transpose("D"), hi.sel(sel).transpose("D"), color=colors[variant], alpha=0.25, lw=0
+            )
         ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
         ax.set_title(f"sink {sink}")
         ax.set_xlabel("dummy distance $D$")
@@ -510,8 +519,9 @@ def _kind_grid(perturb: xr.Dataset):
     kinds = perturb["kind"].values
     n_cols = 3
     n_rows = -(-len(kinds) // n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(PAGE_WIDTH, 2.0 * n_rows + 0.3), squeeze=False,
-                             sharex=True, sharey=True)
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(PAGE_WIDTH, 2.0 * n_rows + 0.3), squeeze=False, sharex=True, sharey=True
+    )
     return fig, axes, kinds, perturb["rate"].values * 100
 
 
@@ -522,7 +532,7 @@ def _finish_kind_grid(fig: Figure, axes, kinds, x, ylabel: str) -> None:
         _rate_axis(ax, x)
         ax.set_ylabel(ylabel)
         ax.label_outer()
-    for ax in axes.ravel()[len(kinds):]:
+    for ax in axes.ravel()[len(kinds) :]:
         ax.remove()
     _figure_legend(fig, axes[0, 0])
 
@@ -541,8 +551,9 @@ def fig_perturb_ppl(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> F
         for variant in perturb["variant"].values:
             sel = {"variant": variant, "kind": kind}
             ax.plot(x, mean.sel(sel).transpose("rate"), marker="o", color=colors[variant], label=variant)
-            ax.fill_between(x, lo.sel(sel).transpose("rate"), hi.sel(sel).transpose("rate"),
-                            color=colors[variant], alpha=0.25, lw=0)
+            ax.fill_between(
+                x, lo.sel(sel).transpose("rate"), hi.sel(sel).transpose("rate"), color=colors[variant], alpha=0.25, lw=0
+            )
         ax.axhline(1.0, ls=":", lw=0.8, color="0.3")
     _finish_kind_grid(fig, axes, kinds, x, "perplexity / unperturbed")
     return fig
@@ -564,10 +575,22 @@ def fig_perturb_fg(perturb: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Fi
         for ax, kind in zip(axes.ravel(), kinds):
             for variant in perturb["variant"].values:
                 sel = {"variant": variant, "kind": kind}
-                ax.plot(x, mean.sel(sel).transpose("rate"), marker="o", color=term_colors[term],
-                        ls=styles[variant], label=f"{term}, {variant}")
-                ax.fill_between(x, lo.sel(sel).transpose("rate"), hi.sel(sel).transpose("rate"),
-                                color=term_colors[term], alpha=0.2, lw=0)
+                ax.plot(
+                    x,
+                    mean.sel(sel).transpose("rate"),
+                    marker="o",
+                    color=term_colors[term],
+                    ls=styles[variant],
+                    label=f"{term}, {variant}",
+                )
+                ax.fill_between(
+                    x,
+                    lo.sel(sel).transpose("rate"),
+                    hi.sel(sel).transpose("rate"),
+                    color=term_colors[term],
+                    alpha=0.2,
+                    lw=0,
+                )
     _finish_kind_grid(fig, axes, kinds, x, "1 - corr(perturbed, clean)")
     return fig
 
@@ -585,8 +608,9 @@ def fig_cap(cap: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
     mean, lo, hi = bootstrap_mean(cap["ppl_ratio"], "sample", n_boot=n_boot, seed=seed)
     for variant in cap["variant"].values:
         axes[0].plot(c, mean.sel(variant=variant), marker="o", color=colors[variant], label=variant)
-        axes[0].fill_between(c, lo.sel(variant=variant), hi.sel(variant=variant), color=colors[variant],
-                             alpha=0.25, lw=0)
+        axes[0].fill_between(
+            c, lo.sel(variant=variant), hi.sel(variant=variant), color=colors[variant], alpha=0.25, lw=0
+        )
     axes[0].axhline(1.0, ls=":", lw=0.8, color="0.3")
     axes[0].set_title("perplexity")
     axes[0].set_ylabel("perplexity / uncapped")
@@ -595,8 +619,9 @@ def fig_cap(cap: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
         m, lo_, hi_ = bootstrap_mean(1 - cap[f"{term}_corr"].mean("layer"), "sample", n_boot=n_boot, seed=seed)
         for variant in cap["variant"].values:
             axes[1].plot(c, m.sel(variant=variant), marker="o", ls=styles[term], color=colors[variant])
-            axes[1].fill_between(c, lo_.sel(variant=variant), hi_.sel(variant=variant), color=colors[variant],
-                                 alpha=0.2, lw=0)
+            axes[1].fill_between(
+                c, lo_.sel(variant=variant), hi_.sel(variant=variant), color=colors[variant], alpha=0.2, lw=0
+            )
     axes[1].set_title("$f$ (solid), $g$ (dashed)")
     axes[1].set_ylabel("1 - corr(capped, uncapped)")
     _figure_legend(fig, axes[0])

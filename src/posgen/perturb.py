@@ -35,7 +35,6 @@ from posgen import capture
 from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.method_a import Terms, fg_change
 
-
 # --------------------------------------------------------------------------------------------------------
 # Experiments
 
@@ -76,8 +75,11 @@ def run_perturbations(
     rates = [float(r) for r in rates]
     shape = (len(kinds), len(rates), n_samples)
     out = {
-        "nll": np.empty(shape), "moved": np.empty(shape), "moved_units": np.empty(shape),
-        "nll_kept": np.empty(shape), "nll_kept_ref": np.empty(shape),
+        "nll": np.empty(shape),
+        "moved": np.empty(shape),
+        "moved_units": np.empty(shape),
+        "nll_kept": np.empty(shape),
+        "nll_kept_ref": np.empty(shape),
         "order": np.empty(shape + (n_tokens,), dtype=np.int64),
         "position_ids": np.empty(shape + (n_tokens,), dtype=np.int64),
     }
@@ -129,12 +131,20 @@ def run_perturbations(
             "position_ids": (dims + ("token",), out["position_ids"]),
         },
         coords={
-            "kind": list(kinds), "rate": rates, "sample": np.arange(n_samples),
-            "token": np.arange(n_tokens), **_layer_coords(n_layers),
+            "kind": list(kinds),
+            "rate": rates,
+            "sample": np.arange(n_samples),
+            "token": np.arange(n_tokens),
+            **_layer_coords(n_layers),
         },
-        attrs={"perturb_seed": seed, "jitter": jitter, "dummy_distance": dummy_distance, "sink": "without",
-               "seed_rule": "numpy default_rng([seed, kind_index, round(rate*1e6), sample])",
-               "kinds": list(kinds)},
+        attrs={
+            "perturb_seed": seed,
+            "jitter": jitter,
+            "dummy_distance": dummy_distance,
+            "sink": "without",
+            "seed_rule": "numpy default_rng([seed, kind_index, round(rate*1e6), sample])",
+            "kinds": list(kinds),
+        },
     )
     return ds
 
@@ -180,7 +190,8 @@ def run_caps(
             "g_corr": (("cap", "sample", "layer"), g_corr),
         },
         coords={
-            "cap": np.asarray(distance_caps, dtype=np.int64), "sample": np.arange(n_samples),
+            "cap": np.asarray(distance_caps, dtype=np.int64),
+            "sample": np.arange(n_samples),
             **_layer_coords(n_layers),
         },
         attrs={"dummy_distance": dummy_distance, "sink": "without", "n_tokens": n_tokens},
@@ -191,8 +202,21 @@ def run_caps(
 # Jobs (one model variant each; called by workflow_scripts/perturb.py and cap.py)
 
 
-def _run_job(experiment, model_dir, windows_path, out_path, *, model_name: str, variant: str, n_samples: int,
-             seq_len: int, dtype: str, device: str, config_hash: str, backend=None) -> xr.Dataset:
+def _run_job(
+    experiment,
+    model_dir,
+    windows_path,
+    out_path,
+    *,
+    model_name: str,
+    variant: str,
+    n_samples: int,
+    seq_len: int,
+    dtype: str,
+    device: str,
+    config_hash: str,
+    backend=None,
+) -> xr.Dataset:
     """Read the windows, load the model with a capturing ``backend`` (None: the one its config needs), run
     ``experiment(model, tokenizer, token_ids)``, write its dataset with provenance."""
     from posgen.corpus import read_windows
@@ -202,8 +226,7 @@ def _run_job(experiment, model_dir, windows_path, out_path, *, model_name: str, 
     start = time.perf_counter()
     windows = read_windows(windows_path, n_samples, seq_len, section="perturb")
     token_ids = windows["token_id"].values.astype(np.int64)
-    model, tokenizer, manifest = capture.load_capturing(model_dir, variant, dtype=dtype, device=device,
-                                                        backend=backend)
+    model, tokenizer, manifest = capture.load_capturing(model_dir, variant, dtype=dtype, device=device, backend=backend)
     ds = experiment(model, tokenizer, token_ids)
     ds.attrs = provenance(
         **ds.attrs,
@@ -239,13 +262,25 @@ def perturb_job(
 
     def experiment(model, tokenizer, token_ids):
         strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
-        ds = run_perturbations(model, token_ids, strings, rates=rates, seed=seed, dummy_distance=dummy_distance,
-                               jitter=jitter)
+        ds = run_perturbations(
+            model, token_ids, strings, rates=rates, seed=seed, dummy_distance=dummy_distance, jitter=jitter
+        )
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
 
-    return _run_job(experiment, model_dir, windows_path, out_path, model_name=model_name, variant=variant,
-                    n_samples=n_samples, seq_len=seq_len, dtype=dtype, device=device, config_hash=config_hash)
+    return _run_job(
+        experiment,
+        model_dir,
+        windows_path,
+        out_path,
+        model_name=model_name,
+        variant=variant,
+        n_samples=n_samples,
+        seq_len=seq_len,
+        dtype=dtype,
+        device=device,
+        config_hash=config_hash,
+    )
 
 
 def cap_job(
@@ -268,6 +303,17 @@ def cap_job(
     def experiment(model, _tokenizer, token_ids):
         return run_caps(model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance)
 
-    return _run_job(experiment, model_dir, windows_path, out_path, model_name=model_name, variant=variant,
-                    n_samples=n_samples, seq_len=seq_len, dtype=dtype, device=device, config_hash=config_hash,
-                    backend=capture.CAPPED_BACKEND)
+    return _run_job(
+        experiment,
+        model_dir,
+        windows_path,
+        out_path,
+        model_name=model_name,
+        variant=variant,
+        n_samples=n_samples,
+        seq_len=seq_len,
+        dtype=dtype,
+        device=device,
+        config_hash=config_hash,
+        backend=capture.CAPPED_BACKEND,
+    )

@@ -16,8 +16,18 @@ import xarray as xr
 import posgen
 
 # attrs of qk.h5 (the model, its weights and the capture) that every output derived from it carries
-CARRIED_ATTRS = ("model", "model_source", "model_revision", "weights_sha256", "variant", "init_seed",
-                 "architecture", "capture_point", "softcap", "dtype")
+CARRIED_ATTRS = (
+    "model",
+    "model_source",
+    "model_revision",
+    "weights_sha256",
+    "variant",
+    "init_seed",
+    "architecture",
+    "capture_point",
+    "softcap",
+    "dtype",
+)
 
 
 def _version(package: str) -> str:
@@ -158,17 +168,26 @@ class QKWriter:
         packed = {"compression": "gzip", "compression_opts": compression, "shuffle": True} if compression else {}
         # One chunk per (sample, layer): the unit every reader works on.
         self.q = f.create_variable(
-            "q", ("sample", "layer", "head", "token", "dim"), "f4",
-            chunks=(1, 1, n_heads, n_tokens, head_dim), **packed,
+            "q",
+            ("sample", "layer", "head", "token", "dim"),
+            "f4",
+            chunks=(1, 1, n_heads, n_tokens, head_dim),
+            **packed,
         )
         self.k = f.create_variable(
-            "k", ("sample", "layer", "kv_head", "token", "dim"), "f4",
-            chunks=(1, 1, n_kv_heads, n_tokens, head_dim), **packed,
+            "k",
+            ("sample", "layer", "kv_head", "token", "dim"),
+            "f4",
+            chunks=(1, 1, n_kv_heads, n_tokens, head_dim),
+            **packed,
         )
         self.token_id = f.create_variable("token_id", ("sample", "token"), "i8")
         self.logits_ref = f.create_variable(
-            "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4",
-            chunks=(1, 1, 1, n_tokens, n_tokens), **packed,
+            "logits_ref",
+            ("ref_sample", "ref_layer", "head", "query", "key"),
+            "f4",
+            chunks=(1, 1, 1, n_tokens, n_tokens),
+            **packed,
         )
         for name, dims, dtype in [
             ("inv_freq", ("layer", "band"), "f4"),

@@ -19,8 +19,26 @@ from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
-COLUMNS = ["model", "variant", "method", "sink", "mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo",
-           "pooled_r_hi", "r2_f", "r2_g", "diff_vs_trained", "diff_lo", "diff_hi", "n_samples", "n_layers", "n_heads"]
+COLUMNS = [
+    "model",
+    "variant",
+    "method",
+    "sink",
+    "mean_r",
+    "mean_r_lo",
+    "mean_r_hi",
+    "pooled_r",
+    "pooled_r_lo",
+    "pooled_r_hi",
+    "r2_f",
+    "r2_g",
+    "diff_vs_trained",
+    "diff_lo",
+    "diff_hi",
+    "n_samples",
+    "n_layers",
+    "n_heads",
+]
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:
@@ -66,7 +84,9 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
     first = by_variant[variants[0]]
     for v in variants[1:]:
         if not np.array_equal(by_variant[v]["sample"].values, first["sample"].values):
-            raise ValueError(f"{model}/{v}: samples differ from {variants[0]}; the paired comparison needs the same windows")
+            raise ValueError(
+                f"{model}/{v}: samples differ from {variants[0]}; the paired comparison needs the same windows"
+            )
     methods, sinks, layers = list(first["method"].values), list(first["sink"].values), first["layer"].values
     n_samples = first.sizes["sample"]
     idx = bootstrap_indices(n_samples, n_boot, seed)
@@ -94,14 +114,28 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                 # variance explained by f / g alone is a Method A quantity
                 r2_f = float(_nanmean(r2["r2_f"][..., si], None)) if method == "A" else np.nan
                 r2_g = float(_nanmean(r2["r2_g"][..., si], None)) if method == "A" else np.nan
-                rows.append({
-                    "model": model, "variant": v, "method": method, "sink": sink,
-                    "mean_r": mean_r[mi, si], "mean_r_lo": mean_lo[mi, si], "mean_r_hi": mean_hi[mi, si],
-                    "pooled_r": pooled[mi, si], "pooled_r_lo": pooled_lo[mi, si], "pooled_r_hi": pooled_hi[mi, si],
-                    "r2_f": r2_f, "r2_g": r2_g,
-                    "diff_vs_trained": diff[mi, si], "diff_lo": diff_lo[mi, si], "diff_hi": diff_hi[mi, si],
-                    "n_samples": n_samples, "n_layers": ds.sizes["layer"], "n_heads": ds.sizes["head"],
-                })
+                rows.append(
+                    {
+                        "model": model,
+                        "variant": v,
+                        "method": method,
+                        "sink": sink,
+                        "mean_r": mean_r[mi, si],
+                        "mean_r_lo": mean_lo[mi, si],
+                        "mean_r_hi": mean_hi[mi, si],
+                        "pooled_r": pooled[mi, si],
+                        "pooled_r_lo": pooled_lo[mi, si],
+                        "pooled_r_hi": pooled_hi[mi, si],
+                        "r2_f": r2_f,
+                        "r2_g": r2_g,
+                        "diff_vs_trained": diff[mi, si],
+                        "diff_lo": diff_lo[mi, si],
+                        "diff_hi": diff_hi[mi, si],
+                        "n_samples": n_samples,
+                        "n_layers": ds.sizes["layer"],
+                        "n_heads": ds.sizes["head"],
+                    }
+                )
     dims = ("variant", "method", "sink", "layer")
     nc = xr.Dataset(
         {"layer_r": (dims, layer_r), "layer_r_lo": (dims, layer_lo), "layer_r_hi": (dims, layer_hi)},
@@ -110,8 +144,9 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
     return rows, nc
 
 
-def summarize(decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 1000, seed: int = 0,
-              config_hash: str = "") -> pd.DataFrame:
+def summarize(
+    decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 1000, seed: int = 0, config_hash: str = ""
+) -> pd.DataFrame:
     """results/summary.csv over all models and variants, and results/<model>/summary.nc per model."""
     data = read_decompositions(decomposition_paths)
     missing = sorted(set(nc_paths) - set(data))

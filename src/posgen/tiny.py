@@ -51,7 +51,9 @@ def make_tiny(path: str | Path, arch: str = "llama", seed: int = 1234) -> Path:
         tie_word_embeddings=True,
     )
     if arch == "llama":
-        config = LlamaConfig(num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+        config = LlamaConfig(
+            num_hidden_layers=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common
+        )
     elif arch == "gemma3":
         config = Gemma3TextConfig(
             num_hidden_layers=3,

@@ -66,8 +66,12 @@ def main(argv=None):
     captured, _, _ = load_capturing(model_dir)
     windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
     ids = windows["token_id"].values
-    results = {"plain forward": [], "capture, no HDF5": [], "capture + HDF5 (gzip 1)": [],
-               "capture + HDF5 (no gzip)": []}
+    results = {
+        "plain forward": [],
+        "capture, no HDF5": [],
+        "capture + HDF5 (gzip 1)": [],
+        "capture + HDF5 (no gzip)": [],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         windows_path = Path(tmp) / "windows.h5"
         write_netcdf(windows, windows_path)
@@ -76,12 +80,20 @@ def main(argv=None):
             results["plain forward"] += _plain(plain, ids)
             results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
             for level, name in [(1, "capture + HDF5 (gzip 1)"), (0, "capture + HDF5 (no gzip)")]:
-                report = extract(model_dir, windows_path, Path(tmp) / "qk.h5", model_name="bench",
-                                 variant="trained", compression=level)
+                report = extract(
+                    model_dir,
+                    windows_path,
+                    Path(tmp) / "qk.h5",
+                    model_name="bench",
+                    variant="trained",
+                    compression=level,
+                )
                 results[name] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
-    print(f"model {model_dir.name}, {args.windows} windows x {args.seq_len} tokens, {args.rounds} rounds, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"model {model_dir.name}, {args.windows} windows x {args.seq_len} tokens, {args.rounds} rounds, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     for name, times in results.items():
         med = statistics.median(times)
         print(f"{name:24s} {med:8.3f} s/window   ratio {med / base:5.2f}x")

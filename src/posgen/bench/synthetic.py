@@ -20,10 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from posgen.config import SCHEMA
+from posgen.models import resolve_device
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
-from posgen.models import resolve_device
 from posgen.synthetic.train import load_split, model_config, train
 
 

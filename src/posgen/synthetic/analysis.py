@@ -18,9 +18,9 @@ import torch
 import xarray as xr
 
 from posgen.decompose import toeplitz_shares
+from posgen.models import resolve_device
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.tasks import TEST
-from posgen.models import resolve_device
 from posgen.synthetic.train import accuracy, load_classifier, load_split
 
 

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 import xarray as xr
 from tqdm import tqdm
 
+from posgen.models import resolve_device
 from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
 from posgen.synthetic.model import Classifier, build
-from posgen.models import resolve_device
 from posgen.synthetic.tasks import TEST, TRAIN
 
 
