@@ -5,8 +5,7 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-# config_hash (whole sections) stays importable for rules files not yet moved to hash_of (rules/synthetic.smk)
-from posgen.config import config_hash, job_hash, model_entry, validate as validate_config, variants  # noqa: E402
+from posgen.config import job_hash, model_entry, validate as validate_config, variants  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
 
 validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
