@@ -10,6 +10,7 @@ include: "rules/corpus.smk"
 include: "rules/extract.smk"
 include: "rules/decompose.smk"
 include: "rules/perturb.smk"
+include: "rules/llm_heads.smk"
 include: "rules/figures.smk"
 
 
