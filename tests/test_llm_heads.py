@@ -176,3 +176,29 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         lh.head_ablation_job(tiny_dir, tmp_path / "windows.h5", tmp_path / "decomposition.nc",
                              tmp_path / "bad.nc", model_name="tiny", variant="trained", n_samples=2,
                              seq_len=999, probe_samples=1, probe_period=4, seed=0)
+
+
+def test_figure_draws_heatmaps_and_scatter(tmp_path):
+    from posgen.figures import save_figure
+
+    rng = np.random.default_rng(0)
+    variants, n_layers, n_heads = ["trained", "random-seed0"], 3, 4
+    increase = rng.normal(0, 0.1, (2, 2, n_layers, n_heads))
+    increase[0, 1, 0, 2] = 2.0  # one head carries the repeat probe
+    ablation = xr.Dataset(
+        {
+            "loss_increase": (("variant", "probe", "layer", "head"), increase),
+            "method_a_r": (("variant", "layer", "head"), rng.uniform(0.5, 1, (2, n_layers, n_heads))),
+            "f_share": (("variant", "layer", "head"), rng.uniform(0, 1, (2, n_layers, n_heads))),
+            "deposit_index": (("variant", "probe", "layer"), rng.uniform(0, 1, (2, 2, n_layers))),
+        },
+        coords={"variant": variants, "probe": list(lh.PROBES)},
+    )
+    fig = lh.fig_llm_heads(ablation)
+    heatmap = fig.axes[0].images[0].get_array()
+    np.testing.assert_array_equal(heatmap, increase[0, 1])
+    assert len(fig.axes[2].collections[0].get_offsets()) == n_layers * n_heads
+    save_figure(fig, tmp_path / "heads.png")
+    assert (tmp_path / "heads.png").stat().st_size > 1000
+    with pytest.raises(KeyError, match="f_share"):
+        lh.fig_llm_heads(ablation.drop_vars("f_share"))
