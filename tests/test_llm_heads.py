@@ -151,9 +151,20 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         coords={"method": ["A", "B"], "sink": ["with", "without"]},
     )
     decomposition.to_netcdf(tmp_path / "decomposition.nc", engine="h5netcdf")
-    lh.head_ablation_job(tiny_dir, tmp_path / "windows.h5", tmp_path / "decomposition.nc", tmp_path / "out.nc",
-                         model_name="tiny", variant="trained", n_samples=2, seq_len=16, probe_samples=3,
-                         probe_period=6, seed=0, config_hash="abc")
+    lh.head_ablation_job(
+        tiny_dir,
+        tmp_path / "windows.h5",
+        tmp_path / "decomposition.nc",
+        tmp_path / "out.nc",
+        model_name="tiny",
+        variant="trained",
+        n_samples=2,
+        seq_len=16,
+        probe_samples=3,
+        probe_period=6,
+        seed=0,
+        config_hash="abc",
+    )
     ds = open_dataset(tmp_path / "out.nc", lazy=False)
     assert ds["loss_increase"].dims == ("probe", "layer", "head")
     assert list(ds["probe"].values) == list(lh.PROBES)
@@ -173,9 +184,19 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
     assert float(ds["base_loss"].sel(probe="windows")) == pytest.approx(np.mean(ce), rel=1e-5)
     # a too-long window prefix names the llm_heads key
     with pytest.raises(ValueError, match="llm_heads.seq_len"):
-        lh.head_ablation_job(tiny_dir, tmp_path / "windows.h5", tmp_path / "decomposition.nc",
-                             tmp_path / "bad.nc", model_name="tiny", variant="trained", n_samples=2,
-                             seq_len=999, probe_samples=1, probe_period=4, seed=0)
+        lh.head_ablation_job(
+            tiny_dir,
+            tmp_path / "windows.h5",
+            tmp_path / "decomposition.nc",
+            tmp_path / "bad.nc",
+            model_name="tiny",
+            variant="trained",
+            n_samples=2,
+            seq_len=999,
+            probe_samples=1,
+            probe_period=4,
+            seed=0,
+        )
 
 
 def test_figure_draws_heatmaps_and_scatter(tmp_path):

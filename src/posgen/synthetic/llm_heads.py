@@ -108,8 +108,11 @@ def top_two_gap(increase: xr.DataArray, dim: str = "head") -> xr.DataArray:
         gap = np.full(np.delete(ordered.shape, axis), np.nan)
     else:
         gap = np.take(ordered, 0, axis=axis) - np.take(ordered, 1, axis=axis)
-    return xr.DataArray(gap, dims=[d for d in increase.dims if d != dim],
-                        coords={d: increase[d] for d in increase.dims if d != dim and d in increase.coords})
+    return xr.DataArray(
+        gap,
+        dims=[d for d in increase.dims if d != dim],
+        coords={d: increase[d] for d in increase.dims if d != dim and d in increase.coords},
+    )
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -301,8 +304,9 @@ def head_ablation(
     from posgen.corpus import prepends_bos
 
     bos = prepends_bos(tokenizer)
-    probe = repeat_probe(ordinary_ids(tokenizer), probe_samples, probe_period, seed,
-                         tokenizer.bos_token_id if bos else None)
+    probe = repeat_probe(
+        ordinary_ids(tokenizer), probe_samples, probe_period, seed, tokenizer.bos_token_id if bos else None
+    )
     jobs = {
         "windows": (windows, np.arange(1, windows.shape[1])),
         "repeat": (probe, repeat_targets(probe_period, bos)),
@@ -318,8 +322,12 @@ def head_ablation(
     for p, name in enumerate(PROBES):
         base_arr[p, : len(base[name])] = base[name]
         ablated_arr[p, : len(base[name])] = ablated_loss[name]
-    coords = {"probe": list(PROBES), "sample": np.arange(n_samples), "layer": np.arange(n_layers),
-              "head": np.arange(n_heads)}
+    coords = {
+        "probe": list(PROBES),
+        "sample": np.arange(n_samples),
+        "layer": np.arange(n_layers),
+        "head": np.arange(n_heads),
+    }
     ds = xr.Dataset(
         {
             "sample_base_loss": (("probe", "sample"), base_arr),
@@ -346,8 +354,9 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
             raise KeyError(f"decomposition.nc: no variable {name!r}")
     sizes = (decomposition.sizes["layer"], decomposition.sizes["head"])
     if sizes != (ds.sizes["layer"], ds.sizes["head"]):
-        raise ValueError(f"decomposition.nc: layer x head {sizes} differs from the model's "
-                         f"{(ds.sizes['layer'], ds.sizes['head'])}")
+        raise ValueError(
+            f"decomposition.nc: layer x head {sizes} differs from the model's {(ds.sizes['layer'], ds.sizes['head'])}"
+        )
     per_head = decomposition.sel(sink=SINK).mean("sample")
     out = ds.copy()
     method_a = per_head["r"].sel({"method": "A"})  # a dict: sel(method=...) would be the lookup method
@@ -394,8 +403,15 @@ def head_ablation_job(
         raise ValueError(str(err).replace("perturb.", "llm_heads.")) from None
     model, tokenizer = load_model(model_dir, variant, dtype=dtype, device=device)
     manifest = read_manifest(model_dir)
-    ds = head_ablation(model, tokenizer, windows, probe_samples=probe_samples, probe_period=probe_period,
-                       seed=seed, desc=f"heads {model_name}/{variant}")
+    ds = head_ablation(
+        model,
+        tokenizer,
+        windows,
+        probe_samples=probe_samples,
+        probe_period=probe_period,
+        seed=seed,
+        desc=f"heads {model_name}/{variant}",
+    )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
         ds = join_decomposition(ds, decomposition)
     ds.attrs = provenance(
@@ -451,10 +467,24 @@ def fig_llm_heads(ablation: xr.Dataset, probe: str = "repeat"):
         fig, axes = plt.subplots(len(variants), 3, figsize=(PAGE_WIDTH, 2.0 * len(variants)), squeeze=False)
         for row, variant in enumerate(variants):
             ax_drop, ax_r, ax_scatter = axes[row]
-            im_drop = ax_drop.imshow(increase.sel(variant=variant).values, aspect="auto", origin="lower",
-                                     cmap="RdBu_r", vmin=-limit, vmax=limit, interpolation="nearest")
-            im_r = ax_r.imshow(r.sel(variant=variant).values, aspect="auto", origin="lower", cmap="viridis",
-                               vmin=r_range[0], vmax=max(r_range[1], r_range[0] + 1e-6), interpolation="nearest")
+            im_drop = ax_drop.imshow(
+                increase.sel(variant=variant).values,
+                aspect="auto",
+                origin="lower",
+                cmap="RdBu_r",
+                vmin=-limit,
+                vmax=limit,
+                interpolation="nearest",
+            )
+            im_r = ax_r.imshow(
+                r.sel(variant=variant).values,
+                aspect="auto",
+                origin="lower",
+                cmap="viridis",
+                vmin=r_range[0],
+                vmax=max(r_range[1], r_range[0] + 1e-6),
+                interpolation="nearest",
+            )
             for ax, title in ((ax_drop, f"loss increase ({probe})"), (ax_r, "Method A $r$")):
                 ax.grid(False)
                 ax.set_title(f"{variant}: {title}")
