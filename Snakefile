@@ -16,6 +16,7 @@ include: "rules/extract.smk"
 include: "rules/decompose.smk"
 include: "rules/perturb.smk"
 include: "rules/synthetic.smk"
+include: "rules/llm_heads.smk"
 include: "rules/figures.smk"
 
 

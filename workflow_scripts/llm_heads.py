@@ -1,0 +1,24 @@
+from pathlib import Path
+
+from _common import setup
+
+setup(snakemake)
+from posgen.synthetic.llm_heads import head_ablation_job  # noqa: E402
+
+p = snakemake.params
+head_ablation_job(
+    Path(snakemake.input.manifest).parent,
+    snakemake.input.windows,
+    snakemake.input.decomposition,
+    snakemake.output.nc,
+    model_name=snakemake.wildcards.model,
+    variant=snakemake.wildcards.variant,
+    n_samples=p.llm_heads["n_samples"],
+    seq_len=p.llm_heads["seq_len"],
+    probe_samples=p.llm_heads["probe_samples"],
+    probe_period=p.llm_heads["probe_period"],
+    seed=p.llm_heads["seed"],
+    dtype=p.dtype,
+    device=p.device,
+    config_hash=p.config_hash,
+)
