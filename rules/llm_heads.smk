@@ -1,6 +1,8 @@
-# Per-head ablation on the pretrained LLMs (issue 10 item 6). Logic in posgen.synthetic.llm_heads.
+# Per-head ablation of the pretrained LLMs (docs/method.md section 8.6), beside each head's Method A numbers.
+# Logic in posgen.synthetic.llm_heads.
 
-LLM_HEADS_HASH = config_hash(config, WINDOWS_KEYS + ["dtype", "llm_heads"])
+LLM_HEADS_KEYS = ["n_samples", "seq_len", "probe_samples", "probe_period", "seed"]
+LLM_HEADS_LEAVES = [f"llm_heads.{key}" for key in LLM_HEADS_KEYS] + ["dtype", "device"]
 
 
 rule llm_heads:
@@ -14,17 +16,17 @@ rule llm_heads:
         "logs/llm_heads/{model}/{variant}.log",
     benchmark:
         "benchmarks/llm_heads/{model}/{variant}.tsv"
-    params:
-        llm_heads=config["llm_heads"],
-        dtype=config["dtype"],
-        device=config["device"],
-        config_hash=LLM_HEADS_HASH,
+    conda:
+        "../envs/posgen.yaml"
     threads: 2
     resources:
         mem_mb=6000,
-        runtime=30,
-    conda:
-        "../envs/posgen.yaml"
+        runtime=60,
+    params:
+        **{key: config["llm_heads"][key] for key in LLM_HEADS_KEYS},
+        dtype=config["dtype"],
+        device=config["device"],
+        config_hash=hash_of(LLM_HEADS_LEAVES),
     script:
         "../workflow_scripts/llm_heads.py"
 

@@ -9,8 +9,10 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen.capture import load_model
+from posgen.models import load_model
+from posgen.stats import deposit_index, spearman, top_gap
 from posgen.synthetic import llm_heads as lh
+from posgen.synthetic.figures import fig_llm_heads
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,7 @@ def tiny_dir(tiny_source, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_dir):
-    model, tokenizer = load_model(tiny_dir, dtype="float64")
+    model, tokenizer, _ = load_model(tiny_dir, dtype="float64")
     return model, tokenizer
 
 
@@ -59,17 +61,17 @@ def test_deposit_index_and_gap_of_constructed_pattern():
         [[0.6, 0.1, 0.1, -0.2], [0.2, 0.2, 0.2, 0.2], [-0.1, -0.3, -0.2, -0.4]],
         dims=("layer", "head"),
     )
-    index = lh.deposit_index(increase).values
+    index = lh.per_layer(deposit_index, increase).values
     np.testing.assert_allclose(index[:2], [0.6 / 0.8, 0.25])
     assert np.isnan(index[2])  # no head increases the loss
-    np.testing.assert_allclose(lh.top_two_gap(increase).values, [0.5, 0.0, 0.1])
+    np.testing.assert_allclose(lh.per_layer(top_gap, increase).values, [0.5, 0.0, 0.1])
 
 
 def test_spearman_is_rank_correlation():
     x = np.array([1.0, 2.0, 3.0, 4.0, np.nan])
-    assert lh.spearman(x, np.exp(x)) == pytest.approx(1.0)
-    assert lh.spearman(x, -(x**3)) == pytest.approx(-1.0)
-    assert lh.spearman(np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)
+    assert spearman(x, np.exp(x)) == pytest.approx(1.0)
+    assert spearman(x, -(x**3)) == pytest.approx(-1.0)
+    assert spearman(np.array([1.0, 2.0, 3.0, 4.0]), np.array([1.0, 3.0, 2.0, 4.0])) == pytest.approx(0.8)
 
 
 def test_ablating_a_head_with_zero_output_changes_nothing(tiny):
@@ -134,7 +136,7 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
     from posgen.corpus import cut_windows, load_text
     from posgen.store import open_dataset
 
-    model, tokenizer = load_model(tiny_dir)
+    model, tokenizer, _ = load_model(tiny_dir)
     windows = cut_windows(load_text("embedded"), tokenizer, n_samples=2, seq_len=24, seed=0)
     windows.to_netcdf(tmp_path / "windows.h5", engine="h5netcdf")
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -173,7 +175,7 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
     np.testing.assert_array_equal(ds["n_targets"], [15, 5])
     mean_f = r2_f[..., 1].mean(0)
     np.testing.assert_allclose(ds["f_share"], mean_f / (mean_f + r2_g[..., 1].mean(0)))
-    expected = lh.spearman(ds["loss_increase"].sel(probe="repeat").values, ds["f_share"].values)
+    expected = spearman(ds["loss_increase"].sel(probe="repeat").values, ds["f_share"].values)
     assert ds.attrs["spearman_f_share_repeat"] == pytest.approx(expected)
     assert ds.attrs["config_hash"] == "abc" and ds.attrs["variant"] == "trained"
     # the windows probe's base loss is the model's own mean cross-entropy on the first 16 tokens
@@ -215,11 +217,11 @@ def test_figure_draws_heatmaps_and_scatter(tmp_path):
         },
         coords={"variant": variants, "probe": list(lh.PROBES)},
     )
-    fig = lh.fig_llm_heads(ablation)
+    fig = fig_llm_heads(ablation)
     heatmap = fig.axes[0].images[0].get_array()
     np.testing.assert_array_equal(heatmap, increase[0, 1])
     assert len(fig.axes[2].collections[0].get_offsets()) == n_layers * n_heads
     save_figure(fig, tmp_path / "heads.png")
     assert (tmp_path / "heads.png").stat().st_size > 1000
     with pytest.raises(KeyError, match="f_share"):
-        lh.fig_llm_heads(ablation.drop_vars("f_share"))
+        fig_llm_heads(ablation.drop_vars("f_share"))

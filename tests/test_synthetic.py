@@ -12,8 +12,9 @@ import xarray as xr
 from conftest import TINY_SYNTHETIC
 
 from posgen.decompose import AdditiveDesign, toeplitz_shares
+from posgen.stats import deposit_index, top_gap
 from posgen.store import open_dataset
-from posgen.synthetic.analysis import ablate, deposit_index, top_gap
+from posgen.synthetic.analysis import ablate
 from posgen.synthetic.figures import reproduction_markdown, reproduction_rows
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe

@@ -2,7 +2,7 @@ from pathlib import Path
 
 from _common import setup
 
-setup(snakemake)
+setup(snakemake, uses_torch=True)
 from posgen.synthetic.llm_heads import head_ablation_job  # noqa: E402
 
 p = snakemake.params
@@ -13,11 +13,11 @@ head_ablation_job(
     snakemake.output.nc,
     model_name=snakemake.wildcards.model,
     variant=snakemake.wildcards.variant,
-    n_samples=p.llm_heads["n_samples"],
-    seq_len=p.llm_heads["seq_len"],
-    probe_samples=p.llm_heads["probe_samples"],
-    probe_period=p.llm_heads["probe_period"],
-    seed=p.llm_heads["seed"],
+    n_samples=p.n_samples,
+    seq_len=p.seq_len,
+    probe_samples=p.probe_samples,
+    probe_period=p.probe_period,
+    seed=p.seed,
     dtype=p.dtype,
     device=p.device,
     config_hash=p.config_hash,

@@ -78,12 +78,10 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
             raise ConfigError(
                 f"config.extract.ref_samples: sample {i} does not exist (n_samples is {config['n_samples']})"
             )
-    if config["perturb"]["seq_len"] > config["seq_len"]:
-        raise ConfigError(f"config.perturb.seq_len: {config['perturb']['seq_len']} exceeds seq_len {config['seq_len']}")
-    if config["perturb"]["n_samples"] > config["n_samples"]:
-        raise ConfigError(
-            f"config.perturb.n_samples: {config['perturb']['n_samples']} exceeds n_samples {config['n_samples']}"
-        )
+    for section in ("perturb", "llm_heads"):  # both read a prefix of the first windows
+        for key in ("seq_len", "n_samples"):
+            if config[section][key] > config[key]:
+                raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")
     return config
 
 

@@ -101,7 +101,13 @@ FIGURES = {
         _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),
         _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True),
         _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True),
-        # the second paper (docs/method.md section 8): PE classifiers on the synthetic tasks
+        # the second paper (docs/method.md section 8): per-head ablation of the pretrained models
+        _row(
+            "llm_heads",
+            "14. Pretrained LLMs: single-head ablation",
+            {"head_ablation": "results/{model}/{variant}/head_ablation.nc"},
+        ),
+        # the second paper: PE classifiers on the synthetic tasks
         _row(
             "synthetic_accuracy",
             "10. PE x task: accuracy",

@@ -86,3 +86,33 @@ def bootstrap_mean(x: xr.DataArray, dim: str, n_boot: int = 1000, seed: int = 0)
         mean, lo, hi = interval(lambda v: np.nanmean(v, axis=0), values, idx)
     coords = {k: v for k, v in x.coords.items() if dim not in v.dims}
     return tuple(xr.DataArray(a, dims=x.dims[1:], coords=coords) for a in (mean, lo, hi))
+
+
+# ------------------------------------------------------------------ per-head ablation (method.md section 8.4)
+
+
+def deposit_index(drop: np.ndarray) -> np.ndarray:
+    """``max_h drop / sum_h max(drop, 0)`` over the last axis (head); NaN where no drop is positive."""
+    drop = np.asarray(drop, dtype=np.float64)
+    positive = np.clip(drop, 0, None).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(positive > 0, drop.max(-1) / positive, np.nan)
+
+
+def top_gap(drop: np.ndarray) -> np.ndarray:
+    """Largest minus second-largest value over the last axis (head)."""
+    top = np.sort(np.asarray(drop, dtype=np.float64), -1)
+    return top[..., -1] - top[..., -2]
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation over the entries finite in both (average ranks for ties); NaN under 3."""
+    import pandas as pd
+
+    x, y = np.ravel(x), np.ravel(y)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if keep.sum() < 3:
+        return float("nan")
+    rank_x = pd.Series(x[keep]).rank().to_numpy()
+    rank_y = pd.Series(y[keep]).rank().to_numpy()
+    return float(pearson(rank_x, rank_y))

@@ -19,22 +19,10 @@ import xarray as xr
 
 from posgen.decompose import toeplitz_shares
 from posgen.models import resolve_device
+from posgen.stats import deposit_index, top_gap
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.tasks import TEST
 from posgen.synthetic.train import accuracy, load_classifier, load_split
-
-
-def deposit_index(drop: np.ndarray) -> np.ndarray:
-    """max over the last axis (head) / sum of the positive drops; NaN where no drop is positive."""
-    positive = np.clip(drop, 0, None).sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(positive > 0, drop.max(-1) / positive, np.nan)
-
-
-def top_gap(drop: np.ndarray) -> np.ndarray:
-    """Largest minus second-largest value over the last axis (head)."""
-    top = np.sort(drop, -1)
-    return top[..., -1] - top[..., -2]
 
 
 def ablate(model, tokens, labels, batch_size: int = 1024) -> tuple[float, np.ndarray]:

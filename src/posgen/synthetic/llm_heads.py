@@ -1,4 +1,4 @@
-"""Per-head ablation on pretrained LLMs (issue 10 item 6): which attention head carries position?
+"""Per-head ablation on pretrained LLMs (docs/method.md section 8.6): which attention head carries position?
 
 Ablation
 --------
@@ -20,7 +20,7 @@ Probes (``PROBES``)
 
 Per layer: ``deposit_index = max_h loss_increase / sum_h max(loss_increase, 0)`` (1 when one head carries all
 the layer's positive effect, 1/H when all heads matter equally; NaN when no head increases the loss) and
-``top_two_gap`` = largest minus second largest increase.
+``top_gap`` = largest minus second largest increase (``posgen.stats``, docs/method.md section 8.4).
 
 Beside each head's increase the job puts the head's Method A numbers from ``decomposition.nc`` (sink
 "without", mean over samples): ``method_a_r``, ``r2_f``, ``r2_g`` and ``f_share = r2_f / (r2_f + r2_g)``, the
@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
+
+from posgen.stats import deposit_index, spearman, top_gap
 
 PROBES = ("windows", "repeat")
 SINK = "without"  # decomposition reading joined to the ablation (docs/data-model.md: sink-free)
@@ -98,39 +99,9 @@ def ordinary_ids(tokenizer) -> np.ndarray:
 # Per-layer summaries
 
 
-def deposit_index(increase: xr.DataArray, dim: str = "head") -> xr.DataArray:
-    """max over ``dim`` / sum over ``dim`` of the positive part; NaN where nothing is positive."""
-    positive_sum = increase.clip(min=0).sum(dim)
-    top = increase.max(dim)
-    return (top / positive_sum).where(positive_sum > 0)
-
-
-def top_two_gap(increase: xr.DataArray, dim: str = "head") -> xr.DataArray:
-    """Largest minus second largest value along ``dim`` (NaN with fewer than two)."""
-    axis = increase.get_axis_num(dim)
-    ordered = -np.sort(-increase.values, axis=axis)  # descending along dim
-    if ordered.shape[axis] < 2:
-        gap = np.full(np.delete(ordered.shape, axis), np.nan)
-    else:
-        gap = np.take(ordered, 0, axis=axis) - np.take(ordered, 1, axis=axis)
-    return xr.DataArray(
-        gap,
-        dims=[d for d in increase.dims if d != dim],
-        coords={d: increase[d] for d in increase.dims if d != dim and d in increase.coords},
-    )
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rank correlation over the entries finite in both (average ranks for ties)."""
-    x, y = np.ravel(x), np.ravel(y)
-    keep = np.isfinite(x) & np.isfinite(y)
-    if keep.sum() < 3:
-        return float("nan")
-    rank_x = pd.Series(x[keep]).rank().to_numpy()
-    rank_y = pd.Series(y[keep]).rank().to_numpy()
-    if rank_x.std() == 0 or rank_y.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(rank_x, rank_y)[0, 1])
+def per_layer(statistic, increase: xr.DataArray) -> xr.DataArray:
+    """A per-layer statistic of posgen.stats (``deposit_index``, ``top_gap``) over the ``head`` dim."""
+    return xr.apply_ufunc(statistic, increase, input_core_dims=[["head"]])
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -344,8 +315,8 @@ def head_ablation(
     ds["base_loss"] = ds["sample_base_loss"].mean("sample")  # NaN padding skipped
     ds["ablated_loss"] = ds["sample_ablated_loss"].mean("sample")
     ds["loss_increase"] = ds["ablated_loss"] - ds["base_loss"]
-    ds["deposit_index"] = deposit_index(ds["loss_increase"])
-    ds["top_two_gap"] = top_two_gap(ds["loss_increase"])
+    ds["deposit_index"] = per_layer(deposit_index, ds["loss_increase"])
+    ds["top_gap"] = per_layer(top_gap, ds["loss_increase"])
     ds["n_samples"] = ("probe", [len(windows), len(probe)])
     ds["n_targets"] = ("probe", [len(jobs[name][1]) for name in PROBES])
     ds.attrs.update(probe_period=int(probe_period), probe_seed=int(seed), bos_prepended=int(bos))
@@ -395,19 +366,13 @@ def head_ablation_job(
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``head_ablation.nc`` of one model variant."""
-    from posgen.capture import load_model
-    from posgen.config import init_seed
-    from posgen.models import read_manifest
-    from posgen.perturb import read_windows
+    from posgen.corpus import read_windows
+    from posgen.models import load_model, manifest_attrs
     from posgen.store import open_dataset, provenance, write_netcdf
 
     start = time.perf_counter()
-    try:
-        windows = read_windows(windows_path, n_samples, seq_len)
-    except ValueError as err:  # its messages name the perturb keys; these sizes are llm_heads keys
-        raise ValueError(str(err).replace("perturb.", "llm_heads.")) from None
-    model, tokenizer = load_model(model_dir, variant, dtype=dtype, device=device)
-    manifest = read_manifest(model_dir)
+    windows = read_windows(windows_path, n_samples, seq_len, section="llm_heads")
+    model, tokenizer, manifest = load_model(model_dir, variant, dtype=dtype, device=device)
     ds = head_ablation(
         model,
         tokenizer,
@@ -421,11 +386,7 @@ def head_ablation_job(
         ds = join_decomposition(ds, decomposition)
     ds.attrs = provenance(
         **ds.attrs,
-        model=model_name,
-        model_source=manifest["source"],
-        weights_sha256=manifest["files"],
-        variant=variant,
-        init_seed=init_seed(variant),
+        **manifest_attrs(manifest, model=model_name, variant=variant),
         dtype=dtype,
         device=str(model.device),
         windows_n_samples=int(n_samples),
@@ -435,74 +396,3 @@ def head_ablation_job(
     )
     write_netcdf(ds, out_path)
     return ds
-
-
-# --------------------------------------------------------------------------------------------------------
-# Figure (posgen.figures house style; wired into the report by the coordinator)
-
-FIGURE_VARIABLES = ["loss_increase", "method_a_r", "f_share", "deposit_index"]
-
-
-def load_llm_heads(inputs, variants) -> xr.Dataset:
-    """``inputs["head_ablation"]``: one head_ablation.nc per variant, stacked along ``variant``."""
-    from posgen.figures import _by_variant
-
-    return _by_variant(inputs["head_ablation"], variants, FIGURE_VARIABLES)
-
-
-def fig_llm_heads(ablation: xr.Dataset, probe: str = "repeat"):
-    """Per variant (rows): loss increase of ``probe`` (layer x head), Method A r (layer x head), and the
-    increase against the head's f share, with the Spearman correlation in the title.
-
-    ``ablation`` has dims (variant, probe, layer, head) as :func:`load_llm_heads` returns it.
-    """
-    import matplotlib.pyplot as plt
-
-    from posgen.figures import PAGE_WIDTH, _integer_ticks, _need, _symmetric_limit, style, variant_colors
-
-    _need(ablation, FIGURE_VARIABLES + ["variant", "probe", "layer", "head"], "llm heads figure input")
-    increase = ablation["loss_increase"].sel(probe=probe).transpose("variant", "layer", "head")
-    r = ablation["method_a_r"].transpose("variant", "layer", "head")
-    variants = list(ablation["variant"].values)
-    colors = variant_colors(variants)
-    limit = max(_symmetric_limit(increase.values), 1e-6)
-    finite_r = r.values[np.isfinite(r.values)]
-    r_range = (float(finite_r.min()), float(finite_r.max())) if finite_r.size else (0.0, 1.0)
-    with style():
-        fig, axes = plt.subplots(len(variants), 3, figsize=(PAGE_WIDTH, 2.0 * len(variants)), squeeze=False)
-        for row, variant in enumerate(variants):
-            ax_drop, ax_r, ax_scatter = axes[row]
-            im_drop = ax_drop.imshow(
-                increase.sel(variant=variant).values,
-                aspect="auto",
-                origin="lower",
-                cmap="RdBu_r",
-                vmin=-limit,
-                vmax=limit,
-                interpolation="nearest",
-            )
-            im_r = ax_r.imshow(
-                r.sel(variant=variant).values,
-                aspect="auto",
-                origin="lower",
-                cmap="viridis",
-                vmin=r_range[0],
-                vmax=max(r_range[1], r_range[0] + 1e-6),
-                interpolation="nearest",
-            )
-            for ax, title in ((ax_drop, f"loss increase ({probe})"), (ax_r, "Method A $r$")):
-                ax.grid(False)
-                ax.set_title(f"{variant}: {title}")
-                ax.set_xlabel("head")
-                ax.set_ylabel("layer")
-                _integer_ticks(ax.xaxis)
-                _integer_ticks(ax.yaxis)
-            fig.colorbar(im_drop, ax=ax_drop, label="nats", pad=0.01)
-            fig.colorbar(im_r, ax=ax_r, label="$r$", pad=0.01)
-            share = ablation["f_share"].sel(variant=variant).values.ravel()
-            drop = increase.sel(variant=variant).values.ravel()
-            ax_scatter.scatter(share, drop, s=6, color=colors[variant], alpha=0.7, linewidths=0)
-            ax_scatter.set_xlabel("f share $r_f^2 / (r_f^2 + r_g^2)$")
-            ax_scatter.set_ylabel("loss increase (nats)")
-            ax_scatter.set_title(f"Spearman {spearman(drop, share):+.2f}")
-    return fig
