@@ -371,7 +371,7 @@ def head_ablation_job(
     from posgen.store import open_dataset, provenance, write_netcdf
 
     start = time.perf_counter()
-    windows = read_windows(windows_path, n_samples, seq_len, section="llm_heads")
+    windows = read_windows(windows_path, n_samples, seq_len, section="llm_heads")["token_id"].values
     model, tokenizer, manifest = load_model(model_dir, variant, dtype=dtype, device=device)
     ds = head_ablation(
         model,
