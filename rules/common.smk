@@ -1,3 +1,4 @@
+import json
 import re
 import sys
 from pathlib import Path
@@ -69,6 +70,12 @@ def hash_of(leaves, per_model=True):
         return job_hash(config, leaves, wildcards.model if per_model else None)
 
     return job_config_hash
+
+
+def canonical(section):
+    """A config section as params with its keys sorted at every level: Snakemake compares params as text, so
+    the key order of the config file must not rerun a job."""
+    return json.loads(json.dumps(section, sort_keys=True))
 
 
 def own_model_entry(wildcards):

@@ -33,7 +33,7 @@ rule synthetic_tasks:
         mem_mb=2000,
         runtime=10,
     params:
-        options={key: SYN[key] for key in SYN_DATA_KEYS},
+        options=canonical({key: SYN[key] for key in SYN_DATA_KEYS}),
         config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_tasks.py"
@@ -58,7 +58,7 @@ rule synthetic_train:
         mem_mb=2000,
         runtime=30,
     params:
-        options={key: SYN[key] for key in SYN_MODEL_KEYS},
+        options=canonical({key: SYN[key] for key in SYN_MODEL_KEYS}),
         device=config["device"],
         config_hash=hash_of(SYN_TRAIN_LEAVES, per_model=False),
     script:
