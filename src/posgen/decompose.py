@@ -42,26 +42,13 @@ from tqdm import tqdm
 from posgen.models import resolve_device
 from posgen.rope import causal_mask, rotate
 from posgen.stats import pearson_from_sums
-from posgen.store import open_dataset, provenance, write_netcdf
+from posgen.store import carried_attrs, open_dataset, provenance, write_netcdf
 
 SINKS = ("with", "without")
 METHODS = ("A", "B")
 SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A or B)
 LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
-# attrs of qk.h5 carried into the outputs
-CARRIED_ATTRS = (
-    "model",
-    "model_source",
-    "model_revision",
-    "weights_sha256",
-    "variant",
-    "init_seed",
-    "architecture",
-    "capture_point",
-    "softcap",
-    "dtype",
-)
 
 
 @dataclass(frozen=True)
@@ -1105,7 +1092,7 @@ def decompose_store(
     data = {name: (dims[name], arrays[name]) for name in dims}
     data["r2_f"] = (dims["r_f"], arrays["r_f"] ** 2)
     data["r2_g"] = (dims["r_g"], arrays["r_g"] ** 2)
-    carried = {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
+    carried = carried_attrs(ds)
     out = xr.Dataset(
         data,
         coords=coords,
