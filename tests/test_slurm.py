@@ -35,7 +35,7 @@ FAIL_RULE = "extract"
 # the figures (fig_*) and report tables
 LOCAL_RULES = {"get_model", "windows", "reproduction"}
 # provenance that legitimately differs between two runs of the same job
-VOLATILE_ATTRS = {"created", "runtime_s"}
+VOLATILE_ATTRS = {"created", "runtime_s", "train_seconds", "samples_per_second"}  # timings
 WORKFLOW_TIMEOUT_S = 420
 
 NO_SLURM = missing_requirements()
