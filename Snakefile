@@ -2,6 +2,21 @@ from snakemake.utils import min_version
 
 min_version("9.19")
 
+import sys
+from pathlib import Path
+
+# The library lives beside the workflow; make it importable without an install.
+sys.path.insert(0, str(Path(workflow.basedir) / "src"))
+from posgen.config import ConfigError, check_files
+
+# Snakemake's own reading keeps the last of duplicate keys and words a YAML error without file or line: read
+# every config file strictly first, and stop with one line (--configfile files are also checked, before
+# Snakemake reads them, by the workflow profile).
+try:
+    check_files([p for p in ["config.yaml"] if Path(p).is_file()] + list(workflow.overwrite_configfiles))
+except ConfigError as err:
+    sys.exit(f"ConfigError: {err}")
+
 
 configfile: "config.yaml"
 

@@ -6,10 +6,14 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from posgen.config import job_hash, model_entry, validate as validate_config, variants  # noqa: E402
+from posgen.config import ConfigError, job_hash, model_entry, validate as validate_config, variants  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
 
-validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+try:
+    validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+except ConfigError as err:
+    # one line, not Snakemake's traceback of the Snakefile
+    sys.exit(f"ConfigError: {err}")
 
 MODELS = [m["name"] for m in config["models"]]
 VARIANTS = variants(config)

@@ -82,19 +82,189 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
         for key in ("seq_len", "n_samples"):
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")
+    _check_cross_keys(config)
+    for i, entry in enumerate(config["models"]):
+        _check_model_source(entry, f"config.models[{i}].source")
+    _check_corpus_source(config["corpus"]["source"])
+    return config
+
+
+def _check_cross_keys(config: dict) -> None:
+    """Rules between keys that the schema cannot state; each names the key, its value and the limit."""
+    perturb = config["perturb"]
+    longest = perturb["seq_len"] - 1  # the largest query-key distance in a perturbation window
+    for cap in perturb["caps"]:
+        if cap >= longest:
+            raise ConfigError(
+                f"config.perturb.caps: cap {cap} never applies (the longest distance in a window of "
+                f"perturb.seq_len {perturb['seq_len']} tokens is {longest}; use caps below {longest})"
+            )
+    figures = config["figures"]
+    if figures["map_tokens"] > config["seq_len"]:
+        raise ConfigError(f"config.figures.map_tokens: {figures['map_tokens']} exceeds seq_len {config['seq_len']}")
+    if figures["sample"] >= config["n_samples"]:
+        raise ConfigError(
+            f"config.figures.sample: sample {figures['sample']} does not exist (n_samples is {config['n_samples']})"
+        )
+    bound = config["decomposition"]["bound_samples"]
+    if bound > config["n_samples"]:
+        raise ConfigError(f"config.decomposition.bound_samples: {bound} exceeds n_samples {config['n_samples']}")
+    synthetic = config["synthetic"]
+    count = synthetic["count"]
+    if count["max_count"] > count["seq_len"]:
+        raise ConfigError(
+            f"config.synthetic.count.max_count: {count['max_count']} exceeds synthetic.count.seq_len {count['seq_len']}"
+        )
+    width, n_heads = synthetic["model"]["d_model"], synthetic["model"]["n_heads"]
+    if width % n_heads:
+        raise ConfigError(f"config.synthetic.model.d_model: {width} is not a multiple of n_heads {n_heads}")
+
+
+def _check_model_source(entry: dict, key: str) -> None:
+    """A ``local:`` folder must exist and hold config.json and weights (else get_model would fail later)."""
+    source = entry["source"]
+    if not source.startswith("local:"):
+        return
+    folder = Path(source[len("local:") :]).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"{key}: {folder} is not a directory")
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"{key}: {folder} has no config.json")
+    weights = ["*.safetensors"] + (["*.bin", "*.pt", "*.pth"] if entry.get("allow_pickle") else [])
+    if not any(next(folder.glob(pattern), None) for pattern in weights):
+        kinds = "safetensors" + (" or pickle" if entry.get("allow_pickle") else "")
+        raise ConfigError(f"{key}: {folder} holds no {kinds} weights")
+
+
+def _check_corpus_source(source: str) -> None:
+    """Local corpus files must exist now, not only when the windows job runs."""
+    import glob
+
+    kind, _, spec = source.partition(":")
+    if kind == "jsonl":
+        path = Path(spec.rpartition(":")[0])
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise ConfigError(f"config.corpus.source: {path} {what}")
+    elif kind == "text":
+        files = [p for p in glob.glob(spec, recursive=True) if Path(p).is_file()]
+        if not files:
+            raise ConfigError(f"config.corpus.source: no file matches {spec!r}")
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys (plain YAML silently keeps the last value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            # YTE templates repeat conditional keys (`?if`, `?else`) by design
+            if isinstance(key, str) and key.startswith("?"):
+                continue
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (first at line {seen[key] + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _refuse_duplicate_json_keys(pairs):
+    keys = [k for k, _ in pairs]
+    dupes = sorted({k for k in keys if keys.count(k) > 1})
+    if dupes:
+        raise ValueError(f"duplicate key {dupes[0]!r}")
+    return dict(pairs)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """Read a config file (YAML or JSON) strictly: duplicate keys, syntax errors, an empty file or a top level
+    that is not a mapping raise ConfigError with one line naming the file (and the line where YAML knows it)."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a config file") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read config file ({err.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text") from None
+    # Snakemake tries JSON first, then YAML; JSON's tabs would trip YAML
+    try:
+        config = json.loads(text, object_pairs_hook=_refuse_duplicate_json_keys)
+    except json.JSONDecodeError:
+        try:
+            config = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+            problem = err.problem or err.context or "not valid YAML"
+            if "\t" in problem or "'\\t'" in problem:
+                problem += " (indent with spaces, not tabs)"
+            raise ConfigError(f"{path}{where}: not valid YAML ({problem})") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except ValueError as err:  # a duplicate JSON key
+        raise ConfigError(f"{path}: {err}") from None
+    if config is None:
+        raise ConfigError(f"{path}: config file is empty")
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}, line 1: expected a mapping of keys at the top level, found a {type(config).__name__}")
     return config
 
 
 def load(path: str | Path) -> dict:
-    """Read and validate a YAML config file."""
-    path = Path(path)
+    """Read (strictly, see :func:`read_yaml`) and validate a config file."""
+    return validate(read_yaml(path))
+
+
+def check_files(paths) -> None:
+    """Read every config file of ``paths`` strictly; the first problem raises ConfigError (one line)."""
+    for path in paths:
+        read_yaml(path)
+
+
+def configfiles_in_argv(argv: list[str]) -> list[str]:
+    """The files a Snakemake command line passes with ``--configfile(s)`` (several may follow one flag)."""
+    files, taking = [], False
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg in ("--configfile", "--configfiles"):
+            taking = True
+        elif arg.startswith(("--configfile=", "--configfiles=")):
+            files.append(arg.partition("=")[2])
+            taking = False
+        elif arg.startswith("-"):
+            taking = False
+        elif taking:
+            files.append(arg)
+    return files
+
+
+def precheck_command_line(argv: list[str] | None = None) -> None:
+    """Check the ``--configfile`` files of a Snakemake command line before Snakemake parses them.
+
+    Snakemake reads them before the Snakefile runs, and words a YAML error without the file or line (a missing
+    file as a traceback). Called from the workflow profile (profiles/default): a problem prints one line and
+    exits with status 1.
+    """
+    import sys
+
     try:
-        config = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    return validate(config if config is not None else {})
+        check_files(configfiles_in_argv(sys.argv[1:] if argv is None else argv))
+    except ConfigError as err:
+        print(f"ConfigError: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def config_hash(config: dict, keys: list[str] | None = None) -> str:
