@@ -1,7 +1,14 @@
 """Shared preamble of the workflow scripts: make the library importable and send output to the rule's log."""
 
+import signal
 import sys
 from pathlib import Path
+
+
+def _exit_on_sigterm(signum, frame):
+    # SLURM ends a job at its time limit (and scancel) with SIGTERM, whose default action skips every `finally`:
+    # raising instead lets the temporaries (atomic_path, qk.h5's, acquisition's folder) be removed.
+    raise SystemExit(128 + signum)
 
 
 def setup(snakemake, uses_torch: bool = False) -> None:
@@ -9,6 +16,13 @@ def setup(snakemake, uses_torch: bool = False) -> None:
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from posgen.store import sweep_stale_temporaries
+
+    for output in snakemake.output:
+        # a SIGKILLed job (or a failed node) ran no cleanup: its temporary of this output is swept now
+        for removed in sweep_stale_temporaries(output):
+            print(f"removed {removed}, a temporary left by a killed job")
     if uses_torch:
         import torch
 

@@ -24,26 +24,35 @@ def load_text(source: str) -> str:
 
         return "\n\n".join(topics[key] for key in sorted(topics))
     if kind == "text":
-        paths = sorted(glob.glob(spec, recursive=True))
-        if not paths:
+        matches = sorted(glob.glob(spec, recursive=True))
+        if not matches:
             raise CorpusError(f"corpus {source}: no file matches {spec!r}")
-        return "\n\n".join(Path(p).read_text(encoding="utf-8") for p in paths)
+        # a recursive glob also yields folders; a pattern that yields only folders is a mistake
+        paths = [Path(p) for p in matches if not Path(p).is_dir()]
+        if not paths:
+            raise CorpusError(f"corpus {source}: {matches[0]} is a directory (match files, e.g. {spec}/*.txt)")
+        return "\n\n".join(_read_utf8(p, source) for p in paths)
     if kind == "jsonl":
         path, _, field = spec.rpartition(":")
         if not Path(path).exists():
             raise CorpusError(f"corpus {source}: {path}: no such file")
+        if Path(path).is_dir():
+            raise CorpusError(f"corpus {source}: {path} is a directory, not a JSON-lines file")
         texts = []
-        with open(path, encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    raise CorpusError(f"corpus {source}: {path} line {n} is not JSON") from None
-                if field not in record:
-                    raise CorpusError(f"corpus {source}: {path} line {n} has no field {field!r}")
-                texts.append(str(record[field]))
+        for n, line in enumerate(_read_utf8(Path(path), source).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise CorpusError(f"corpus {source}: {path} line {n} is not JSON") from None
+            if not isinstance(record, dict) or field not in record:
+                raise CorpusError(f"corpus {source}: {path} line {n} has no field {field!r}")
+            if not isinstance(record[field], str):
+                # str(None) would put the word "None" into the corpus
+                kind_found = "null" if record[field] is None else type(record[field]).__name__
+                raise CorpusError(f"corpus {source}: {path} line {n}: field {field!r} is {kind_found}, not text")
+            texts.append(record[field])
         return "\n\n".join(texts)
     if kind == "hf":
         dataset, split, field = spec.rsplit(":", 2)
@@ -64,6 +73,32 @@ def load_text(source: str) -> str:
             raise CorpusError(f"corpus {source}: no field {field!r} (have {', '.join(ds.column_names)})")
         return "\n\n".join(map(str, ds[field]))
     raise CorpusError(f"corpus {source}: unknown source kind")
+
+
+def _read_utf8(path: Path, source: str) -> str:
+    """The text of ``path``; a binary or non-UTF-8 (e.g. Latin-1) file is one line naming it and the byte."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise CorpusError(
+            f"corpus {source}: {path} line {line} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset "
+            f"{err.start}); convert it, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
+def check_context(seq_len: int, model_dir: str | Path) -> None:
+    """Refuse windows longer than the model's context (``max_position_embeddings`` of its config.json)."""
+    config_path = Path(model_dir) / "config.json"
+    config = json.loads(config_path.read_text())
+    # multimodal checkpoints (Gemma 3) nest the language model's settings
+    context = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    if context and seq_len > context:
+        raise CorpusError(
+            f"config.seq_len: {seq_len} exceeds the model's context of {context} tokens "
+            f"(max_position_embeddings in {config_path})"
+        )
 
 
 def prepends_bos(tokenizer) -> bool:
@@ -137,7 +172,10 @@ def read_windows(
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such windows file")
-    windows = xr.load_dataset(path, engine="h5netcdf")
+    from posgen.store import open_dataset
+
+    with open_dataset(path, lazy=False) as opened:
+        windows = opened.load()
     if "token_id" not in windows:
         raise ValueError(f"{path}: no variable token_id")
     have_samples, have_tokens = windows.sizes["sample"], windows.sizes["token"]
@@ -162,6 +200,7 @@ def windows_job(
     """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer."""
     from transformers import AutoTokenizer
 
+    check_context(seq_len, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
     windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source)
     write_windows(windows, out_path, config_hash=config_hash, model=model_name)

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,6 +38,8 @@ META_PATTERNS = [
     "chat_template*",
 ]
 PICKLE_PATTERNS = ["*.bin", "*.bin.index.json", "*.pt", "*.pth"]
+# the model's own code (config.json's auto_map names its modules), acquired only with trust_remote_code
+CODE_PATTERNS = ["*.py"]
 
 
 class ModelSourceError(RuntimeError):
@@ -93,12 +96,17 @@ def _acquire_embedded(name: str, dest: Path) -> str:
     return f"{package.replace('_', '-')}=={version}"
 
 
-def _acquire_hf(spec: str, dest: Path, allow_pickle: bool) -> str:
+def _acquire_hf(spec: str, dest: Path, allow_pickle: bool, trust_remote_code: bool = False) -> str:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     repo, _, revision = spec.partition("@")
-    patterns = WEIGHT_PATTERNS + META_PATTERNS + (PICKLE_PATTERNS if allow_pickle else [])
+    patterns = (
+        WEIGHT_PATTERNS
+        + META_PATTERNS
+        + (PICKLE_PATTERNS if allow_pickle else [])
+        + (CODE_PATTERNS if trust_remote_code else [])
+    )
     try:
         path = snapshot_download(
             repo, revision=revision or None, allow_patterns=patterns, token=os.environ.get("HF_TOKEN")
@@ -111,11 +119,11 @@ def _acquire_hf(spec: str, dest: Path, allow_pickle: bool) -> str:
             f"hf:{spec}: cannot reach the Hugging Face Hub and no cached copy exists "
             f"(HF_HUB_OFFLINE={offline}; {type(err).__name__}). Download on a machine with network first."
         ) from None
-    _copy_checkpoint(Path(path), dest, allow_pickle, f"hf:{spec}")
+    _copy_checkpoint(Path(path), dest, allow_pickle, f"hf:{spec}", trust_remote_code)
     return Path(path).name  # snapshot folders are named by the resolved commit
 
 
-def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str) -> None:
+def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str, trust_remote_code: bool = False) -> None:
     if not src.is_dir():
         raise ModelSourceError(f"{label}: {src} is not a directory")
     files = [p for p in sorted(src.iterdir()) if p.is_file()]
@@ -128,7 +136,12 @@ def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str) -> N
         raise ModelSourceError(f"{label}: {src} holds {why}")
     if not (src / "config.json").exists():
         raise ModelSourceError(f"{label}: {src} has no config.json")
-    keep = WEIGHT_PATTERNS + META_PATTERNS + (PICKLE_PATTERNS if allow_pickle and not has_safetensors else [])
+    keep = (
+        WEIGHT_PATTERNS
+        + META_PATTERNS
+        + (PICKLE_PATTERNS if allow_pickle and not has_safetensors else [])
+        + (CODE_PATTERNS if trust_remote_code else [])
+    )
     for p in files:
         if any(p.match(pattern) for pattern in keep):
             shutil.copy2(p, dest / p.name)
@@ -142,14 +155,16 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
     dest = Path(dest)
     kind, _, spec = source.partition(":")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    sweep_stale_work_folders(dest)
+    # the pid in the name lets a later run tell a killed acquisition's folder from a running one's
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", dir=dest.parent))
     try:
         if kind == "embedded":
             revision = _acquire_embedded(spec, work)
         elif kind == "hf":
-            revision = _acquire_hf(spec, work, allow_pickle)
+            revision = _acquire_hf(spec, work, allow_pickle, trust_remote_code)
         elif kind == "local":
-            _copy_checkpoint(Path(spec).expanduser(), work, allow_pickle, source)
+            _copy_checkpoint(Path(spec).expanduser(), work, allow_pickle, source, trust_remote_code)
             revision = "local"
         else:
             raise ModelSourceError(f"{source}: unknown source kind {kind!r} (embedded, hf, local)")
@@ -166,12 +181,65 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
             "files": {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()},
         }
         (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        follow_umask(work)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(work, dest)
     finally:
         if work.exists():
             shutil.rmtree(work)
+    return manifest
+
+
+def follow_umask(folder: Path) -> None:
+    """Give ``folder`` and its files the modes the umask asks for: mkdtemp makes the folder 0700 and copies keep
+    the source's modes, so a group sharing a cluster directory could not read the checkpoint."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def sweep_stale_work_folders(dest: Path) -> list[Path]:
+    """Remove acquisition folders ``.<name>.<pid>.*`` of ``dest`` left by a killed job whose pid is gone."""
+    from posgen.store import _alive
+
+    # exactly ".<name>.<pid>.<mkdtemp suffix>": model "m" must not sweep the folders of a model named "m.x"
+    pattern = re.compile(rf"\.{re.escape(dest.name)}\.(\d+)\.[^.]+")
+    removed = []
+    for work in dest.parent.glob(f".{dest.name}.*"):
+        match = pattern.fullmatch(work.name)
+        if match and work.is_dir() and not _alive(int(match.group(1))):
+            shutil.rmtree(work, ignore_errors=True)
+            removed.append(work)
+    return removed
+
+
+class CheckpointError(RuntimeError):
+    """Checkpoint files that differ from their manifest or cannot be read, as one line naming the file."""
+
+
+def verify_checkpoint(model_dir: str | Path, weights: bool = True) -> dict:
+    """Check every file of ``model_dir`` against the sha256 its manifest recorded at acquisition; returns the
+    manifest. ``weights=False`` skips the weight files (a random-init variant reads only config and tokenizer).
+
+    A changed weight tensor would otherwise pass silently while outputs record the original hash.
+    """
+    model_dir = Path(model_dir)
+    manifest = read_manifest(model_dir)
+    for name, recorded in manifest["files"].items():
+        path = model_dir / name
+        if not weights and any(path.match(pattern) for pattern in WEIGHT_PATTERNS + PICKLE_PATTERNS):
+            continue
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (listed in manifest.json); re-run get_model")
+        digest = sha256_file(path)
+        if digest != recorded:
+            raise CheckpointError(
+                f"{path}: sha256 {digest[:12]}... differs from {recorded[:12]}... recorded in manifest.json "
+                f"(changed or corrupted on disk); re-run get_model (snakemake --forcerun get_model)"
+            )
     return manifest
 
 
@@ -203,6 +271,11 @@ def manifest_attrs(manifest: dict, *, model: str, variant: str) -> dict:
     }
 
 
+def _is_unreadable_weights(err: BaseException) -> bool:
+    name = type(err).__name__
+    return name == "SafetensorError" or (isinstance(err, (OSError, RuntimeError)) and "safetensors" in str(err))
+
+
 def load_model(
     model_dir: str | Path,
     variant: str = "trained",
@@ -220,7 +293,8 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
-    manifest = read_manifest(model_dir)
+    seed = init_seed(variant)
+    manifest = verify_checkpoint(model_dir, weights=seed < 0)
     remote = manifest.get("trust_remote_code", False)
     config = AutoConfig.from_pretrained(model_dir, trust_remote_code=remote)
     if callable(attn_implementation):
@@ -228,9 +302,17 @@ def load_model(
     kwargs = {"dtype": getattr(torch, dtype), "trust_remote_code": remote}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    seed = init_seed(variant)
     if seed < 0:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
+        except Exception as err:  # noqa: BLE001 - safetensors/torch word a damaged file without its path
+            if not _is_unreadable_weights(err):
+                raise
+            weights = ", ".join(sorted(p.name for p in model_dir.glob("*.safetensors"))) or "weights"
+            raise CheckpointError(
+                f"{model_dir}/{weights}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                f"re-run get_model (snakemake --forcerun get_model)"
+            ) from None
     else:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, **kwargs)

@@ -72,6 +72,97 @@ def require(ds: xr.Dataset | xr.DataArray, names, what: str) -> None:
         raise KeyError(f"{what}: missing {', '.join(missing)}")
 
 
+class StoreError(OSError):
+    """A posgen file that cannot be read (missing, truncated, failing its checksum), as one line naming the file
+    and the rule that rewrites it."""
+
+
+# the rule that writes each file name (results/<model>/[<variant>/]<name>); the hint of a damaged file
+WRITTEN_BY = {
+    "windows.h5": "windows",
+    "qk.h5": "extract",
+    "decomposition.nc": "decompose",
+    "bands.nc": "bands",
+    "perturb.nc": "perturb",
+    "cap.nc": "cap",
+    "examples.nc": "example_heads",
+    "head_ablation.nc": "llm_heads",
+    "summary.nc": "summarize",
+    "train.nc": "synthetic_train",
+    "ablation.nc": "synthetic_ablate",
+    "toeplitz.nc": "synthetic_toeplitz",
+    "training.nc": "synthetic_gather",
+}
+
+
+def damaged(path: str | Path, what: str) -> StoreError:
+    """The one-line error of a damaged file: ``what`` went wrong, delete it, re-run the rule that writes it."""
+    path = Path(path)
+    rule = WRITTEN_BY.get(path.name, "the rule that writes it")
+    if path.parent.name == "tasks":
+        rule = "synthetic_tasks"
+    return StoreError(f"{path}: {what}; delete it and re-run {rule}")
+
+
+def _read_failure(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "filter returned failure" in text or "checksum" in text.lower():
+        return "data fail their checksum (Fletcher-32) or decompression, the file is corrupted"
+    return f"cannot read its data ({text})"
+
+
+def _name_the_file_on_read_errors() -> None:
+    """xarray reads variables lazily, deep inside its indexing (and dask): an h5py error there (a checksum
+    mismatch, a truncated file) names neither the file nor the variable. Wrap the one method every h5netcdf
+    read goes through so that it does."""
+    from xarray.backends.h5netcdf_ import H5NetCDFArrayWrapper
+
+    read = H5NetCDFArrayWrapper._getitem
+    if getattr(read, "posgen_wrapped", False):
+        return
+
+    def _getitem(self, key):
+        try:
+            return read(self, key)
+        except (OSError, RuntimeError, ValueError) as err:
+            if isinstance(err, StoreError):
+                raise
+            path = self.datastore._filename
+            raise damaged(path, f"variable {self.variable_name}: {_read_failure(err)}") from None
+
+    _getitem.posgen_wrapped = True
+    H5NetCDFArrayWrapper._getitem = _getitem
+
+
+_name_the_file_on_read_errors()
+
+
+def sweep_stale_temporaries(path: str | Path) -> list[Path]:
+    """Remove the temporaries of ``path`` (``.<name>.<pid>.tmp``) left by a killed job whose pid is gone.
+
+    A SIGKILL (or a node failure) runs no cleanup; the next job writing the same output sweeps them. A
+    temporary of a live process (another job on the same output) is kept.
+    """
+    path = Path(path)
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary sibling path; rename it to ``path`` only if the block succeeds.
@@ -81,6 +172,7 @@ def atomic_path(path: str | Path):
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         yield tmp
@@ -91,11 +183,13 @@ def atomic_path(path: str | Path):
 
 
 def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None:
-    """Write ``ds`` atomically with h5netcdf, gzip-compressing every numeric variable."""
+    """Write ``ds`` atomically with h5netcdf, gzip-compressing every numeric variable and storing its
+    Fletcher-32 checksum (HDF5 verifies it on every read)."""
+    packed = {"zlib": True, "complevel": compression, "shuffle": True} if compression else {}
     encoding = {
-        name: {"zlib": True, "complevel": compression, "shuffle": True}
+        name: {**packed, "fletcher32": True}
         for name, var in ds.data_vars.items()
-        if compression and var.dtype.kind in "fiu" and var.ndim > 0
+        if var.dtype.kind in "fiu" and var.ndim > 0
     }
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
@@ -106,7 +200,16 @@ def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    return xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: is a directory, not a posgen file")
+    try:
+        return xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
+    except StoreError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        # h5py words a truncated or overwritten file as a ~25-frame traceback without the path
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise damaged(path, f"not a readable HDF5/netCDF file ({text})") from None
 
 
 class QKWriter:
@@ -166,6 +269,8 @@ class QKWriter:
             f.create_variable(dim, (dim,), "i8", data=values)
 
         packed = {"compression": "gzip", "compression_opts": compression, "shuffle": True} if compression else {}
+        # HDF5 verifies the Fletcher-32 checksum of every chunk it reads: a changed byte fails loudly
+        packed["fletcher32"] = True
         # One chunk per (sample, layer): the unit every reader works on.
         self.q = f.create_variable(
             "q",
