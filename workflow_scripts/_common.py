@@ -11,12 +11,22 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _one_line_for_posgen_errors(exc_type, exc, tb):
+    # posgen's own errors (a bad input, a damaged file, a failed self-check) are already one line naming the
+    # key or file and what to do: the traceback would only bury it in the log
+    if exc_type.__module__.startswith("posgen"):
+        print(f"{exc_type.__name__}: {exc}", file=sys.stderr)
+    else:
+        sys.__excepthook__(exc_type, exc, tb)
+
+
 def setup(snakemake, uses_torch: bool = False) -> None:
     """``uses_torch``: the job runs a model or tensor code; only then is torch imported and configured."""
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    sys.excepthook = _one_line_for_posgen_errors
     from posgen.store import sweep_stale_temporaries
 
     for output in snakemake.output:

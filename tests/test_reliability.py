@@ -1,0 +1,561 @@
+"""Reliability (issue 15): every bad config or damaged input stops with one line naming the key or file, corrupted
+data fail their checksum, and killed jobs leave no temporary behind once the next run has swept.
+
+Malformed configs go through posgen.config (fast); a handful through a real `snakemake -n`. Damaged inputs go
+through the library functions that read them; two through the workflow, on a copy of the tiny workflow's results.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, SNAKEMAKE, make_run, tiny_config
+
+from posgen.config import ConfigError, configfiles_in_argv, load, validate
+from posgen.corpus import CorpusError, cut_windows, load_text, read_windows, windows_job, write_windows
+from posgen.models import CheckpointError, acquire, load_model
+from posgen.store import StoreError, open_dataset, write_netcdf
+
+BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
+
+
+# ------------------------------------------------------------------------------------------ malformed configs
+
+
+def _set(path, value):
+    """An edit of the default config: the key at ``path`` (list of keys/indices) becomes ``value``."""
+
+    def edit(config, tmp):
+        node = config
+        for key in path[:-1]:
+            node = node.setdefault(key, {}) if isinstance(key, str) else node[key]
+        node[path[-1]] = value(tmp) if callable(value) else value
+
+    return edit
+
+
+def _local_folder(*files):
+    """A ``local:`` source folder holding ``files`` (empty files), for the model-path checks."""
+
+    def make(tmp):
+        folder = tmp / "ckpt"
+        folder.mkdir()
+        for name in files:
+            (folder / name).write_text("{}")
+        return f"local:{folder}"
+
+    return make
+
+
+def _corpus_dir(tmp):
+    (tmp / "corpus.jsonl").mkdir()
+    return f"jsonl:{tmp}/corpus.jsonl:text"
+
+
+# (id, edit of the default config, the message starts with)
+MALFORMED = [
+    ("dup-dummy-distances", _set(["decomposition", "dummy_distances"], [0, 100, 100]), "config.decomposition.dummy_distances:"),
+    ("dup-ref-samples", _set(["extract", "ref_samples"], [0, 0]), "config.extract.ref_samples:"),
+    ("dup-ref-layers", _set(["extract", "ref_layers"], [-1, -1]), "config.extract.ref_layers:"),
+    ("dup-rates", _set(["perturb", "rates"], [0, 0.1, 0.1]), "config.perturb.rates:"),
+    ("dup-caps", _set(["perturb", "caps"], [8, 8]), "config.perturb.caps:"),
+    ("dup-seeds", _set(["random_init_seeds"], [0, 0]), "config.random_init_seeds:"),
+    ("dup-synthetic-seeds", _set(["synthetic", "seeds"], [1, 1]), "config.synthetic.seeds:"),
+    ("dup-pes", _set(["synthetic", "pes"], ["rope", "rope"]), "config.synthetic.pes:"),
+    ("cap-never-applies", _set(["perturb", "caps"], [8, 255]), "config.perturb.caps: cap 255 never applies"),
+    ("cap-beyond-window", _set(["perturb", "caps"], [1000]), "config.perturb.caps: cap 1000 never applies"),
+    ("map-tokens-beyond-seq-len", _set(["figures", "map_tokens"], 2000), "config.figures.map_tokens: 2000 exceeds"),
+    ("figure-sample-beyond-n", _set(["figures", "sample"], 8), "config.figures.sample: sample 8 does not exist"),
+    ("bound-samples-beyond-n", _set(["decomposition", "bound_samples"], 9), "config.decomposition.bound_samples:"),
+    ("perturb-seq-len-beyond", _set(["perturb", "seq_len"], 5000), "config.perturb.seq_len: 5000 exceeds"),
+    ("llm-heads-n-beyond", _set(["llm_heads", "n_samples"], 9), "config.llm_heads.n_samples: 9 exceeds"),
+    ("ref-sample-missing", _set(["extract", "ref_samples"], [8]), "config.extract.ref_samples: sample 8"),
+    ("local-missing", _set(["models", 0, "source"], lambda t: f"local:{t}/nowhere"), "config.models[0].source:"),
+    ("local-is-file", _set(["models", 0, "source"], lambda t: f"local:{ROOT / 'config.yaml'}"), "config.models[0]"),
+    ("local-no-config", _set(["models", 0, "source"], _local_folder("model.safetensors")), "config.models[0].source:"),
+    ("local-no-weights", _set(["models", 0, "source"], _local_folder("config.json")), "config.models[0].source:"),
+    (
+        "local-pickle-only",
+        _set(["models", 0, "source"], _local_folder("config.json", "pytorch_model.bin")),
+        "config.models[0].source:",
+    ),
+    ("jsonl-missing", _set(["corpus", "source"], lambda t: f"jsonl:{t}/none.jsonl:text"), "config.corpus.source:"),
+    ("jsonl-directory", _set(["corpus", "source"], _corpus_dir), "config.corpus.source:"),
+    ("text-no-match", _set(["corpus", "source"], lambda t: f"text:{t}/*.txt"), "config.corpus.source: no file"),
+    ("seq-len-huge", _set(["seq_len"], 2_000_000), "config.seq_len:"),
+    ("n-samples-huge", _set(["n_samples"], 10**6), "config.n_samples:"),
+    ("seed-too-large", _set(["random_init_seeds"], [2**32]), "config.random_init_seeds[0]:"),
+    ("window-seed-negative", _set(["window_seed"], -1), "config.window_seed:"),
+    ("check-rtol-above-1", _set(["extract", "check_rtol"], 2.0), "config.extract.check_rtol:"),
+    ("lstsq-tol-zero", _set(["decomposition", "lstsq_tol"], 0), "config.decomposition.lstsq_tol:"),
+    ("bootstrap-huge", _set(["intervals", "bootstrap"], 10**7), "config.intervals.bootstrap:"),
+    ("compression-10", _set(["extract", "compression"], 10), "config.extract.compression:"),
+    ("rate-above-1", _set(["perturb", "rates"], [1.5]), "config.perturb.rates[0]:"),
+    ("trust-remote-code-string", _set(["models", 0, "trust_remote_code"], "yes"), "config.models[0].trust_remote_code:"),
+    ("max-count-beyond", _set(["synthetic", "count"], {"seq_len": 8, "max_count": 9}), "config.synthetic.count.max_count:"),
+    ("width-not-multiple", _set(["synthetic", "model"], {"d_model": 30, "n_heads": 4}), "config.synthetic.model.d_model:"),
+    ("figures-seed-negative", _set(["figures", "seed"], -2), "config.figures.seed:"),
+]
+
+
+@pytest.mark.parametrize("edit, expected", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
+def test_malformed_config_is_refused_with_one_line_naming_the_key(edit, expected, tmp_path):
+    config = copy.deepcopy(BASE)
+    edit(config, tmp_path)
+    with pytest.raises(ConfigError) as info:
+        validate(config)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(expected), message
+
+
+def test_cross_key_messages_name_value_and_limit(tmp_path):
+    config = copy.deepcopy(BASE)
+    config["figures"] = {"map_tokens": 2000}
+    with pytest.raises(ConfigError, match=r"^config\.figures\.map_tokens: 2000 exceeds seq_len 1200$"):
+        validate(config)
+    config = copy.deepcopy(BASE)
+    config["perturb"] = {"seq_len": 64, "caps": [8, 63]}
+    with pytest.raises(ConfigError, match=r"cap 63 never applies .*perturb\.seq_len 64 .* is 63; use caps below 63"):
+        validate(config)
+    config["perturb"]["caps"] = [8, 62]  # distance 63 exists in a 64-token window: the cap applies
+    validate(config)
+
+
+# (id, file content as bytes, the message contains)
+BAD_FILES = [
+    ("unclosed-bracket", b"models: [\n", "line 2 column 1: not valid YAML"),
+    ("tab-indent", b"corpus:\n\tsource: embedded\n", "line 2 column 1: not valid YAML (found character '\\t'"),
+    ("empty", b"", "config file is empty"),
+    ("comments-only", b"# nothing here\n", "config file is empty"),
+    ("top-level-list", b"- models\n- corpus\n", "line 1: expected a mapping of keys at the top level, found a list"),
+    ("top-level-scalar", b"hello\n", "found a str"),
+    ("duplicate-key", b"n_samples: 8\nseq_len: 64\nn_samples: 4\n", "line 3 column 1: not valid YAML (duplicate key"),
+    ("duplicate-nested-key", b"corpus:\n  source: embedded\n  source: x\n", "line 3 column 3: not valid YAML (dup"),
+    ("duplicate-json-key", b'{"n_samples": 8, "n_samples": 4}', "duplicate key 'n_samples'"),
+    ("unclosed-quote", b"corpus: {source: 'embedded}\n", "not valid YAML"),
+    ("mapping-in-scalar", b"n_samples: 8: 4\n", "line 1 column 13: not valid YAML (mapping values"),
+    ("latin-1", "corpus:\n  source: caf\u00e9\n".encode("latin-1"), "line 2: not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize("content, expected", [b[1:] for b in BAD_FILES], ids=[b[0] for b in BAD_FILES])
+def test_config_file_errors_name_the_file_and_line(content, expected, tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(path)), message
+    assert expected in message, message
+
+
+def test_missing_or_directory_config_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}/none\.yaml: config file not found$"):
+        load(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path}: is a directory, not a config file$"):
+        load(tmp_path)
+
+
+def test_configfiles_are_found_in_any_command_line_form():
+    argv = ["-n", "--configfile", "a.yaml", "b.yaml", "--cores", "1", "--configfiles=c.yaml", "--", "x.yaml"]
+    assert configfiles_in_argv(argv) == ["a.yaml", "b.yaml", "c.yaml"]
+
+
+# ------------------------------------------------------------------------------------- through snakemake -n
+
+
+def _dry_run(workdir: Path, configfile: str) -> subprocess.CompletedProcess:
+    cmd = [SNAKEMAKE, "-s", str(ROOT / "Snakefile"), "--directory", str(workdir), "--configfile", configfile, "-n"]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir, timeout=120)
+
+
+SNAKEMAKE_CASES = [
+    ("unclosed-bracket", "models: [\n", r"bad\.yaml, line 2 column 1: not valid YAML"),
+    ("tab-indent", "corpus:\n\tsource: embedded\n", r"bad\.yaml, line 2 column 1: not valid YAML .*tabs"),
+    ("empty", "", r"bad\.yaml: config file is empty"),
+    ("top-level-list", "- a\n- b\n", r"bad\.yaml, line 1: expected a mapping"),
+    ("duplicate-key", "n_samples: 8\nn_samples: 4\n", r"bad\.yaml, line 2 column 1: .*duplicate key 'n_samples'"),
+    ("missing-file", None, r"/nonexistent/posgen\.yaml: config file not found"),
+    ("cross-key", {"figures": {"map_tokens": 4000}}, r"config\.figures\.map_tokens: 4000 exceeds seq_len 48"),
+]
+
+
+@pytest.mark.parametrize("content, expected", [c[1:] for c in SNAKEMAKE_CASES], ids=[c[0] for c in SNAKEMAKE_CASES])
+def test_snakemake_stops_with_one_line_and_touches_no_result(content, expected, tmp_path, tiny_source):
+    config = tiny_config(tiny_source("llama"))
+    finished = tmp_path / "results" / "tiny-llama" / "summary.csv"
+    finished.parent.mkdir(parents=True)
+    finished.write_text("finished\n")
+    before = finished.stat().st_mtime_ns
+    if isinstance(content, dict):
+        configfile = make_run(tmp_path, {**config, **content}).configfile
+    elif content is None:
+        configfile = Path("/nonexistent/posgen.yaml")
+    else:
+        configfile = tmp_path / "bad.yaml"
+        configfile.write_text(content)
+    proc = _dry_run(tmp_path, str(configfile))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("Using ")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("ConfigError: ") and __import__("re").search(expected, lines[0]), lines[0]
+    assert finished.read_text() == "finished\n" and finished.stat().st_mtime_ns == before
+    assert not (tmp_path / ".snakemake" / "locks").exists() or not any((tmp_path / ".snakemake" / "locks").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------- damaged inputs
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_source, tmp_path_factory):
+    """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
+    from posgen.extract import extract
+
+    tmp = tmp_path_factory.mktemp("reliability")
+    acquire(f"local:{tiny_source('llama')}", tmp / "model")
+    _, tokenizer, _ = load_model(tmp / "model")
+    write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
+    extract(tmp / "model", tmp / "windows.h5", tmp / "qk.h5", model_name="tiny", variant="trained")
+    write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
+    return tmp
+
+
+def _digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+def _flip(path: Path, offset: int, n: int = 8) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(n)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def _chunk_offset(path: Path, name: str, index: int = 0) -> int:
+    with h5py.File(path) as f:
+        assert f[name].fletcher32
+        return f[name].id.get_chunk_info(index).byte_offset
+
+
+def _copy(checkpoint: Path, tmp: Path, name: str) -> Path:
+    target = tmp / "results" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if (checkpoint / name).is_dir():
+        shutil.copytree(checkpoint / name, target)
+    else:
+        shutil.copy(checkpoint / name, target)
+    return target
+
+
+def _latin1_text(tmp):
+    (tmp / "a.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    return lambda: load_text(f"text:{tmp}/*.txt"), CorpusError, "a.txt line 1 is not UTF-8 text"
+
+
+def _binary_text(tmp):
+    (tmp / "blob.txt").write_bytes(bytes(range(256)))
+    return lambda: load_text(f"text:{tmp}/blob.txt"), CorpusError, "blob.txt line 2 is not UTF-8 text (byte 0x80"
+
+
+def _glob_hits_directory(tmp):
+    (tmp / "texts").mkdir()
+    return lambda: load_text(f"text:{tmp}/tex*"), CorpusError, "texts is a directory"
+
+
+def _jsonl_directory(tmp):
+    (tmp / "c.jsonl").mkdir()
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl is a directory"
+
+
+def _jsonl_null(tmp):
+    (tmp / "c.jsonl").write_text('{"text": "a"}\n{"text": null}\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 2: field 'text' is null"
+
+
+def _jsonl_number(tmp):
+    (tmp / "c.jsonl").write_text('{"text": 3}\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 1: field 'text' is int"
+
+
+def _jsonl_latin1(tmp):
+    (tmp / "c.jsonl").write_bytes('{"text": "a"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 2 is not UTF-8 text"
+
+
+def _jsonl_list_line(tmp):
+    (tmp / "c.jsonl").write_text('["text"]\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 1 has no field 'text'"
+
+
+def _qk_truncated(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return lambda: open_dataset(path), StoreError, "qk.h5: not a readable HDF5/netCDF file"
+
+
+def _qk_empty(tmp, checkpoint):
+    path = tmp / "results" / "qk.h5"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    return lambda: open_dataset(path, lazy=False), StoreError, "re-run extract"
+
+
+def _qk_q_chunk_flipped(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    _flip(path, _chunk_offset(path, "q", 1) + 100)
+    return lambda: open_dataset(path, lazy=False)["q"].values, StoreError, "variable q: data fail their checksum"
+
+
+def _qk_k_chunk_flipped_lazy(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    _flip(path, _chunk_offset(path, "k", 0) + 40)
+    return lambda: open_dataset(path, lazy=True)["k"].sum().compute(), StoreError, "variable k: data fail their checksum"
+
+
+def _windows_truncated(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "windows.h5")
+    path.write_bytes(path.read_bytes()[:2000])
+    return lambda: read_windows(path), StoreError, "windows.h5: not a readable HDF5/netCDF file"
+
+
+def _windows_token_ids_flipped(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "windows.h5")
+    _flip(path, _chunk_offset(path, "token_id") + 16)
+    return lambda: read_windows(path), StoreError, "variable token_id: data fail their checksum"
+
+
+def _netcdf_overwritten(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "decomposition.nc")
+    path.write_bytes(b"\0" * path.stat().st_size)
+    return lambda: open_dataset(path, lazy=False), StoreError, "decomposition.nc: not a readable HDF5/netCDF file"
+
+
+def _weights_flipped(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    _flip(model / "model.safetensors", 5000)
+    return lambda: load_model(model), CheckpointError, "model.safetensors: sha256"
+
+
+def _weights_truncated_with_matching_hash(tmp, checkpoint):
+    """The manifest agrees with a truncated file (damaged before acquisition finished hashing): the safetensors
+    reader's own error still names the file."""
+    from posgen.models import sha256_file
+
+    model = _copy(checkpoint, tmp, "model")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = sha256_file(weights)
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    return lambda: load_model(model), CheckpointError, "model.safetensors: cannot be read"
+
+
+def _config_json_missing(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    (model / "config.json").unlink()
+    return lambda: load_model(model, "random-seed0"), CheckpointError, "config.json: missing (listed in manifest.json)"
+
+
+def _seq_len_beyond_context(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    out = tmp / "results" / "windows.h5"
+    return (
+        lambda: windows_job(model, out, source="embedded", n_samples=1, seq_len=context + 1, seed=0, model_name="m"),
+        CorpusError,
+        f"config.seq_len: {context + 1} exceeds the model's context of {context} tokens",
+    )
+
+
+DAMAGED = [
+    ("latin-1-text", _latin1_text),
+    ("binary-text", _binary_text),
+    ("glob-hits-directory", _glob_hits_directory),
+    ("jsonl-directory", _jsonl_directory),
+    ("jsonl-null-field", _jsonl_null),
+    ("jsonl-number-field", _jsonl_number),
+    ("jsonl-latin-1", _jsonl_latin1),
+    ("jsonl-list-line", _jsonl_list_line),
+    ("qk-truncated", _qk_truncated),
+    ("qk-empty", _qk_empty),
+    ("qk-q-chunk-flipped", _qk_q_chunk_flipped),
+    ("qk-k-chunk-flipped-lazy", _qk_k_chunk_flipped_lazy),
+    ("windows-truncated", _windows_truncated),
+    ("windows-token-ids-flipped", _windows_token_ids_flipped),
+    ("netcdf-overwritten", _netcdf_overwritten),
+    ("weights-flipped", _weights_flipped),
+    ("weights-truncated", _weights_truncated_with_matching_hash),
+    ("config-json-missing", _config_json_missing),
+    ("seq-len-beyond-context", _seq_len_beyond_context),
+]
+
+
+@pytest.mark.parametrize("damage", [d[1] for d in DAMAGED], ids=[d[0] for d in DAMAGED])
+def test_damaged_input_is_one_line_naming_the_file(damage, checkpoint, tmp_path):
+    before = _digest(checkpoint)
+    made = damage(tmp_path) if damage.__code__.co_argcount == 1 else damage(tmp_path, checkpoint)
+    read, error, expected = made
+    with pytest.raises(error) as info:
+        read()
+    message = str(info.value)
+    assert "\n" not in message and expected in message, message
+    assert str(tmp_path) in message or "config.seq_len" in message, message  # names the file
+    if error is StoreError:
+        assert "re-run " in message
+    if error is CheckpointError:
+        assert message.endswith("re-run get_model (snakemake --forcerun get_model)") or "re-run get_model" in message
+    assert _digest(checkpoint) == before  # the finished results elsewhere are untouched
+    assert not [p for p in tmp_path.rglob(".*.tmp")]
+
+
+def test_damaged_qk_never_turns_into_numbers(checkpoint, tmp_path):
+    """A plausible edit (one q block reversed) keeps every value finite: only the checksum notices."""
+    path = _copy(checkpoint, tmp_path, "qk.h5")
+    offset = _chunk_offset(path, "q", 0)
+    with h5py.File(path) as f:
+        size = f["q"].id.get_chunk_info(0).size
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        block = np.frombuffer(fh.read(size), dtype=np.float32)
+        fh.seek(offset)
+        fh.write(block[::-1].tobytes())
+    with pytest.raises(StoreError, match="variable q: data fail their checksum"):
+        open_dataset(path, lazy=False)["q"].isel(sample=0, layer=0).values
+    # other chunks (another layer) still read, and equal the clean file's
+    clean = open_dataset(checkpoint / "qk.h5", lazy=False)["q"].isel(sample=0, layer=1).values
+    np.testing.assert_array_equal(open_dataset(path, lazy=False)["q"].isel(sample=0, layer=1).values, clean)
+
+
+# --------------------------------------------------------------------------------------------- through the workflow
+
+
+@pytest.fixture
+def damaged_workflow(tiny_workflow, tmp_path):
+    """A copy of the tiny workflow's finished run (never the session's own: other tests read it)."""
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_workflow.workdir, workdir, symlinks=True)
+    config = yaml.safe_load(tiny_workflow.configfile.read_text())
+    return make_run(workdir, config)
+
+
+def _outputs(workdir: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted((workdir / "results").rglob("*")) if p.is_file()}
+
+
+def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_workflow):
+    run = damaged_workflow
+    qk = run.workdir / "results/tiny-llama/trained/qk.h5"
+    _flip(qk, _chunk_offset(qk, "q", 0) + 64)
+    target = run.workdir / "results/tiny-llama/trained/decomposition.nc"
+    before = _outputs(run.workdir)
+    proc = run.snakemake("--cores", "1", "--forcerun", "decompose", str(target.relative_to(run.workdir)), check=False)
+    assert proc.returncode != 0
+    log = (run.workdir / "logs/decompose/tiny-llama/trained.log").read_text().strip().splitlines()
+    assert log[-1] == (
+        f"StoreError: {qk.relative_to(run.workdir)}: variable q: data fail their checksum (Fletcher-32) or "
+        "decompression, the file is corrupted; delete it and re-run extract"
+    ), log[-5:]
+    # Snakemake removed the forced job's old output; no partial one appeared, every other result is unchanged
+    del before[target]
+    assert _outputs(run.workdir) == before
+    assert not list(run.workdir.rglob(".*.tmp"))
+
+
+def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
+    run = damaged_workflow
+    weights = run.workdir / "resources/models/tiny-llama/model.safetensors"
+    _flip(weights, weights.stat().st_size // 2)
+    target = run.workdir / "results/tiny-llama/trained/qk.h5"
+    before = _outputs(run.workdir)
+    proc = run.snakemake("--cores", "1", "--forcerun", "extract", str(target.relative_to(run.workdir)), check=False)
+    assert proc.returncode != 0
+    last = (run.workdir / "logs/extract/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), last
+    assert last.endswith("re-run get_model (snakemake --forcerun get_model)"), last
+    del before[target]
+    assert _outputs(run.workdir) == before
+    assert not list(run.workdir.rglob(".*.tmp"))
+
+
+# -------------------------------------------------------------------------------------------------- faults
+
+FAULT_SCRIPT = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+sys.path.insert(0, {scripts!r})
+from _common import setup
+
+out = Path({out!r})
+setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], output=[str(out)], threads=1,
+                      rule="extract"), uses_torch=True)
+from posgen.extract import extract
+
+extract({model!r}, {windows!r}, out, model_name="tiny", variant="trained")
+"""
+
+
+@pytest.fixture(scope="module")
+def long_extraction(tiny_source, tmp_path_factory):
+    """A tiny model with enough windows that its extraction runs a few seconds, and a clean run's qk.h5."""
+    tmp = tmp_path_factory.mktemp("fault")
+    acquire(f"local:{tiny_source('llama')}", tmp / "model")
+    _, tokenizer, _ = load_model(tmp / "model")
+    write_windows(cut_windows(load_text("embedded"), tokenizer, 150, 128, 0), tmp / "windows.h5")
+    clean = tmp / "clean" / "qk.h5"
+    _run_extraction(tmp, clean).wait(timeout=300)
+    assert clean.exists()
+    return tmp
+
+
+def _run_extraction(tmp: Path, out: Path) -> subprocess.Popen:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    script = FAULT_SCRIPT.format(
+        scripts=str(ROOT / "workflow_scripts"), out=str(out), model=str(tmp / "model"), windows=str(tmp / "windows.h5")
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.Popen([sys.executable, "-c", script], env=env)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extraction, tmp_path):
+    out = tmp_path / "qk.h5"
+    proc = _run_extraction(long_extraction, out)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".qk.h5.*.tmp")):
+        assert proc.poll() is None and time.monotonic() < deadline, "extraction ended before it could be killed"
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few windows into the file
+    assert proc.poll() is None, "extraction finished before the kill: give it more windows"
+    proc.send_signal(signum)
+    proc.wait(timeout=60)
+    assert not out.exists()
+    left = list(tmp_path.glob(".qk.h5.*.tmp"))
+    if signum == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM and left == []  # cleaned up on the way out
+    else:
+        assert len(left) == 1  # nothing runs on SIGKILL: the rerun must sweep it
+    rerun = _run_extraction(long_extraction, out)
+    assert rerun.wait(timeout=300) == 0
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert "a temporary left by a killed job" in out.with_suffix(".log").read_text() or signum == signal.SIGTERM
+    with h5py.File(out) as got, h5py.File(long_extraction / "clean" / "qk.h5") as want:
+        for name in ("q", "k", "logits_ref", "token_id"):
+            np.testing.assert_array_equal(got[name][()], want[name][()])
