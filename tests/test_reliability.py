@@ -512,6 +512,20 @@ extract({model!r}, {windows!r}, out, model_name="tiny", variant="trained")
 """
 
 
+def _extract_in_process(tmp: Path, out: Path) -> None:
+    """The same extraction in this process, on one thread like the subprocess (bit-identical results)."""
+    import torch
+
+    from posgen.extract import extract
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        extract(tmp / "model", tmp / "windows.h5", out, model_name="tiny", variant="trained")
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def long_extraction(tiny_source, tmp_path_factory):
     """A tiny model with enough windows that its extraction runs a few seconds, and a clean run's qk.h5."""
@@ -519,13 +533,12 @@ def long_extraction(tiny_source, tmp_path_factory):
     acquire(f"local:{tiny_source('llama')}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
     write_windows(cut_windows(load_text("embedded"), tokenizer, 150, 128, 0), tmp / "windows.h5")
-    clean = tmp / "clean" / "qk.h5"
-    _run_extraction(tmp, clean).wait(timeout=300)
-    assert clean.exists()
+    _extract_in_process(tmp, tmp / "clean" / "qk.h5")
     return tmp
 
 
 def _run_extraction(tmp: Path, out: Path) -> subprocess.Popen:
+    """The extraction as a workflow job runs it: through workflow_scripts/_common.setup, in a subprocess."""
     out.parent.mkdir(parents=True, exist_ok=True)
     script = FAULT_SCRIPT.format(
         scripts=str(ROOT / "workflow_scripts"), out=str(out), model=str(tmp / "model"), windows=str(tmp / "windows.h5")
@@ -551,11 +564,33 @@ def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extr
     if signum == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM and left == []  # cleaned up on the way out
     else:
-        assert len(left) == 1  # nothing runs on SIGKILL: the rerun must sweep it
-    rerun = _run_extraction(long_extraction, out)
-    assert rerun.wait(timeout=300) == 0
-    assert not list(tmp_path.glob(".*.tmp"))
-    assert "a temporary left by a killed job" in out.with_suffix(".log").read_text() or signum == signal.SIGTERM
+        assert proc.returncode == -signal.SIGKILL and len(left) == 1  # nothing runs on SIGKILL
+    # the rerun (another pid) sweeps the dead job's temporary before writing its own
+    _extract_in_process(long_extraction, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["qk.h5", "qk.log"]
     with h5py.File(out) as got, h5py.File(long_extraction / "clean" / "qk.h5") as want:
         for name in ("q", "k", "logits_ref", "token_id"):
             np.testing.assert_array_equal(got[name][()], want[name][()])
+
+
+def test_job_setup_sweeps_a_dead_jobs_temporary(tmp_path):
+    """workflow_scripts/_common.setup sweeps at job start; a live process's temporary is kept."""
+    sys.path.insert(0, str(ROOT / "workflow_scripts"))
+    from _common import setup
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".qk.h5.{dead.stdout.strip()}.tmp"
+    live = tmp_path / f".qk.h5.{os.getppid()}.tmp"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    job = type("Job", (), {"scriptdir": str(ROOT / "workflow_scripts"), "log": [str(tmp_path / "job.log")],
+                           "output": [str(tmp_path / "qk.h5")], "threads": 1, "rule": "extract"})
+    saved = sys.stdout, sys.stderr, sys.excepthook, signal.getsignal(signal.SIGTERM)
+    try:
+        setup(job)
+    finally:
+        sys.stdout.close()
+        sys.stdout, sys.stderr, sys.excepthook = saved[:3]
+        signal.signal(signal.SIGTERM, saved[3])
+    assert not stale.exists() and live.exists()
+    assert f"removed {stale}, a temporary left by a killed job" in (tmp_path / "job.log").read_text()
