@@ -74,3 +74,71 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
     ds = open_dataset(tmp_path / "qk.h5")
     assert (ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"], ds.sizes["dim"]) == (30, 9, 3, 64)
     assert float(ds["inv_freq"][0, 1]) == pytest.approx(100000.0 ** (-2 / 64), rel=1e-6)  # stored as float32
+
+
+CUSTOM_CODE = """
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class PosgenCustomConfig(LlamaConfig):
+    model_type = "posgen_custom"
+
+
+class PosgenCustomForCausalLM(LlamaForCausalLM):
+    config_class = PosgenCustomConfig
+"""
+
+
+def test_trust_remote_code_acquires_and_runs_the_models_own_code(tiny_source, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(tiny_source("llama"), src)
+    (src / "posgen_custom.py").write_text(CUSTOM_CODE)
+    config = json.loads((src / "config.json").read_text())
+    auto_map = {
+        "AutoConfig": "posgen_custom.PosgenCustomConfig",
+        "AutoModelForCausalLM": "posgen_custom.PosgenCustomForCausalLM",
+    }
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "posgen_custom", "auto_map": auto_map}))
+    manifest = acquire(f"local:{src}", tmp_path / "m", trust_remote_code=True)
+    assert "posgen_custom.py" in manifest["files"] and manifest["trust_remote_code"] is True
+    model, _, _ = load_model(tmp_path / "m")
+    assert type(model).__name__ == "PosgenCustomForCausalLM"
+    # without the opt-in the code is neither copied nor run
+    with pytest.raises(ModelSourceError, match="trust_remote_code: true"):
+        acquire(f"local:{src}", tmp_path / "n")
+
+
+def test_checkpoint_follows_the_umask_and_sweeps_dead_acquisitions(tiny_source, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".m.{dead.stdout.strip()}.abc123"
+    live = tmp_path / f".m.{os.getpid()}.def456"
+    other = tmp_path / f".m.x.{dead.stdout.strip()}.abc123"  # a model named "m.x" is not "m"'s business
+    for folder in (stale, live, other):
+        folder.mkdir()
+    old = os.umask(0o027)
+    try:
+        acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o750
+    assert {p.stat().st_mode & 0o777 for p in (tmp_path / "m").iterdir()} == {0o640}
+    assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_changed_weights_are_refused_before_loading(tiny_source, tmp_path):
+    from posgen.models import CheckpointError, verify_checkpoint
+
+    acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
+    assert verify_checkpoint(tmp_path / "m")["files"]
+    weights = tmp_path / "m" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 1  # one bit of one weight
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"^{weights}: sha256 \w+\.\.\. differs .*re-run get_model"):
+        load_model(tmp_path / "m")
+    # a random-init variant reads only config and tokenizer: still loads
+    load_model(tmp_path / "m", "random-seed0")

@@ -218,7 +218,9 @@ def read_yaml(path: str | Path) -> dict:
     if config is None:
         raise ConfigError(f"{path}: config file is empty")
     if not isinstance(config, dict):
-        raise ConfigError(f"{path}, line 1: expected a mapping of keys at the top level, found a {type(config).__name__}")
+        raise ConfigError(
+            f"{path}, line 1: expected a mapping of keys at the top level, found a {type(config).__name__}"
+        )
     return config
 
 
