@@ -186,3 +186,34 @@ def test_unknown_rotation_is_refused_with_one_line():
 def test_identity_layout_is_skipped_not_applied():
     x = torch.randn(2, 5, 8)
     assert families.to_canonical(x, families.make_layout(8, 8, "half", "first")) is x
+
+
+@pytest.mark.parametrize("arch", ["cohere", "gpt-neox", "smollm3"])
+def test_capped_backend_caps_distances_in_the_canonical_layout(workspace, arch):
+    """Interleaved, partial-rotary and NoPE layers: attention weights under a distance cap C equal the softmax of
+    s (R_min(i-j,C) q_i).k_j computed from the stored (canonical) q/k and frequencies."""
+    from posgen.capture import CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
+
+    model, _, _ = load_model(_model(workspace, arch), attn_implementation=CAPPED_BACKEND)
+    T, C = 24, 5
+    ids = torch.randint(3, 200, (2, T), generator=torch.Generator().manual_seed(1))
+    with Capture(model) as recorder:
+        forward_pass(model, recorder, ids.numpy())
+        params = recorder.rope()
+        with capped_distances(model, C, params["inv_freq"]), torch.inference_mode():
+            recorder.reset(T)
+            out = model(input_ids=ids, output_attentions=True)
+    pos = torch.arange(T)
+    for layer, weights in enumerate(out.attentions):
+        w = capped_logits(
+            recorder.q[layer],
+            recorder.k[layer][:, params["kv_group"]],
+            pos,
+            torch.as_tensor(params["inv_freq"][layer]),
+            float(params["scaling"][layer]),
+            float(params["attention_scaling"][layer]),
+            distance_cap=C,
+        )  # (2, H, T, T)
+        mask = rope.causal_mask(T, int(params["sliding_window"][layer]))
+        expected = torch.softmax(w.masked_fill(~mask, float("-inf")), -1)
+        torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-6)
