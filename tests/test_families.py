@@ -39,11 +39,12 @@ SUPPORTED = {
     "gpt-oss": (["half"] * 2, [16, 16], [0, 1]),  # attention sinks
     "qwen3-next": (["half"], [4], [1]),  # layer 0 is linear attention
     "glm": (["interleaved"] * 2, [8, 8], [0, 1]),  # interleaved pairs in the first half of each head
+    "deepseek-v2": (["interleaved"] * 2, [8, 8], [0, 1]),  # MLA: the last 8 of 16 q/k dims rotated
+    "deepseek-v3": (["interleaved"] * 2, [8, 8], [0, 1]),  # MLA, rotation returns the pairs half-split
 }
 REFUSED = {
     "gptj": "GPTJForCausalLM (gptj): not supported: attention computed outside transformers' AttentionInterface",
     "falcon": "FalconForCausalLM (falcon): not supported: attention computed outside transformers' AttentionInterface",
-    "deepseek-v3": "DeepseekV3ForCausalLM (deepseek_v3): not supported: multi-head latent attention",
 }
 
 
@@ -75,6 +76,8 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     assert ds["rope_layout"].values.tolist() == layouts
     assert ds["rotary_dims"].values.tolist() == rotary_dims
     assert ds["layer_index"].values.tolist() == layer_index
+    position = "last" if arch.startswith("deepseek") else "first"  # MLA heads are [nope | rope]
+    assert ds["rotary_position"].values.tolist() == [position] * len(layouts)
     assert report["transparency_rel_error"] <= 1e-5 and ds.attrs["transparency_rel_error"] <= 1e-5
     # every layer checked on the whole window, none left NaN
     assert ds.attrs["self_check_tokens"] == 40
@@ -188,9 +191,9 @@ def test_identity_layout_is_skipped_not_applied():
     assert families.to_canonical(x, families.make_layout(8, 8, "half", "first")) is x
 
 
-@pytest.mark.parametrize("arch", ["cohere", "gpt-neox", "smollm3"])
+@pytest.mark.parametrize("arch", ["cohere", "gpt-neox", "smollm3", "deepseek-v3"])
 def test_capped_backend_caps_distances_in_the_canonical_layout(workspace, arch):
-    """Interleaved, partial-rotary and NoPE layers: attention weights under a distance cap C equal the softmax of
+    """Interleaved, partial-rotary, NoPE and MLA layers: attention weights under a distance cap C equal the softmax of
     s (R_min(i-j,C) q_i).k_j computed from the stored (canonical) q/k and frequencies."""
     from posgen.capture import CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 

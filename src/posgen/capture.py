@@ -178,7 +178,8 @@ def load_capturing(
 
 
 def _is_attention(m) -> bool:
-    has_qk = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or hasattr(m, "qkv_proj") or hasattr(m, "query_key_value")
+    fused = hasattr(m, "qkv_proj") or hasattr(m, "query_key_value") or hasattr(m, "kv_a_proj_with_mqa")
+    has_qk = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or fused
     return hasattr(m, "layer_idx") and has_qk
 
 
@@ -206,6 +207,29 @@ def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
             return cut
 
         return "query_key_value output (per head [q, k, v])", [(m.query_key_value, {"q": per_head(0), "k": per_head(1)})]
+    if hasattr(m, "kv_a_proj_with_mqa"):  # MLA (DeepSeek): q per head, k = [k_nope per head, k_rot shared]
+        q_point = m.q_proj if getattr(m, "q_proj", None) is not None else m.q_b_proj
+        nope, rope_dims, lora = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
+        shared = {}
+
+        def mla_q(x):  # (b, s, H * (nope + rope)) -> (b, s, H, nope + rope)
+            return x.unflatten(-1, (n_heads, nope + rope_dims))
+
+        def mla_k_rot(x):  # (b, s, lora + rope): keep the shared pre-RoPE key part for mla_k
+            shared["k_rot"] = x[..., lora:]
+            return None
+
+        def mla_k(x):  # (b, [1,] s, H * (nope + v)) -> (b, s, H, nope + rope)
+            x = x.flatten(1, -2)  # (b, s, H * (nope + v)): the latent may arrive as one 'head'
+            k_nope = x.unflatten(-1, (n_heads, -1))[..., :nope]  # (b, s, H, nope)
+            k_rot = shared.pop("k_rot")[:, :, None, :].expand(-1, -1, n_heads, -1)  # (b, s, H, rope)
+            return torch.cat([k_nope, k_rot], dim=-1)
+
+        return f"{'q_proj' if q_point is getattr(m, 'q_proj', None) else 'q_b_proj'} output; k: kv_b_proj (k_nope) + kv_a_proj_with_mqa (shared k_rot)", [
+            (q_point, {"q": mla_q}),
+            (m.kv_a_proj_with_mqa, {"k": mla_k_rot}),
+            (m.kv_b_proj, {"k": mla_k}),
+        ]
     if hasattr(m, "qkv_proj"):  # Phi-3: [all q | all k | all v]
         q_size, k_size = n_heads * head_dim, n_kv_heads * head_dim
 
@@ -272,6 +296,9 @@ class Capture:
         self.n_heads = self.config.num_attention_heads
         self.n_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.n_heads
+        if hasattr(self.modules[0], "qk_head_dim"):  # MLA: q/k heads are [nope | rope], k expanded per head
+            self.head_dim = self.modules[0].qk_head_dim
+            self.n_kv_heads = self.n_heads
         self.ref_layers = {int(layer) % self.n_layers for layer in ref_layers}
         self.check_tokens = int(check_tokens)
         self.keep_logits = False
@@ -300,7 +327,10 @@ class Capture:
                 n_heads = self.n_heads if name == "q" else self.n_kv_heads
                 x = output.detach()
                 if slicer is not None:
-                    x = slicer(x).transpose(1, 2)  # (b, s, H, d) -> (b, H, s, d)
+                    x = slicer(x)  # (b, s, H, d), or None: a part kept for another hook
+                    if x is None:
+                        continue
+                    x = x.transpose(1, 2)  # (b, H, s, d)
                 else:
                     x = _heads_first(x, n_heads, self.head_dim, self.n_tokens)  # (b, H, s, d)
                 if layer in self._post_norm:
@@ -344,7 +374,7 @@ class Capture:
         )
         self.layouts[layer] = layout
         self.layout_error[layer] = err
-        module.posgen_layout = None if layout.identity else layout  # read by the capped backend
+        module.posgen_layout = None if layout.backend.identity else layout.backend  # read by the capped backend
         self.q[layer] = families.to_canonical(self.q[layer], layout)
         self.k[layer] = families.to_canonical(self.k[layer], layout)
 

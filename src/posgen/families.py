@@ -35,8 +35,6 @@ class UnsupportedModelError(NotImplementedError):
 REFUSED = {
     "gptj": "attention computed outside transformers' AttentionInterface (GPTJAttention), so no backend sees it",
     "falcon": "attention computed outside transformers' AttentionInterface (FalconAttention), so no backend sees it",
-    "deepseek_v2": "multi-head latent attention (MLA: one decoupled RoPE key shared by all heads, compressed KV)",
-    "deepseek_v3": "multi-head latent attention (MLA: one decoupled RoPE key shared by all heads, compressed KV)",
 }
 
 # model_type of families whose attention needs the model's own eager attention with the additive mask
@@ -80,10 +78,20 @@ class Layout:
     rope_layout: str  # "half", "interleaved" (how the model pairs the rotated dims), "none" for NoPE
     rotary_position: str  # "first" or "last": where the rotated slice sits in the head
     dim_order: np.ndarray  # (dim,): original dim index of each canonical dim
+    # (dim,) the same for the rotated vectors the attention backend receives, when the model's rotation also
+    # reorders dims (DeepSeek-V3 takes interleaved pairs and returns them half-split); None: as dim_order
+    backend_order: np.ndarray | None = None
 
     @property
     def identity(self) -> bool:
         return bool((self.dim_order == np.arange(self.dim_order.size)).all())
+
+    @property
+    def backend(self) -> "Layout":
+        """The layout of the backend's rotated vectors (for code that reads them, e.g. the capped backend)."""
+        if self.backend_order is None:
+            return self
+        return Layout(self.rotary_dims, "half", self.rotary_position, self.backend_order)
 
     def canonical_inv_freq(self, inv_freq: np.ndarray) -> np.ndarray:
         """(d/2,) frequencies in canonical band order: the model's r/2 rotated bands, then zeros."""
@@ -121,6 +129,10 @@ def candidate_layouts(head_dim: int, rotary_dims: int) -> list[Layout]:
     for layout in ["half", "interleaved"]:
         for position in positions:
             out.append(make_layout(head_dim, rotary_dims, layout, position))
+    for position in positions:  # interleaved in, half-split out
+        interleaved = make_layout(head_dim, rotary_dims, "interleaved", position)
+        half = make_layout(head_dim, rotary_dims, "half", position)
+        out.append(Layout(rotary_dims, "interleaved", position, interleaved.dim_order, half.dim_order))
     return out
 
 
@@ -139,7 +151,7 @@ def rotation_error(
     ``pre`` and ``post``: (..., T, d) in the model's own dim order; ``positions``: (T,).
     """
     pre_c = to_canonical(pre.float(), layout)  # (..., T, d)
-    post_c = to_canonical(post.float(), layout)  # (..., T, d)
+    post_c = to_canonical(post.float(), layout.backend)  # (..., T, d)
     inv = torch.from_numpy(layout.canonical_inv_freq(inv_freq))  # (d/2,)
     amp = amplitude if layout.rotary_dims else 1.0
     rotated = rope.rotate(pre_c, positions, inv, amp)  # (..., T, d)

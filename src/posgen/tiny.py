@@ -127,7 +127,22 @@ def _family_config(arch: str, common: dict):
         return tf.FalconConfig(
             vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4
         )
-    if arch == "deepseek-v3":
+    if arch == "deepseek-v2":  # MLA without the low-rank query (q_proj), complex-number RoPE
+        return tf.DeepseekV2Config(
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            **{k: v for k, v in two.items() if k != "head_dim"},
+        )
+    if arch == "deepseek-v3":  # MLA: [nope | rope] heads, one RoPE key shared by all heads
         return tf.DeepseekV3Config(
             kv_lora_rank=16,
             q_lora_rank=16,
@@ -174,6 +189,7 @@ ARCHITECTURES = (
     "glm",
     "gptj",
     "falcon",
+    "deepseek-v2",
     "deepseek-v3",
 )
 # weights scaled up so that attention is far from uniform (fused projections: the whole q/k/v block)
