@@ -206,7 +206,9 @@ def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
 
             return cut
 
-        return "query_key_value output (per head [q, k, v])", [(m.query_key_value, {"q": per_head(0), "k": per_head(1)})]
+        return "query_key_value output (per head [q, k, v])", [
+            (m.query_key_value, {"q": per_head(0), "k": per_head(1)})
+        ]
     if hasattr(m, "kv_a_proj_with_mqa"):  # MLA (DeepSeek): q per head, k = [k_nope per head, k_rot shared]
         q_point = m.q_proj if getattr(m, "q_proj", None) is not None else m.q_b_proj
         nope, rope_dims, lora = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
@@ -225,7 +227,9 @@ def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
             k_rot = shared.pop("k_rot")[:, :, None, :].expand(-1, -1, n_heads, -1)  # (b, s, H, rope)
             return torch.cat([k_nope, k_rot], dim=-1)
 
-        return f"{'q_proj' if q_point is getattr(m, 'q_proj', None) else 'q_b_proj'} output; k: kv_b_proj (k_nope) + kv_a_proj_with_mqa (shared k_rot)", [
+        q_name = "q_proj" if q_point is getattr(m, "q_proj", None) else "q_b_proj"
+        description = f"{q_name} output; k: kv_b_proj (k_nope) + kv_a_proj_with_mqa (shared k_rot)"
+        return description, [
             (q_point, {"q": mla_q}),
             (m.kv_a_proj_with_mqa, {"k": mla_k_rot}),
             (m.kv_b_proj, {"k": mla_k}),
