@@ -30,6 +30,9 @@ EXTRACT_LEAVES = [
     "extract.ref_samples",
     "extract.ref_layers",
     "extract.check_rtol",
+    "extract.check_tokens",
+    "extract.transparency_tokens",
+    "extract.transparency_rtol",
     "extract.compression",
 ]
 DECOMPOSE_LEAVES = [

@@ -20,6 +20,9 @@ rule extract:
         ref_samples=config["extract"]["ref_samples"],
         ref_layers=config["extract"]["ref_layers"],
         check_rtol=config["extract"]["check_rtol"],
+        check_tokens=config["extract"]["check_tokens"],
+        transparency_tokens=config["extract"]["transparency_tokens"],
+        transparency_rtol=config["extract"]["transparency_rtol"],
         compression=config["extract"]["compression"],
         config_hash=hash_of(EXTRACT_LEAVES),
     script:

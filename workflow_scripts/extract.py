@@ -17,6 +17,9 @@ extract(
     ref_samples=p.ref_samples,
     ref_layers=p.ref_layers,
     check_rtol=p.check_rtol,
+    check_tokens=p.check_tokens,
+    transparency_tokens=p.transparency_tokens,
+    transparency_rtol=p.transparency_rtol,
     compression=p.compression,
     config_hash=p.config_hash,
 )

@@ -2,12 +2,20 @@
 
 Two ecosystem mechanisms, no edits to transformers:
 
-* pre-RoPE q/k: forward hooks on the last module before the rotary step -- ``q_norm``/``k_norm`` where the
-  attention has them (Gemma 3, Qwen 3, ...), else ``q_proj``/``k_proj`` (Llama, Mistral, Qwen 2, ...).
+* pre-RoPE q/k: forward hooks on the last module before the rotary step -- ``q_norm``/``k_norm`` (or
+  ``q_layernorm``/``k_layernorm``) where the attention has them (Gemma 3, Qwen 3, Phi, StableLM, ...), else
+  ``q_proj``/``k_proj`` (Llama, Mistral, Qwen 2, ...), or the fused projection sliced into q and k
+  (``qkv_proj`` of Phi-3: [all q | all k | all v]; ``query_key_value`` of GPT-NeoX: [q, k, v] per head).
+  Llama 4 normalises q/k (L2) after the rotation; a rotation keeps the norm, so the hooked projection is
+  normalised by the model's own ``qk_norm`` before it is stored.
+* the RoPE layout of every layer (half-split or interleaved pairs, partial rotary, NoPE) is detected on the
+  first captured pass (:func:`posgen.families.detect_layout`) and q/k are stored permuted into the canonical
+  half-split layout, where the unrotated dims are bands of frequency 0.
 * post-RoPE q/k and logits: a custom backend registered with ``AttentionInterface`` under ``BACKEND`` (and
   the matching mask under the same name in ``AttentionMaskInterface``; without it the causal mask silently
   disappears). It records what it needs and then runs the real attention: SDPA, or the model's own eager
-  attention when the model soft-caps its logits.
+  attention when the model soft-caps its logits or has attention sinks (``BACKEND_EAGER``, with the additive
+  mask). ``BACKEND`` refuses sinks and soft-capping rather than drop them.
 
 The extraction self-check (``posgen.extract``) re-rotates the hooked pre-RoPE vectors and must reproduce the
 logits seen by the backend, which proves the hook point is the one the rotary step reads.
@@ -37,7 +45,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from posgen import rope
+from posgen import families, rope
 
 BACKEND = "posgen_capture"
 BACKEND_EAGER = "posgen_capture_eager"
@@ -65,9 +73,26 @@ def notify(module, query, key, scaling, kwargs) -> None:
         _active._on_attention(module, query, key, scaling, kwargs)
 
 
+# attention arguments SDPA has no place for: the model's own eager attention must run them
+EAGER_ONLY = ("softcap", "s_aux")
+
+
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """``BACKEND``: SDPA with its boolean mask; refuses what SDPA would silently drop."""
     notify(module, query, key, scaling, kwargs)
-    if kwargs.get("softcap") is not None:
+    dropped = [name for name in EAGER_ONLY if kwargs.get(name) is not None]
+    if dropped:
+        raise RuntimeError(
+            f"{type(module).__name__}: the model passes {', '.join(dropped)} to its attention, which SDPA drops; "
+            f"load it with attn_implementation={BACKEND_EAGER!r} (capture.backend_for picks it)"
+        )
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+
+
+def _attention_eager_mask(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """``BACKEND_EAGER``: the model's own eager attention where it has soft-capping or sinks, else SDPA."""
+    notify(module, query, key, scaling, kwargs)
+    if any(kwargs.get(name) is not None for name in EAGER_ONLY):
         return _eager_forward(module)(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
@@ -89,6 +114,8 @@ def _capped_attention(module, query, key, value, attention_mask, scaling=None, d
     key_states = _repeat_kv(key, n_rep)
     value_states = _repeat_kv(value, n_rep)
     weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if kwargs.get("s_aux") is not None:
+        raise RuntimeError(f"{type(module).__name__}: distance capping does not support attention sinks")
 
     distance_cap = getattr(module, "posgen_distance_cap", None)
     if distance_cap is not None:
@@ -99,10 +126,14 @@ def _capped_attention(module, query, key, value, attention_mask, scaling=None, d
         far = (positions[:, :, None] - positions[:, None, :]) > distance_cap  # (B or 1, T, T)
         if far.any():
             inv_freq = module.posgen_inv_freq.to(query.device)
+            # inv_freq is in the canonical layout: permute the model's dims into it (dot products unchanged)
+            layout = getattr(module, "posgen_layout", None)
+            query_c = query if layout is None else families.to_canonical(query, layout)  # (B, H, T, d)
+            key_c = key_states if layout is None else families.to_canonical(key_states, layout)  # (B, H, T, d)
             # query and key arrive rotated to their positions p; turning them by C - p and -p gives
             # (R_C q).(R_0 k), the LM-Infinite logit of a pair farther apart than C.
-            q_far = _rotate_rows(query, distance_cap - positions, inv_freq)
-            k_far = _rotate_rows(key_states, -positions, inv_freq)
+            q_far = _rotate_rows(query_c, distance_cap - positions, inv_freq)
+            k_far = _rotate_rows(key_c, -positions, inv_freq)
             far_weights = (q_far @ k_far.transpose(2, 3)) * scaling
             weights = torch.where(far[:, None], far_weights.to(weights.dtype), weights)
 
@@ -119,16 +150,19 @@ def _capped_attention(module, query, key, value, attention_mask, scaling=None, d
 
 AttentionInterface.register(BACKEND, _attention)
 AttentionMaskInterface.register(BACKEND, sdpa_mask)
-AttentionInterface.register(BACKEND_EAGER, _attention)
+AttentionInterface.register(BACKEND_EAGER, _attention_eager_mask)
 AttentionMaskInterface.register(BACKEND_EAGER, eager_mask)
 AttentionInterface.register(CAPPED_BACKEND, _capped_attention)
 AttentionMaskInterface.register(CAPPED_BACKEND, eager_mask)
 
 
 def backend_for(config) -> str:
-    """Soft-capping models need the eager path (SDPA cannot soft-cap), hence its additive mask."""
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return BACKEND_EAGER if getattr(text_config, "attn_logit_softcapping", None) else BACKEND
+    """The capturing backend ``config`` needs; refuses (one line) a family the capture cannot handle.
+
+    Soft-capping and attention sinks need the eager path (SDPA has neither), hence its additive mask.
+    """
+    families.check_supported(config)
+    return BACKEND_EAGER if families.needs_eager_attention(config) else BACKEND
 
 
 def load_capturing(
@@ -143,21 +177,88 @@ def load_capturing(
     return load_model(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend or backend_for)
 
 
+def _is_attention(m) -> bool:
+    fused = hasattr(m, "qkv_proj") or hasattr(m, "query_key_value") or hasattr(m, "kv_a_proj_with_mqa")
+    has_qk = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or fused
+    return hasattr(m, "layer_idx") and has_qk
+
+
 def attention_modules(model) -> list:
-    """Self-attention modules in layer order."""
-    found = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj") and hasattr(m, "k_proj")]
+    """Self-attention modules in layer order (hybrid stacks: only the layers that have attention)."""
+    found = [m for m in model.modules() if _is_attention(m)]
     if not found:
-        raise NotImplementedError(
-            f"{type(model).__name__}: no attention module with q_proj/k_proj (fused qkv projections are not supported)"
+        raise families.UnsupportedModelError(
+            f"{type(model).__name__}: not supported: no attention module with q_proj/k_proj, qkv_proj or "
+            "query_key_value"
         )
     return sorted(found, key=lambda m: m.layer_idx)
+
+
+def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
+    """``(description, [(module, {name: slicer})])``: where pre-RoPE q/k are read, and how each hooked output
+    becomes ``name`` ("q" or "k") as (batch, tokens, heads * head_dim) or (..., head_dim) per head."""
+    if hasattr(m, "query_key_value"):  # GPT-NeoX: per head [q, k, v], head_dim each
+
+        def per_head(part):
+            def cut(x):  # (b, s, 3 * H * d) -> (b, s, H, d)
+                x = x.view(x.shape[0], x.shape[1], n_heads, 3 * head_dim)
+                return x[..., part * head_dim : (part + 1) * head_dim]
+
+            return cut
+
+        return "query_key_value output (per head [q, k, v])", [
+            (m.query_key_value, {"q": per_head(0), "k": per_head(1)})
+        ]
+    if hasattr(m, "kv_a_proj_with_mqa"):  # MLA (DeepSeek): q per head, k = [k_nope per head, k_rot shared]
+        q_point = m.q_proj if getattr(m, "q_proj", None) is not None else m.q_b_proj
+        nope, rope_dims, lora = m.qk_nope_head_dim, m.qk_rope_head_dim, m.kv_lora_rank
+        shared = {}
+
+        def mla_q(x):  # (b, s, H * (nope + rope)) -> (b, s, H, nope + rope)
+            return x.unflatten(-1, (n_heads, nope + rope_dims))
+
+        def mla_k_rot(x):  # (b, s, lora + rope): keep the shared pre-RoPE key part for mla_k
+            shared["k_rot"] = x[..., lora:]
+            return None
+
+        def mla_k(x):  # (b, [1,] s, H * (nope + v)) -> (b, s, H, nope + rope)
+            x = x.flatten(1, -2)  # (b, s, H * (nope + v)): the latent may arrive as one 'head'
+            k_nope = x.unflatten(-1, (n_heads, -1))[..., :nope]  # (b, s, H, nope)
+            k_rot = shared.pop("k_rot")[:, :, None, :].expand(-1, -1, n_heads, -1)  # (b, s, H, rope)
+            return torch.cat([k_nope, k_rot], dim=-1)
+
+        q_name = "q_proj" if q_point is getattr(m, "q_proj", None) else "q_b_proj"
+        description = f"{q_name} output; k: kv_b_proj (k_nope) + kv_a_proj_with_mqa (shared k_rot)"
+        return description, [
+            (q_point, {"q": mla_q}),
+            (m.kv_a_proj_with_mqa, {"k": mla_k_rot}),
+            (m.kv_b_proj, {"k": mla_k}),
+        ]
+    if hasattr(m, "qkv_proj"):  # Phi-3: [all q | all k | all v]
+        q_size, k_size = n_heads * head_dim, n_kv_heads * head_dim
+
+        def q_cut(x):  # (b, s, (H + 2 H_kv) d) -> (b, s, H, d)
+            return x[..., :q_size].unflatten(-1, (n_heads, head_dim))
+
+        def k_cut(x):  # (b, s, (H + 2 H_kv) d) -> (b, s, H_kv, d)
+            return x[..., q_size : q_size + k_size].unflatten(-1, (n_kv_heads, head_dim))
+
+        slicers = {"q": q_cut, "k": k_cut}
+        return "qkv_proj output ([q | k | v])", [(m.qkv_proj, slicers)]
+    for q_name, k_name in [("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")]:
+        q_mod, k_mod = getattr(m, q_name, None), getattr(m, k_name, None)
+        if q_mod is not None and k_mod is not None:
+            return f"{q_name}/{k_name} output", [(q_mod, {"q": None}), (k_mod, {"k": None})]
+    return "q_proj/k_proj output", [(m.q_proj, {"q": None}), (m.k_proj, {"k": None})]
 
 
 def _rotary_module(model):
     for m in model.modules():
         if type(m).__name__.endswith("RotaryEmbedding"):
             return m
-    raise NotImplementedError(f"{type(model).__name__}: no rotary embedding module (not a RoPE model?)")
+    raise families.UnsupportedModelError(
+        f"{type(model).__name__}: not supported: no rotary embedding module (not a RoPE model?)"
+    )
 
 
 def _heads_first(x: torch.Tensor, n_heads: int, head_dim: int, n_tokens: int) -> torch.Tensor:
@@ -172,26 +273,47 @@ def _heads_first(x: torch.Tensor, n_heads: int, head_dim: int, n_tokens: int) ->
     raise RuntimeError(f"cannot read hooked q/k of shape {tuple(x.shape)} (heads={n_heads}, tokens={n_tokens})")
 
 
+def layout_tolerance(dtype: torch.dtype) -> float:
+    """Relative error within which a candidate RoPE layout must reproduce the model's rotated q/k: float32
+    rounding, or a few eps of a half-precision dtype (the model rotates in it). A wrong layout is off by O(1)."""
+    return max(1e-4, 8 * torch.finfo(dtype).eps)
+
+
 class Capture:
-    """Collects, per forward pass, pre-RoPE q/k of every layer and the logits of ``ref_layers``.
+    """Collects, per forward pass, pre-RoPE q/k of every attention layer and the logits of ``ref_layers``.
 
     Use as a context manager around one or more forward passes; call ``reset`` before each pass.
-    Tensors are moved to the CPU as float32 as soon as they are produced.
+    Tensors are moved to the CPU as float32 as soon as they are produced, in the canonical RoPE layout
+    (:mod:`posgen.families`) detected on the first pass. Layers are numbered by position among the attention
+    layers; ``layer_index`` holds the model's own index of each (they differ in hybrid stacks).
+    With ``check_tokens`` > 0, passes with ``keep_logits`` also keep the logits of every layer on the first
+    ``check_tokens`` tokens (``prefix_logits``), for the all-layer self-check.
     """
 
-    def __init__(self, model, ref_layers=()):
+    def __init__(self, model, ref_layers=(), check_tokens: int = 0):
         self.model = model
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.modules = attention_modules(model)
         self.n_layers = len(self.modules)
+        self.layer_index = np.array([m.layer_idx for m in self.modules], dtype=np.int64)
+        self._position = {int(m.layer_idx): i for i, m in enumerate(self.modules)}
         self.n_heads = self.config.num_attention_heads
         self.n_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.n_heads
+        if hasattr(self.modules[0], "qk_head_dim"):  # MLA: q/k heads are [nope | rope], k expanded per head
+            self.head_dim = self.modules[0].qk_head_dim
+            self.n_kv_heads = self.n_heads
         self.ref_layers = {int(layer) % self.n_layers for layer in ref_layers}
+        self.check_tokens = int(check_tokens)
         self.keep_logits = False
         self.scaling = np.full(self.n_layers, np.nan)
         self.sliding_window = np.zeros(self.n_layers, dtype=np.int64)
         self.softcap = 0.0
+        self.layouts: list = [None] * self.n_layers
+        self.layout_error = np.full(self.n_layers, np.nan)
+        self.dtype = next(model.parameters()).dtype
+        # Llama 4 normalises q/k after the rotation; the norm commutes with it, so it is applied to the hook
+        self._post_norm = {i: m.qk_norm for i, m in enumerate(self.modules) if getattr(m, "qk_norm", None)}
         self._hooks = []
         self.reset(0)
 
@@ -201,33 +323,89 @@ class Capture:
         self.q = [None] * self.n_layers
         self.k = [None] * self.n_layers
         self.logits = {}
+        self.prefix_logits = {}
 
-    def _hook(self, name: str, layer: int, n_heads: int):
+    def _hook(self, slicers: dict, layer: int):
         def hook(_module, _inputs, output):
-            x = _heads_first(output.detach(), n_heads, self.head_dim, self.n_tokens)
-            getattr(self, name)[layer] = x.to(device="cpu", dtype=torch.float32)
+            for name, slicer in slicers.items():
+                n_heads = self.n_heads if name == "q" else self.n_kv_heads
+                x = output.detach()
+                if slicer is not None:
+                    x = slicer(x)  # (b, s, H, d), or None: a part kept for another hook
+                    if x is None:
+                        continue
+                    x = x.transpose(1, 2)  # (b, H, s, d)
+                else:
+                    x = _heads_first(x, n_heads, self.head_dim, self.n_tokens)  # (b, H, s, d)
+                if layer in self._post_norm:
+                    x = self._post_norm[layer](x)
+                if self.layouts[layer] is not None:
+                    x = families.to_canonical(x, self.layouts[layer])
+                getattr(self, name)[layer] = x.to(device="cpu", dtype=torch.float32)
 
         return hook
 
+    def _rotary_table(self, layer: int) -> tuple[np.ndarray, float]:
+        """The model's own (inv_freq, attention_scaling) for attention layer ``layer`` (its layer type's table)."""
+        rotary = _rotary_module(self.model)
+        layer_types = getattr(self.config, "layer_types", None)
+        kind = layer_types[self.layer_index[layer]] if layer_types else None
+        inv = getattr(rotary, f"{kind}_inv_freq", None) if kind else None
+        inv = rotary.inv_freq if inv is None else inv
+        amp = getattr(rotary, f"{kind}_attention_scaling", None) if kind else None
+        amp = float(rotary.attention_scaling if amp is None else amp)
+        return inv.detach().float().cpu().numpy(), amp
+
+    def _detect(self, module, layer: int, query, key, kwargs) -> None:
+        """Find the layer's RoPE layout from its hooked (pre-RoPE) and backend (rotated) q/k; canonicalise q/k."""
+        if self.q[layer] is None or self.k[layer] is None:
+            raise RuntimeError(f"layer {layer}: the pre-RoPE hooks saw nothing before the attention backend ran")
+        positions = kwargs.get("position_ids")
+        n = query.shape[-2]
+        positions = torch.arange(n) if positions is None else positions[0].detach().cpu()
+        inv_freq, amplitude = self._rotary_table(layer)
+        where = f"{families.architecture(self.model.config)} layer {int(self.layer_index[layer])}"
+        layout, err = families.detect_layout(
+            self.q[layer][:1],
+            query[:1].detach().to(device="cpu", dtype=torch.float32),
+            self.k[layer][:1],
+            key[:1].detach().to(device="cpu", dtype=torch.float32),
+            positions,
+            inv_freq,
+            amplitude,
+            layout_tolerance(self.dtype),
+            where,
+        )
+        self.layouts[layer] = layout
+        self.layout_error[layer] = err
+        module.posgen_layout = None if layout.backend.identity else layout.backend  # read by the capped backend
+        self.q[layer] = families.to_canonical(self.q[layer], layout)
+        self.k[layer] = families.to_canonical(self.k[layer], layout)
+
     def _on_attention(self, module, query, key, scaling, kwargs) -> None:
-        layer = module.layer_idx
+        layer = self._position[int(module.layer_idx)]
         self.scaling[layer] = scaling if scaling is not None else self.head_dim**-0.5
         self.sliding_window[layer] = kwargs.get("sliding_window") or 0
         self.softcap = float(kwargs.get("softcap") or 0.0)
-        if self.keep_logits and layer in self.ref_layers:
-            k = _repeat_kv(key.float(), query.shape[1] // key.shape[1])
-            self.logits[layer] = ((query.float() @ k.transpose(-1, -2)) * self.scaling[layer]).cpu()
+        if self.layouts[layer] is None:
+            self._detect(module, layer, query, key, kwargs)
+        if self.keep_logits and (layer in self.ref_layers or self.check_tokens > 0):
+            k = _repeat_kv(key.float(), query.shape[1] // key.shape[1])  # (b, H, T, d)
+            if layer in self.ref_layers:
+                self.logits[layer] = ((query.float() @ k.transpose(-1, -2)) * self.scaling[layer]).cpu()
+            if self.check_tokens > 0:
+                p = min(self.check_tokens, query.shape[-2])
+                q_p, k_p = query[..., :p, :].float(), k[..., :p, :]  # (b, H, p, d)
+                self.prefix_logits[layer] = ((q_p @ k_p.transpose(-1, -2)) * self.scaling[layer]).cpu()
 
     def __enter__(self):
         global _active
         if self.model.config._attn_implementation not in CAPTURING_BACKENDS:
             raise RuntimeError(f"load the model with attn_implementation={BACKEND!r} to capture it")
-        for m in self.modules:
-            pre_q, pre_k = (
-                (m.q_norm, m.k_norm) if hasattr(m, "q_norm") and hasattr(m, "k_norm") else (m.q_proj, m.k_proj)
-            )
-            self._hooks.append(pre_q.register_forward_hook(self._hook("q", m.layer_idx, self.n_heads)))
-            self._hooks.append(pre_k.register_forward_hook(self._hook("k", m.layer_idx, self.n_kv_heads)))
+        for layer, m in enumerate(self.modules):
+            _, points = _pre_rope_points(m, self.n_heads, self.n_kv_heads, self.head_dim)
+            for point, slicers in points:
+                self._hooks.append(point.register_forward_hook(self._hook(slicers, layer)))
         _active = self
         return self
 
@@ -241,36 +419,36 @@ class Capture:
 
     @property
     def capture_point(self) -> str:
-        m = self.modules[0]
-        return "q_norm/k_norm output" if hasattr(m, "q_norm") else "q_proj/k_proj output"
+        description, _ = _pre_rope_points(self.modules[0], self.n_heads, self.n_kv_heads, self.head_dim)
+        return description + (", then the model's qk_norm" if self._post_norm else "")
 
     def rope(self) -> dict:
-        """Per-layer RoPE parameters as read from the model after a forward pass (dynamic RoPE included)."""
-        rotary = _rotary_module(self.model)
-        layer_types = getattr(self.config, "layer_types", None)
-        inv_freq, amplitude = [], []
-        for layer in range(self.n_layers):
-            kind = layer_types[layer] if layer_types else None
-            inv = getattr(rotary, f"{kind}_inv_freq", None) if kind else None
-            inv = rotary.inv_freq if inv is None else inv
-            amp = getattr(rotary, f"{kind}_attention_scaling", None) if kind else None
-            amplitude.append(float(rotary.attention_scaling if amp is None else amp))
-            inv_freq.append(inv.detach().float().cpu().numpy())
-        inv_freq = np.stack(inv_freq)
-        if 2 * inv_freq.shape[1] != self.head_dim:
-            raise NotImplementedError(
-                f"partial rotary embedding ({2 * inv_freq.shape[1]} of {self.head_dim} dims rotated) is not supported"
-            )
-        if np.isnan(self.scaling).any():
+        """Per-layer RoPE parameters in the canonical layout, as read from the model after a forward pass
+        (dynamic RoPE included), with the layout each layer was found in."""
+        if np.isnan(self.scaling).any() or any(layout is None for layout in self.layouts):
             raise RuntimeError("rope() needs one captured forward pass first")
+        inv_freq, amplitude = [], []
+        for layer, layout in enumerate(self.layouts):
+            inv, amp = self._rotary_table(layer)
+            if layout.identity and layout.rotary_dims == self.head_dim:
+                inv_freq.append(inv)  # the model's table as is
+            else:
+                inv_freq.append(layout.canonical_inv_freq(inv))
+            amplitude.append(amp if layout.rotary_dims else 1.0)  # NoPE: no rotation, no amplitude
         n_rep = self.n_heads // self.n_kv_heads
         return {
-            "inv_freq": inv_freq,
+            "inv_freq": np.stack(inv_freq),
             "attention_scaling": np.asarray(amplitude),
             "scaling": self.scaling.copy(),
             "sliding_window": self.sliding_window.copy(),
             "kv_group": np.arange(self.n_heads) // n_rep,
             "softcap": self.softcap,
+            "layer_index": self.layer_index.copy(),
+            "rotary_dims": np.array([layout.rotary_dims for layout in self.layouts], dtype=np.int64),
+            "rope_layout": np.array([layout.rope_layout for layout in self.layouts], dtype=object),
+            "rotary_position": np.array([layout.rotary_position for layout in self.layouts], dtype=object),
+            "dim_order": np.stack([layout.dim_order for layout in self.layouts]).astype(np.int64),
+            "layout_rel_error": self.layout_error.copy(),
         }
 
     def stacked(self, batch_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -288,15 +466,16 @@ class Capture:
 def capped_distances(model, distance_cap: int, inv_freq: np.ndarray):
     """Run ``model`` (loaded with ``CAPPED_BACKEND``) with RoPE distances capped at ``distance_cap``.
 
-    ``inv_freq`` (layer, band) is the per-layer RoPE frequency table (``Capture.rope()["inv_freq"]``).
+    ``inv_freq`` (layer, band) is the per-layer RoPE frequency table (``Capture.rope()["inv_freq"]``), in the
+    canonical layout of a :class:`Capture` that has run on this model (it leaves each layer's layout there).
     Outside this context the backend does not cap.
     """
     if model.config._attn_implementation != CAPPED_BACKEND:
         raise RuntimeError(f"load the model with attn_implementation={CAPPED_BACKEND!r} to cap distances")
     modules = attention_modules(model)
-    for m in modules:
+    for layer, m in enumerate(modules):
         m.posgen_distance_cap = distance_cap
-        m.posgen_inv_freq = torch.as_tensor(inv_freq[m.layer_idx], dtype=torch.float32)
+        m.posgen_inv_freq = torch.as_tensor(inv_freq[layer], dtype=torch.float32)
     try:
         yield model
     finally:

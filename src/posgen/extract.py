@@ -1,7 +1,15 @@
-"""Extraction: run a model over the token windows and store pre-RoPE q/k, with a built-in self-check."""
+"""Extraction: run a model over the token windows and store pre-RoPE q/k, with built-in checks.
+
+* transparency check (once per model): the first window's first ``transparency_tokens`` tokens give the same
+  output logits through the capturing backend as through the model's own default attention;
+* self-check on every layer: on the reference samples, re-rotated stored q/k reproduce the model's own logits on
+  the first ``check_tokens`` tokens of every layer, and on the whole window for ``ref_layers`` (whose logits
+  are also stored).
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from pathlib import Path
@@ -21,6 +29,10 @@ class SelfCheckError(RuntimeError):
     """Re-rotated stored q/k do not reproduce the model's own logits."""
 
 
+class TransparencyError(RuntimeError):
+    """The capturing backend changes the model's output logits."""
+
+
 def effective_rtol(rtol: float, dtype: str) -> float:
     """In half precision the model itself rotates and multiplies with ~eps error; float32 recomputation
     cannot match it more closely than that, so the tolerance widens to a few eps of the dtype."""
@@ -29,16 +41,18 @@ def effective_rtol(rtol: float, dtype: str) -> float:
     return max(rtol, 4 * torch.finfo(getattr(torch, dtype)).eps)
 
 
-def verify_logits(q, k, rope_params: dict, logits_ref: dict, rtol: float) -> float:
+def verify_logits(q, k, rope_params: dict, logits_ref: dict, rtol: float, errors: dict | None = None) -> float:
     """Compare ``rope.logits`` on stored q/k with the model's own logits for every kept (layer, head).
 
-    ``q``: (layer, head, token, dim) and ``k``: (layer, kv_head, token, dim) arrays of one sample;
-    ``logits_ref``: {layer: (head, token, token)}. Returns the worst relative (Frobenius) error.
+    ``q``: (layer, head, token, dim) and ``k``: (layer, kv_head, token, dim) arrays of one sample (or of the first
+    P tokens, with P x P reference logits); ``logits_ref``: {layer: (head, token, token)}. Returns the worst
+    relative (Frobenius) error; ``errors``, if given, collects the worst error of each layer.
     """
     worst = 0.0
     for layer, ref in sorted(logits_ref.items()):
-        ql = torch.from_numpy(q[layer])
-        kl = torch.from_numpy(k[layer])[rope_params["kv_group"]]
+        n = ref.shape[-1]
+        ql = torch.from_numpy(q[layer][:, :n])  # (head, n, dim)
+        kl = torch.from_numpy(k[layer][:, :n])[rope_params["kv_group"]]  # (head, n, dim)
         w = rope.logits(
             ql,
             kl,
@@ -55,7 +69,44 @@ def verify_logits(q, k, rope_params: dict, logits_ref: dict, rtol: float) -> flo
                     f"{e:.2e} against the model's own logits (tolerance {rtol:.1e})"
                 )
             worst = max(worst, e)
+            if errors is not None:
+                errors[layer] = max(errors.get(layer, 0.0), e)
     return worst
+
+
+def default_attention(model) -> str:
+    """The attention implementation transformers picks for this model when none is asked for."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    config._attn_implementation_internal = None
+    with torch.device("meta"):  # no weights: only the choice is wanted
+        fresh = AutoModelForCausalLM.from_config(config)
+    return fresh.config._attn_implementation
+
+
+def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> tuple[float, str]:
+    """Output logits of ``token_ids`` (1, N) through the capturing backend (inside ``capture``) against the same
+    model with its own default attention; returns (relative error, that attention's name) or raises
+    :class:`TransparencyError` naming the architecture."""
+    capturing = model.config._attn_implementation
+    own = default_attention(model)
+    with torch.inference_mode():
+        capture.reset(token_ids.shape[1])
+        captured = model(input_ids=token_ids, use_cache=False).logits.float()  # (1, N, vocab)
+        model.set_attn_implementation(own)
+        try:
+            reference = model(input_ids=token_ids, use_cache=False).logits.float()  # (1, N, vocab)
+        finally:
+            model.set_attn_implementation(capturing)
+    err = float(torch.linalg.vector_norm(captured - reference) / torch.linalg.vector_norm(reference))
+    if not err <= rtol:  # also catches NaN
+        arch = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
+        raise TransparencyError(
+            f"transparency check failed for {arch}: output logits through the capturing backend {capturing!r} "
+            f"differ from the model's own {own!r} attention by {err:.2e} (relative; tolerance {rtol:.1e})"
+        )
+    return err, own
 
 
 def extract(
@@ -70,15 +121,23 @@ def extract(
     ref_samples=(0,),
     ref_layers=(0, -1),
     check_rtol: float = 1e-4,
+    check_tokens: int = 256,
+    transparency_tokens: int = 128,
+    transparency_rtol: float = 1e-4,
     compression: int = 0,
     config_hash: str = "",
 ) -> dict:
-    """Write ``qk.h5`` for one model variant; returns timing and self-check figures."""
+    """Write ``qk.h5`` for one model variant; returns timing and check figures.
+
+    ``check_tokens``: prefix on which every layer is self-checked (0: the whole window);
+    ``transparency_tokens``: tokens of the first window the transparency check runs (0: the whole window).
+    """
     model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device)
     windows = read_windows(windows_path)
     token_id = windows["token_id"].values
     n_samples, n_tokens = token_id.shape
-    capture = Capture(model, ref_layers)
+    check_tokens = min(check_tokens or n_tokens, n_tokens)
+    capture = Capture(model, ref_layers, check_tokens=check_tokens)
     bad = [s for s in ref_samples if not 0 <= s < n_samples]
     if bad:
         raise ValueError(f"extract.ref_samples: {bad} outside the {n_samples} windows of {windows_path}")
@@ -89,9 +148,15 @@ def extract(
     rtol = effective_rtol(check_rtol, dtype)
     device_obj = next(model.parameters()).device
     positions = torch.arange(n_tokens, device=device_obj)[None]
-    writer, worst, seconds = None, 0.0, []
+    writer, worst, seconds, layer_errors = None, 0.0, [], {}
     try:
         with torch.inference_mode(), capture:
+            # also the pass on which each layer's RoPE layout is detected
+            n_check = min(transparency_tokens or n_tokens, n_tokens)
+            first = torch.from_numpy(token_id[0, :n_check])[None].to(device_obj)
+            transparency, own_attention = transparency_check(
+                model, capture, first, effective_rtol(transparency_rtol, dtype)
+            )
             for sample in tqdm(range(n_samples), desc=f"extract {model_name}/{variant}", unit="window"):
                 start = time.perf_counter()
                 capture.reset(n_tokens, keep_logits=sample in ref_samples)
@@ -123,24 +188,36 @@ def extract(
                             "corpus_source": windows.attrs.get("corpus_source", ""),
                             "window_seed": int(windows.attrs.get("window_seed", -1)),
                             "check_rtol": rtol,
+                            "self_check_tokens": check_tokens,
+                            "transparency_rel_error": transparency,
+                            "transparency_tokens": n_check,
+                            "transparency_reference": own_attention,
                             "config_hash": config_hash,
                         },
                     )
                 logits_ref = None
                 if capture.logits:
+                    prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}
+                    worst = max(worst, verify_logits(q, k, params, prefix, rtol, layer_errors))
                     refs = {layer: capture.logits[layer][0] for layer in ref_layers}
-                    worst = max(worst, verify_logits(q, k, params, refs, rtol))
+                    worst = max(worst, verify_logits(q, k, params, refs, rtol, layer_errors))
                     logits_ref = np.stack([refs[layer].numpy() for layer in ref_layers])
                 writer.write_sample(sample, q, k, token_id[sample], logits_ref)
                 if device_obj.type == "cuda":
                     torch.cuda.empty_cache()  # release activations between windows: 8B models run near the limit
                 seconds.append(time.perf_counter() - start)
             writer.file.attrs["self_check_max_rel_error"] = worst
+            writer.write_layer_errors(np.array([layer_errors.get(i, np.nan) for i in range(capture.n_layers)]))
         writer.close(ok=True)
     except BaseException:
         if writer is not None:
             writer.close(ok=False)
         raise
-    report = {"self_check_max_rel_error": worst, "seconds_per_window": seconds, "n_samples": n_samples}
+    report = {
+        "self_check_max_rel_error": worst,
+        "transparency_rel_error": transparency,
+        "seconds_per_window": seconds,
+        "n_samples": n_samples,
+    }
     print(json.dumps(report))
     return report

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import h5netcdf
+import h5py
 import numpy as np
 import xarray as xr
 
@@ -302,8 +303,29 @@ class QKWriter:
             ("kv_group", ("head",), "i8"),
         ]:
             f.create_variable(name, dims, dtype, data=np.asarray(rope[name]))
+        self._write_rope_layout(rope, n_layers, head_dim)
         f.attrs.update(provenance(**attrs))
         self.written = np.zeros(n_samples, dtype=bool)
+
+    def _write_rope_layout(self, rope: dict, n_layers: int, head_dim: int) -> None:
+        """How each layer's stored (canonical, half-split) dims map to the model's own (docs/data-model.md).
+
+        Absent keys mean the model's own layout already is the canonical one: all dims rotated, half-split.
+        """
+        f = self.file
+        layer_index = rope.get("layer_index", np.arange(n_layers))
+        rotary_dims = rope.get("rotary_dims", np.full(n_layers, head_dim))
+        dim_order = rope.get("dim_order", np.tile(np.arange(head_dim), (n_layers, 1)))
+        f.create_variable("layer_index", ("layer",), "i8", data=np.asarray(layer_index, dtype=np.int64))
+        f.create_variable("rotary_dims", ("layer",), "i8", data=np.asarray(rotary_dims, dtype=np.int64))
+        f.create_variable("dim_order", ("layer", "dim"), "i8", data=np.asarray(dim_order, dtype=np.int64))
+        for name, default in [("rope_layout", "half"), ("rotary_position", "first")]:
+            values = np.asarray(rope.get(name, [default] * n_layers), dtype=object)
+            f.create_variable(name, ("layer",), h5py.string_dtype(), data=values)
+
+    def write_layer_errors(self, errors: np.ndarray) -> None:
+        """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""
+        self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=np.asarray(errors, dtype=np.float64))
 
     def write_sample(self, sample: int, q: np.ndarray, k: np.ndarray, token_id: np.ndarray, logits_ref=None):
         """q: (layer, head, token, dim), k: (layer, kv_head, token, dim); logits_ref: (ref_layer, head, q, k)."""
