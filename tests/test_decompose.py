@@ -14,12 +14,10 @@ from posgen.decompose import (
     LayerRope,
     MaskInfo,
     decompose_store,
-    layer_type,
-    layer_types,
     masked_moments,
-    used_dummy_distance,
     w_sums,
 )
+from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
 from posgen.store import QKWriter
 

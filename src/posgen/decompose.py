@@ -39,6 +39,7 @@ import torch
 import xarray as xr
 from tqdm import tqdm
 
+from posgen.layer_types import effective_window, layer_types, used_dummy_distance
 from posgen.models import resolve_device
 from posgen.rope import causal_mask, rotate
 from posgen.stats import pearson_from_sums
@@ -61,46 +62,7 @@ class LayerRope:
     sliding_window: int = 0  # 0 = global
 
 
-# ------------------------------------------------------------------------------------- layer types
-
-LAYER_TYPES = ("global", "sliding", "nope")
-
-
-def layer_type(inv_freq, sliding_window: int, n_tokens: int) -> str:
-    """'nope' if no band rotates (every inv_freq == 0), 'sliding' if 0 < sliding_window < n_tokens, else 'global'.
-
-    A NoPE layer has no positional term in the RoPE sense; a sliding-window layer never sees a distance of its
-    window or more. The one rule for every statistic that splits by layer type (method.md section 4).
-    """
-    if not (np.asarray(inv_freq) > 0).any():
-        return "nope"
-    return "sliding" if effective_window(n_tokens, sliding_window) else "global"
-
-
-def layer_types(ds: xr.Dataset) -> np.ndarray:
-    """The :func:`layer_type` of every layer of a qk.h5 dataset (its ``token`` length is the sequence length)."""
-    n_tokens = ds.sizes["token"]
-    inv_freq = np.asarray(ds["inv_freq"].transpose("layer", "band").values)
-    window = np.asarray(ds["sliding_window"].values)
-    return np.array([layer_type(inv_freq[i], int(window[i]), n_tokens) for i in range(len(window))], dtype=object)
-
-
-def used_dummy_distance(dummy_distance: int, sliding_window: int, n_tokens: int) -> int:
-    """The dummy distance a layer is scored at: ``min(D, window - 1)`` for a sliding-window layer, else D.
-
-    A sliding-window layer only ever sees distances below its window; a larger D would score the semantic term
-    at a rotation the layer was never trained on (method.md section 3A).
-    """
-    window = effective_window(n_tokens, sliding_window)
-    return min(int(dummy_distance), window - 1) if window else int(dummy_distance)
-
-
 # ------------------------------------------------------------------------------------------- masks
-
-
-def effective_window(n_tokens: int, sliding_window: int) -> int:
-    """0 for a global layer (or a window that covers the whole sequence), else the window."""
-    return int(sliding_window) if 0 < sliding_window < n_tokens else 0
 
 
 def window_prefix(x: torch.Tensor, window: int, dim: int = 0) -> torch.Tensor:
@@ -1126,7 +1088,7 @@ def decompose_store(
         "sink": list(SINKS),
         "D": np.asarray(dec.dummy_distances, dtype=np.int64),
         # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
-        "layer_type": ("layer", types.astype(str)),
+        "layer_type": ("layer", types),
         "dummy_distance_used": ("layer", used),
     }
     base = ("sample", "layer", "head")
