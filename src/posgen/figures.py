@@ -518,10 +518,11 @@ def fig_bands(bands: xr.Dataset) -> Figure:
             for variant in bands["variant"].values:
                 v = bands[f"{side}_{stat}"].sel(variant=variant).where(rotated)  # unrotated entries: NaN
                 pooled = v.stack(unit=("layer", head_dim)).transpose("band", "unit").values
+                pooled = pooled[rotating]  # bands that rotate in some layer: never an all-NaN row
                 med = np.nanmedian(pooled, axis=1)
                 q25, q75 = np.nanquantile(pooled, [0.25, 0.75], axis=1)
-                ax.plot(theta[rotating], med[rotating], color=colors[variant], label=variant)
-                ax.fill_between(theta[rotating], q25[rotating], q75[rotating], color=colors[variant], alpha=0.25, lw=0)
+                ax.plot(theta[rotating], med, color=colors[variant], label=variant)
+                ax.fill_between(theta[rotating], q25, q75, color=colors[variant], alpha=0.25, lw=0)
             _log_axis(ax, "x")
             _log_axis(ax, "y")
             ax.set_title(f"{side}: {label}")
