@@ -440,6 +440,7 @@ def _mark_layer_rows(ax, types, n_heads: int) -> None:
     if types is None or not any(t in LAYER_MARKS for t in types):
         return
     ax.set_xlim(-1.7, n_heads - 0.5)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}" if x >= 0 else ""))
     for kind, (label, marker, color) in LAYER_MARKS.items():
         rows = np.flatnonzero(types == kind)
         if rows.size:
