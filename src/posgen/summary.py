@@ -5,7 +5,7 @@ pooled r of all scored entries, per-layer means, and for every random-init varia
 trained model. Samples are the resampling unit: every variant of a model saw the same token windows, so one set
 of bootstrap indices serves all variants (paired).
 
-Layer types (``layer_type`` of decomposition.nc, posgen.decompose.layer_types): the rows with layer type
+Layer types (``layer_type`` of decomposition.nc, posgen.layer_types): the rows with layer type
 ``rope`` cover every RoPE layer (global and sliding-window; NoPE layers never enter them); a model with more
 than one layer type also gets rows per type (``global``, ``sliding``, ``nope``).
 """
@@ -106,12 +106,12 @@ def decomposition_layer_types(ds: xr.Dataset) -> np.ndarray:
     return np.full(ds.sizes["layer"], "global")
 
 
-def _distance_text(ds: xr.Dataset, keep: np.ndarray) -> str:
-    """The dummy distance(s) Method A used on the layers ``keep``: one number, or several joined by '/'."""
+def _distance_text(ds: xr.Dataset) -> str:
+    """The dummy distance(s) Method A used on the layers of ``ds``: one number, or several joined by '/'."""
     if "dummy_distance_used" in ds.coords or "dummy_distance_used" in ds:
-        used = np.asarray(ds["dummy_distance_used"].values)[keep]
-    elif "dummy_distance" in ds.attrs:
-        used = np.full(int(keep.sum()), int(ds.attrs["dummy_distance"]))
+        used = np.asarray(ds["dummy_distance_used"].values)
+    elif "dummy_distance" in ds.attrs:  # written before per-layer distances: one D for every layer
+        used = np.full(ds.sizes["layer"], int(ds.attrs["dummy_distance"]))
     else:
         return ""
     return "/".join(str(int(D)) for D in sorted(set(used.tolist())))
@@ -155,7 +155,7 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
             else:
                 diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
             r2 = {name: ds[name].transpose("sample", "layer", "head", "sink").values for name in ("r2_f", "r2_g")}
-            distance = _distance_text(ds, np.ones(ds.sizes["layer"], bool))
+            distance = _distance_text(ds)
             for mi, method in enumerate(methods):
                 for si, sink in enumerate(sinks):
                     # variance explained by f / g alone and the dummy distance are Method A quantities
