@@ -190,3 +190,50 @@ def test_one_layer_type_keeps_one_row_per_variant_method_sink(tmp_path):
     p = fake_decomposition(tmp_path / "o.nc", "o", "trained", np.full(3, 0.5))
     table = summarize([p], tmp_path / "o.csv", {"o": tmp_path / "o.nc"}, n_boot=50)
     assert (table.layer_type == "rope").all() and table[table.method == "A"].dummy_distance.tolist() == ["1000"] * 2
+
+
+def test_store_with_a_nope_layer_end_to_end(tmp_path):
+    """qk.h5 with a global, a sliding-window (6 < T) and a NoPE layer (inv_freq 0) -> decomposition -> summary: the
+    'rope' rows average the first two layers only; the NoPE layer (Method A exact there) has rows of its own."""
+    from posgen.decompose import decompose_store
+    from posgen.store import QKWriter
+
+    g = np.random.default_rng(4)
+    N, L, H, T, d = 3, 3, 2, 16, 8
+    theta = np.tile(10000.0 ** (-np.arange(d // 2) / (d // 2)), (L, 1)).astype(np.float32)
+    theta[2] = 0.0
+    with QKWriter(
+        tmp_path / "qk.h5",
+        n_samples=N,
+        n_layers=L,
+        n_heads=H,
+        n_kv_heads=1,
+        n_tokens=T,
+        head_dim=d,
+        ref_samples=[0],
+        ref_layers=[0],
+        rope={
+            "inv_freq": theta,
+            "attention_scaling": np.ones(L),
+            "scaling": np.full(L, d**-0.5),
+            "sliding_window": np.array([0, 6, 0]),
+            "kv_group": np.zeros(H),
+        },
+        attrs={"model": "toy", "variant": "trained", "init_seed": -1},
+    ) as w:
+        for s in range(N):
+            q = g.standard_normal((L, H, T, d)).astype(np.float32)
+            k = (g.standard_normal((L, 1, T, d)) + 1).astype(np.float32)
+            w.write_sample(s, q, k, np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
+    dec = decompose_store(
+        tmp_path / "qk.h5", tmp_path / "dec.nc", dummy_distances=[0, 100], dummy_distance=100, progress=False
+    )
+    table = summarize([tmp_path / "dec.nc"], tmp_path / "s.csv", {"toy": tmp_path / "s.nc"}, n_boot=100)
+    rows = table.set_index(["layer_type", "method", "sink"]).sort_index()
+    r_a = dec["r"].sel({"method": "A", "sink": "without"})  # (sample, layer, head)
+    np.testing.assert_allclose(rows.loc[("rope", "A", "without"), "mean_r"], float(r_a.isel(layer=[0, 1]).mean()))
+    np.testing.assert_allclose(rows.loc[("sliding", "A", "without"), "mean_r"], float(r_a.isel(layer=1).mean()))
+    np.testing.assert_allclose(rows.loc[("nope", "A", "without"), "mean_r"], 1.0, atol=1e-6)
+    assert float(r_a.isel(layer=[0, 1]).mean()) < 0.99  # so leaving the NoPE layer out shows in the number
+    assert rows.loc[("rope", "A", "with"), "dummy_distance"] == "5/100"
+    assert rows.loc[("rope", "A", "with"), "n_layers"] == 2
