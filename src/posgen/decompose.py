@@ -617,8 +617,9 @@ class Decomposer:
 
     ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
     and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
-    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and
-    the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
+    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
+    error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
+    :func:`masked_moments`.
     """
 
     def __init__(
