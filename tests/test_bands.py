@@ -76,3 +76,19 @@ def test_band_stats_file(store, tmp_path):
     assert np.isinf(ds["k_ratio"].sel(band=1)).all()  # variance without a mean component
     np.testing.assert_allclose(ds["q_ratio"].sel(band=0), 0.0)
     assert ds.attrs["variant"] == "random-seed1" and ds.attrs["config_hash"] == "h" and "posgen_version" in ds.attrs
+
+
+def test_unrotated_bands_and_layer_types_are_flagged(store, tmp_path):
+    """Layer 1's band 1 has frequency 0 (as the unrotated dims of a partial-rotary head); a NoPE layer has no
+    rotated band at all."""
+    path, theta = store
+    ds = band_stats(path, tmp_path / "bands.nc", progress=False)
+    assert ds["rotated"].values.tolist() == [[True, True], [True, False]]
+    assert list(ds["layer_type"].values) == ["global", "global"]
+    qk = xr.open_dataset(path, engine="h5netcdf").load()
+    qk["inv_freq"][1] = 0.0  # layer 1: NoPE
+    qk.to_netcdf(tmp_path / "nope.h5", engine="h5netcdf")
+    ds = band_stats(tmp_path / "nope.h5", tmp_path / "bands2.nc", progress=False)
+    assert list(ds["layer_type"].values) == ["global", "nope"]
+    assert ds["rotated"].values.tolist() == [[True, True], [False, False]]
+    np.testing.assert_allclose(ds["k_var"].sel(band=1), 1.0)  # the statistics themselves are kept

@@ -17,6 +17,7 @@ from posgen.decompose import (
     masked_moments,
     w_sums,
 )
+from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
 from posgen.store import QKWriter
 
@@ -302,7 +303,8 @@ def test_design_products_match_dense_mask(window, sink):
 
 
 def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
-    """qk.h5 with the same layer params for every layer; q (N, L, H, T, d), k (N, L, H_kv, T, d)."""
+    """qk.h5 with the same layer params for every layer (or ``theta (L, band)`` per layer); odd layers have the
+    sliding ``window``; q (N, L, H, T, d), k (N, L, H_kv, T, d)."""
     N, L, H, T, d = q.shape
     with QKWriter(
         path,
@@ -315,7 +317,7 @@ def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
         ref_samples=[0],
         ref_layers=[0],
         rope={
-            "inv_freq": np.tile(theta, (L, 1)),
+            "inv_freq": theta if np.ndim(theta) == 2 else np.tile(theta, (L, 1)),  # one row per layer, or shared
             "attention_scaling": np.ones(L),
             "scaling": np.full(L, d**-0.5),
             "sliding_window": np.array([window if layer % 2 else 0 for layer in range(L)]),
@@ -404,3 +406,96 @@ def test_uneven_kv_groups_are_named():
     q, k, _ = random_qk(H=3, H_kv=2, T=12, d=8)
     with pytest.raises(ValueError, match=r"kv_group \[0, 0, 1\]: every KV head must serve the same number"):
         Decomposer([0], 0).unit(q, k, np.array([0, 0, 1]), LayerRope(inv_freq(8), 0.3))
+
+
+# ------------------------------------------------------------------------------------------- layer types
+
+
+def test_layer_type_and_dummy_distance_rules():
+    theta = inv_freq(8).numpy()
+    partial = np.where(np.arange(4) < 2, theta, 0.0)  # partial rotary: two bands rotate, two never
+    assert layer_type(theta, 0, 64) == "global"
+    assert layer_type(theta, 64, 64) == "global"  # a window that covers the sequence is no window
+    assert layer_type(theta, 16, 64) == "sliding"
+    assert layer_type(partial, 16, 64) == "sliding"
+    assert layer_type(np.zeros(4), 0, 64) == "nope"
+    assert layer_type(np.zeros(4), 16, 64) == "nope"  # no rotation at all: nope, windowed or not
+    assert used_dummy_distance(1000, 0, 64) == 1000
+    assert used_dummy_distance(1000, 16, 64) == 15  # min(D, window - 1)
+    assert used_dummy_distance(10, 16, 64) == 10
+    assert used_dummy_distance(1000, 512, 64) == 1000  # the window never binds: a global layer
+
+
+def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_path):
+    """Layer 1 (window 6) gets D = 5 for r, r_g and the bound, the raw sweep stays; layer 2 (inv_freq 0) is 'nope'
+    and Method A is exact there (A = W: no rotation, so the dummy distance changes nothing)."""
+    g = np.random.default_rng(1)
+    N, L, H, Hkv, T, d = 2, 3, 4, 2, 20, 8
+    q = g.standard_normal((N, L, H, T, d)).astype(np.float32)
+    k = (g.standard_normal((N, L, Hkv, T, d)) + 1).astype(np.float32)
+    theta = np.tile(inv_freq(d).numpy(), (L, 1))
+    theta[2] = 0.0  # a NoPE layer, as a store marks it: every band at frequency 0
+    kv = np.array([0, 0, 1, 1])
+    qk = write_store(tmp_path / "qk.h5", q, k, kv, theta, window=6)
+    ds = decompose_store(
+        qk, tmp_path / "dec.nc", dummy_distances=[0, 5, 50], dummy_distance=50, device="cpu", progress=False
+    )
+    back = xr.open_dataset(tmp_path / "dec.nc", engine="h5netcdf")
+    assert list(back["layer_type"].values) == ["global", "sliding", "nope"]
+    assert back["dummy_distance_used"].values.tolist() == [50, 5, 50]
+    assert back.attrs["dummy_distance"] == 50
+    for s_ in range(N):
+        for layer, D0 in ((0, 50), (1, 5)):
+            window = 6 if layer == 1 else 0
+            rope = LayerRope(torch.tensor(theta[layer]), d**-0.5, 1.0, window)
+            ref = direct(torch.from_numpy(q[s_, layer]), torch.from_numpy(k[s_, layer]), kv, rope, [0, 5, 50], D0)
+            for h in range(H):
+                for si, sink in enumerate(SINKS):
+                    np.testing.assert_allclose(ds["r"].values[s_, layer, h, 0, si], ref[h, sink, "r_A"], atol=2e-6)
+                    np.testing.assert_allclose(ds["r_g"].values[s_, layer, h, si], ref[h, sink, "r_g"], atol=2e-6)
+                    np.testing.assert_allclose(
+                        ds["r_sweep"].values[s_, layer, h, si], ref[h, sink, "r_sweep"], atol=2e-6
+                    )
+                    np.testing.assert_allclose(
+                        ds["bound_mean"].values[s_, layer, h, si], ref[h, sink, "bound"], rtol=2e-5
+                    )
+    # the sliding layer's r is its sweep at D = 5, not at D = 50
+    r_a = ds["r"].sel({"method": "A"})  # a dict: method= is a keyword of sel()
+    np.testing.assert_allclose(r_a.isel(layer=1), ds["r_sweep"].sel(D=5).isel(layer=1), atol=1e-12)
+    assert np.abs(r_a.isel(layer=1) - ds["r_sweep"].sel(D=50).isel(layer=1)).max() > 1e-3
+    # NoPE: f + g = W exactly at every D
+    np.testing.assert_allclose(r_a.isel(layer=2), 1.0, atol=1e-6)
+    np.testing.assert_allclose(ds["r_sweep"].isel(layer=2), 1.0, atol=1e-6)
+    np.testing.assert_allclose(ds["err_abs_mean"].isel(layer=2), 0.0, atol=1e-5)
+
+
+def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_window(tiny_source, tmp_path):
+    """A tiny Gemma 3 (sliding window 16 on layers 0 and 1, layer 2 global) through extraction and decomposition."""
+    from posgen.corpus import cut_windows, load_text
+    from posgen.extract import extract
+    from posgen.models import acquire, load_model
+    from posgen.store import open_dataset, write_netcdf
+
+    acquire(f"local:{tiny_source('gemma3')}", tmp_path / "model")
+    _, tokenizer, _ = load_model(tmp_path / "model")
+    write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 40, 0, "embedded"), tmp_path / "windows.h5")
+    extract(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", model_name="g", variant="trained")
+    qk = open_dataset(tmp_path / "qk.h5", lazy=False)
+    assert qk["sliding_window"].values.tolist() == [16, 16, 0]
+    assert list(layer_types(qk)) == ["sliding", "sliding", "global"]
+    qk.close()
+    ds = decompose_store(
+        tmp_path / "qk.h5",
+        tmp_path / "dec.nc",
+        dummy_distances=[0, 15, 100],
+        dummy_distance=100,
+        device="cpu",
+        progress=False,
+    )
+    assert list(ds["layer_type"].values) == ["sliding", "sliding", "global"]
+    assert ds["dummy_distance_used"].values.tolist() == [15, 15, 100]
+    r_a = ds["r"].sel({"method": "A"})  # a dict: method= is a keyword of sel()
+    for layer, D in ((0, 15), (1, 15), (2, 100)):
+        np.testing.assert_allclose(r_a.isel(layer=layer), ds["r_sweep"].sel(D=D).isel(layer=layer), atol=1e-12)
+    # the sliding layers' r at D = 100 (outside the window) differs from the one reported
+    assert np.abs(r_a.isel(layer=0) - ds["r_sweep"].sel(D=100).isel(layer=0)).max() > 1e-3

@@ -459,3 +459,121 @@ def test_pooled_entries_equal_the_full_matrices_at_those_pairs():
         i, j = ex["pool_query"].values[layer], ex["pool_key"].values[layer]
         np.testing.assert_allclose(ex["pool_W"].values[layer], w[:, i, j], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(ex["pool_A"].values[layer], (f + g)[:, i, j], rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- layer types
+
+
+def typed_summary_csv():
+    """summary.csv rows of a two-type model 'g' (rope, global, sliding) and a one-type model 'tiny' (rope)."""
+    base = make_summary_csv()
+    rows = []
+    for layer_type, r, distance in (("rope", 0.7, "15/100"), ("global", 0.95, "100"), ("sliding", 0.6, "15")):
+        part = base[base.variant == "trained"].assign(model="g", layer_type=layer_type, mean_r=r)
+        part["dummy_distance"] = np.where(part.method == "A", distance, "")
+        rows.append(part)
+    tiny = base.assign(layer_type="rope", dummy_distance=np.where(base.method == "A", "100", ""))
+    return pd.concat([tiny] + rows[::-1], ignore_index=True)
+
+
+def test_reproduction_table_has_one_row_per_layer_type_with_its_distance(tmp_path):
+    typed_summary_csv().to_csv(tmp_path / "summary.csv", index=False)
+    table = figures.write_reproduction(tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md")
+    g = table[table.model == "g"]
+    assert g["layer_type"].tolist() == ["global"] * 4 + ["sliding"] * 4  # no 'rope' row beside the types
+    assert g["dummy_distance"].tolist() == ["100", "100", "", "", "15", "15", "", ""]
+    np.testing.assert_allclose(g["mean_r"], [0.95] * 4 + [0.6] * 4)
+    tiny = table[table.model == "tiny"]
+    assert (tiny["layer_type"] == "rope").all() and len(tiny) == len(VARIANTS) * 4
+    md = (tmp_path / "rep.md").read_text()
+    assert "| g | trained | A | without | 0.959 | 0.600 [0.880, 0.910] |" in md
+    assert md.count("| sliding | 15 |") == 2 and md.count("| global | 100 |") == 2
+    assert "min(D, window - 1)" in md
+    back = pd.read_csv(tmp_path / "rep.csv", keep_default_na=False, dtype={"dummy_distance": str})
+    assert back["dummy_distance"].tolist() == table["dummy_distance"].tolist()
+
+
+def with_layer_types(x, types, used):
+    return x.assign_coords(layer_type=("layer", types), dummy_distance_used=("layer", used))
+
+
+def test_dummy_sweep_shows_layer_types_apart():
+    sweep = xr.concat(
+        [
+            with_layer_types(make_decomposition(seed=i, n_layers=3), ["sliding", "global", "nope"], [250, 1000, 1000])
+            for i in range(2)
+        ],
+        dim=pd.Index(VARIANTS[:2], name="variant"),
+    )["r_sweep"]
+    fig = figures.fig_dummy_sweep(sweep, n_boot=50)
+    axes = panels(fig)
+    assert len(axes) == 3 * 2  # (global, sliding, nope) x sinks
+    titles = [ax.get_title() for ax in axes]
+    assert titles[:2] == ["global layers, sink with", "global layers, sink without"] and titles[4].startswith("nope")
+    # each row averages its own layers only: sliding = layer 0
+    want = sweep.isel(layer=0).sel(variant="trained", sink="with").mean(["sample", "head"]).values
+    trained = [line for line in axes[2].lines if line.get_label() == "trained"][0]
+    np.testing.assert_allclose(trained.get_ydata(), want)
+
+    # the D used: a dotted line at 250 on the sliding row, 1000 on the global row, none for NoPE
+    def vlines(ax):
+        return [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":"]
+
+    assert vlines(axes[2]) == [250] and vlines(axes[0]) == [1000] and vlines(axes[4]) == []
+    plt.close(fig)
+
+
+def test_heatmap_and_layer_r_mark_sliding_and_nope_layers():
+    r = xr.concat(
+        [make_decomposition(seed=i, n_layers=3)["r"].sel(sink="without").mean("sample") for i in range(2)],
+        dim=pd.Index(VARIANTS[:2], name="variant"),
+    )
+    fig = figures.fig_r_heatmap(with_layer_types(r, ["sliding", "global", "nope"], [250, 1000, 1000]))
+    ax = panels(fig)[0]
+    marks = {line.get_label(): line.get_ydata().tolist() for line in ax.lines}
+    assert marks == {"sliding-window layer": [0], "NoPE layer": [2]}
+    plt.close(fig)
+    summary = make_summary(n_layers=4)
+    summary = with_layer_types(summary, ["sliding", "sliding", "global", "nope"], [250, 250, 1000, 1000])
+    fig = figures.fig_layer_r(summary)
+    ax = panels(fig)[0]
+    assert len(ax.patches) == 3  # one shaded span per sliding / NoPE layer
+    labels = [p.get_label() for p in ax.patches if p.get_label() and not p.get_label().startswith("_")]
+    assert sorted(labels) == ["NoPE layer", "sliding-window layer"]  # one legend entry per type
+    plt.close(fig)
+
+
+def test_bands_figure_leaves_unrotated_bands_out():
+    """A NoPE layer (theta 0 everywhere) with huge values must not move the medians of the rotated bands."""
+    bands = make_bands(n_layers=3)
+    theta = bands["theta"].values.copy()
+    theta[:, 2] = 0.0  # layer 2: NoPE
+    q_var = bands["q_var"].values.copy()
+    q_var[:, 2] = 1e6
+    bands = bands.assign(theta=(bands["theta"].dims, theta), q_var=(bands["q_var"].dims, q_var))
+    fig = figures.fig_bands(bands)
+    ax = panels(fig)[1]  # q: token variance
+    trained = [line for line in ax.lines if line.get_label() == "trained"][0]
+    want = np.median(bands["q_var"].sel(variant="trained").isel(layer=[0, 1]).values, axis=(0, 1))[:-1]
+    np.testing.assert_allclose(trained.get_ydata(), want)  # band 7 (theta 0 in every layer) is off the log axis
+    np.testing.assert_allclose(trained.get_xdata(), theta[0, 0, :-1])
+    plt.close(fig)
+
+
+def test_example_heads_use_each_layers_dummy_distance():
+    """Layer 1 is a sliding layer scored at D = 11: the pooled f + g there is Method A at D = 11, not 1000."""
+    from posgen.method_a import method_a_terms
+
+    qk = make_qk(n_samples=1, sliding=(0, 12))
+    dec = with_layer_types(make_decomposition(), ["global", "sliding"], [1000, 11])
+    ex = figures.example_heads(qk, dec, map_tokens=8, pool_pairs=100)
+    assert ex["dummy_distance_used"].values.tolist() == [1000, 11]
+    q = torch.from_numpy(qk["q"].values[0, 1])
+    k = torch.from_numpy(qk["k"].values[0, 1])[torch.from_numpy(qk["kv_group"].values)]
+    inv_freq = torch.from_numpy(qk["inv_freq"].values[1])
+    s = float(qk["scaling"][1])
+    i, j = ex["pool_query"].values[1], ex["pool_key"].values[1]
+    for D, close in ((11, True), (1000, False)):
+        f, g = (t.numpy() for t in method_a_terms(q, k, torch.arange(40), inv_freq, s, dummy_distance=D))
+        same = np.allclose(ex["pool_A"].values[1], (f + g)[:, i, j], rtol=1e-4, atol=1e-5)
+        assert same == close, D

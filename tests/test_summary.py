@@ -14,10 +14,13 @@ from posgen.summary import COLUMNS, summarize
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 
 
-def fake_decomposition(path, model, variant, r_per_sample, n_layers=3, n_heads=4, data=None, layer_offset=None):
+def fake_decomposition(
+    path, model, variant, r_per_sample, n_layers=3, n_heads=4, data=None, layer_offset=None, layer_coords=None
+):
     """decomposition.nc whose r is r_per_sample[s] (+ layer_offset[l]) for every layer/head/method/sink.
 
-    ``data[s]`` (x, y) pairs give the sufficient statistics of every (layer, head) of sample s.
+    ``data[s]`` (x, y) pairs give the sufficient statistics of every (layer, head) of sample s; ``layer_coords``
+    adds per-layer coordinates (``layer_type``, ``dummy_distance_used``) as decompose_store writes them.
     """
     N = len(r_per_sample)
     shape = (N, n_layers, n_heads, 2, 2)
@@ -45,8 +48,9 @@ def fake_decomposition(path, model, variant, r_per_sample, n_layers=3, n_heads=4
             "head": np.arange(n_heads),
             "method": ["A", "B"],
             "sink": ["with", "without"],
+            **{name: ("layer", values) for name, values in (layer_coords or {}).items()},
         },
-        attrs={"model": model, "variant": variant},
+        attrs={"model": model, "variant": variant, "dummy_distance": 1000},
     )
     write_netcdf(ds, path)
     return path
@@ -133,3 +137,103 @@ def test_mismatched_samples_are_refused(tmp_path):
         summarize(paths, tmp_path / "s.csv", {"m": tmp_path / "s.nc"}, n_boot=100)
     with pytest.raises(KeyError, match="no decomposition.nc for model.*other"):
         summarize(paths[:1], tmp_path / "s.csv", {"other": tmp_path / "s.nc"}, n_boot=100)
+
+
+def test_rows_per_layer_type_and_nope_outside_the_rope_rows(tmp_path):
+    """Layers global / sliding / NoPE with r 0.5, 0.6, 0.3: the 'rope' rows average the first two only."""
+    g = np.random.default_rng(2)
+    N = 6
+    v = g.normal(0.5, 0.02, N)
+    coords = {"layer_type": ["global", "sliding", "nope"], "dummy_distance_used": [1000, 511, 1000]}
+    paths = [
+        fake_decomposition(tmp_path / "t.nc", "g", "trained", v, layer_offset=[0, 0.1, -0.2], layer_coords=coords),
+        fake_decomposition(tmp_path / "r.nc", "g", "random-seed0", v - 0.2, layer_coords=coords),
+    ]
+    table = summarize(paths, tmp_path / "s.csv", {"g": tmp_path / "s.nc"}, n_boot=300, seed=0)
+    assert list(table.columns[: len(COLUMNS)]) == COLUMNS
+    assert len(table) == 2 * 4 * 2 * 2  # variants x (rope, global, sliding, nope) x methods x sinks
+    trained = table[(table.variant == "trained")].set_index(["layer_type", "method", "sink"]).sort_index()
+    np.testing.assert_allclose(trained.loc["rope", "mean_r"], v.mean() + 0.05)  # (0 + 0.1) / 2: no NoPE layer
+    np.testing.assert_allclose(trained.loc["global", "mean_r"], v.mean())
+    np.testing.assert_allclose(trained.loc["sliding", "mean_r"], v.mean() + 0.1)
+    np.testing.assert_allclose(trained.loc["nope", "mean_r"], v.mean() - 0.2)
+    assert trained.loc["rope", "n_layers"].tolist() == [2] * 4 and (trained.loc["nope", "n_layers"] == 1).all()
+    # paired differences per layer type
+    random = table[(table.variant == "random-seed0")].set_index(["layer_type", "method", "sink"]).sort_index()
+    np.testing.assert_allclose(random.loc["sliding", "diff_vs_trained"], -0.3, atol=1e-12)
+    np.testing.assert_allclose(random.loc["rope", "diff_vs_trained"], -0.25, atol=1e-12)
+    # the dummy distance each row's layers used (Method A only)
+    assert trained.loc[("rope", "A"), "dummy_distance"].tolist() == ["511/1000"] * 2
+    assert trained.loc[("sliding", "A"), "dummy_distance"].tolist() == ["511"] * 2
+    assert trained.loc[("global", "B"), "dummy_distance"].tolist() == [""] * 2
+    # rows: variant, then layer type in the order rope, global, sliding, nope
+    assert table["layer_type"].tolist()[:16:4] == ["rope", "global", "sliding", "nope"]
+    nc = xr.open_dataset(tmp_path / "s.nc", engine="h5netcdf")
+    assert nc["layer_type"].values.tolist() == ["global", "sliding", "nope"]
+    assert nc["dummy_distance_used"].values.tolist() == [1000, 511, 1000]
+    csv = pd.read_csv(tmp_path / "s.csv", keep_default_na=False)
+    assert csv["dummy_distance"].astype(str).tolist()[:2] == ["511/1000", "511/1000"]
+
+
+def test_one_layer_type_keeps_one_row_per_variant_method_sink(tmp_path):
+    coords = {"layer_type": ["sliding"] * 3, "dummy_distance_used": [15, 15, 15]}
+    p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(3, 0.5), layer_coords=coords)
+    table = summarize([p], tmp_path / "s.csv", {"m": tmp_path / "s.nc"}, n_boot=50)
+    assert len(table) == 4 and (table.layer_type == "rope").all() and (table.n_layers == 3).all()
+    assert table[table.method == "A"].dummy_distance.tolist() == ["15", "15"]
+    # only NoPE layers: no 'rope' rows, the 'nope' rows alone
+    coords = {"layer_type": ["nope"] * 3, "dummy_distance_used": [1000] * 3}
+    p = fake_decomposition(tmp_path / "n.nc", "n", "trained", np.full(3, 0.5), layer_coords=coords)
+    table = summarize([p], tmp_path / "n.csv", {"n": tmp_path / "n.nc"}, n_boot=50)
+    assert (table.layer_type == "nope").all() and len(table) == 4
+    # a file without layer types (written before them) reads as all global, D from its attrs
+    p = fake_decomposition(tmp_path / "o.nc", "o", "trained", np.full(3, 0.5))
+    table = summarize([p], tmp_path / "o.csv", {"o": tmp_path / "o.nc"}, n_boot=50)
+    assert (table.layer_type == "rope").all() and table[table.method == "A"].dummy_distance.tolist() == ["1000"] * 2
+
+
+def test_store_with_a_nope_layer_end_to_end(tmp_path):
+    """qk.h5 with a global, a sliding-window (6 < T) and a NoPE layer (inv_freq 0) -> decomposition -> summary: the
+    'rope' rows average the first two layers only; the NoPE layer (Method A exact there) has rows of its own."""
+    from posgen.decompose import decompose_store
+    from posgen.store import QKWriter
+
+    g = np.random.default_rng(4)
+    N, L, H, T, d = 3, 3, 2, 16, 8
+    theta = np.tile(10000.0 ** (-np.arange(d // 2) / (d // 2)), (L, 1)).astype(np.float32)
+    theta[2] = 0.0
+    with QKWriter(
+        tmp_path / "qk.h5",
+        n_samples=N,
+        n_layers=L,
+        n_heads=H,
+        n_kv_heads=1,
+        n_tokens=T,
+        head_dim=d,
+        ref_samples=[0],
+        ref_layers=[0],
+        rope={
+            "inv_freq": theta,
+            "attention_scaling": np.ones(L),
+            "scaling": np.full(L, d**-0.5),
+            "sliding_window": np.array([0, 6, 0]),
+            "kv_group": np.zeros(H),
+        },
+        attrs={"model": "toy", "variant": "trained", "init_seed": -1},
+    ) as w:
+        for s in range(N):
+            q = g.standard_normal((L, H, T, d)).astype(np.float32)
+            k = (g.standard_normal((L, 1, T, d)) + 1).astype(np.float32)
+            w.write_sample(s, q, k, np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
+    dec = decompose_store(
+        tmp_path / "qk.h5", tmp_path / "dec.nc", dummy_distances=[0, 100], dummy_distance=100, progress=False
+    )
+    table = summarize([tmp_path / "dec.nc"], tmp_path / "s.csv", {"toy": tmp_path / "s.nc"}, n_boot=100)
+    rows = table.set_index(["layer_type", "method", "sink"]).sort_index()
+    r_a = dec["r"].sel({"method": "A", "sink": "without"})  # (sample, layer, head)
+    np.testing.assert_allclose(rows.loc[("rope", "A", "without"), "mean_r"], float(r_a.isel(layer=[0, 1]).mean()))
+    np.testing.assert_allclose(rows.loc[("sliding", "A", "without"), "mean_r"], float(r_a.isel(layer=1).mean()))
+    np.testing.assert_allclose(rows.loc[("nope", "A", "without"), "mean_r"], 1.0, atol=1e-6)
+    assert float(r_a.isel(layer=[0, 1]).mean()) < 0.99  # so leaving the NoPE layer out shows in the number
+    assert rows.loc[("rope", "A", "with"), "dummy_distance"] == "5/100"
+    assert rows.loc[("rope", "A", "with"), "n_layers"] == 2

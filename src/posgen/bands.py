@@ -4,6 +4,10 @@ For RoPE band l (dims l and l + d/2, rotated by theta_l) and each (layer, head):
 token mean (the shared, position-carrying component), the token variance ``E ||v_t - mean||^2`` (the
 token-specific component) and their ratio. Statistics are taken over all tokens of a sample, then averaged
 over samples.
+
+Only rotated bands carry position: a band of frequency 0 (every band of a NoPE layer, the unrotated dims of a
+partial-rotary head) is kept in the file but flagged ``rotated = False``; the figure and anything read against
+theta leave it out. ``layer_type`` per layer is posgen.layer_types.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
+from posgen.layer_types import layer_types
 from posgen.store import carried_attrs, open_dataset, provenance, require, write_netcdf
 
 
@@ -36,7 +41,7 @@ def _ratio(var: np.ndarray, mean_sq: np.ndarray) -> np.ndarray:
 def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = True) -> xr.Dataset:
     """bands.nc from qk.h5, reading one (sample, layer) at a time (see docs/data-model.md)."""
     ds = open_dataset(qk_path, lazy=False)
-    require(ds, ("q", "k", "inv_freq"), str(qk_path))
+    require(ds, ("q", "k", "inv_freq", "sliding_window"), str(qk_path))
     N, L, H, Hkv = ds.sizes["sample"], ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"]
     n_band = ds.sizes["dim"] // 2
     acc = {
@@ -70,6 +75,8 @@ def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = Tru
         "head": ds["head"].values,
         "kv_head": ds["kv_head"].values,
         "band": np.arange(n_band),
+        "layer_type": ("layer", layer_types(ds)),
+        "rotated": (("layer", "band"), np.asarray(ds["inv_freq"].values) > 0),  # False: frequency 0, no position
     }
     out = xr.Dataset(
         data,

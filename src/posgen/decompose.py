@@ -39,6 +39,7 @@ import torch
 import xarray as xr
 from tqdm import tqdm
 
+from posgen.layer_types import effective_window, layer_types, used_dummy_distance
 from posgen.models import resolve_device
 from posgen.rope import causal_mask, rotate
 from posgen.stats import pearson_from_sums
@@ -62,11 +63,6 @@ class LayerRope:
 
 
 # ------------------------------------------------------------------------------------------- masks
-
-
-def effective_window(n_tokens: int, sliding_window: int) -> int:
-    """0 for a global layer (or a window that covers the whole sequence), else the window."""
-    return int(sliding_window) if 0 < sliding_window < n_tokens else 0
 
 
 def window_prefix(x: torch.Tensor, window: int, dim: int = 0) -> torch.Tensor:
@@ -620,8 +616,10 @@ class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
     ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
-    and of the bound. ``block_elems`` sizes the row blocks of the pass over every entry for the error of A and
-    the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of :func:`masked_moments`.
+    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
+    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
+    error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
+    :func:`masked_moments`.
     """
 
     def __init__(
@@ -637,8 +635,6 @@ class Decomposer:
         if not self.dummy_distances:
             raise ValueError("decomposition.dummy_distances: empty")
         self.dummy_distance = int(dummy_distance)
-        # every D the moments are contracted for: the sweep and the dummy distance
-        self.distances = sorted(set(self.dummy_distances) | {self.dummy_distance})
         self.device = resolve_device(device)
         self.lstsq_tol = float(lstsq_tol)
         self.block_elems = block_elems or (2**20 if self.device.type == "cpu" else 2**28)
@@ -653,11 +649,15 @@ class Decomposer:
             self._designs[key] = AdditiveDesign(n_tokens, window, sink, self.device)
         return self._designs[key]
 
-    def table(self, inv_freq: torch.Tensor, n_tokens: int, window: int) -> BoundTable:
-        key = (tuple(inv_freq.tolist()), n_tokens, window)
+    def table(self, inv_freq: torch.Tensor, n_tokens: int, window: int, dummy_distance: int) -> BoundTable:
+        key = (tuple(inv_freq.tolist()), n_tokens, window, dummy_distance)
         if key not in self._tables:
-            self._tables[key] = BoundTable(inv_freq, n_tokens, window, self.dummy_distance, self.device)
+            self._tables[key] = BoundTable(inv_freq, n_tokens, window, dummy_distance, self.device)
         return self._tables[key]
+
+    def layer_distance(self, rope: LayerRope, n_tokens: int) -> int:
+        """The dummy distance of Method A's r, r_g and the bound on this layer (:func:`used_dummy_distance`)."""
+        return used_dummy_distance(self.dummy_distance, rope.sliding_window, n_tokens)
 
     def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True) -> dict[str, np.ndarray]:
         """All statistics of one (sample, layer): q (H, T, d), k (H_kv, T, d) pre-RoPE; arrays per head.
@@ -698,6 +698,8 @@ class Decomposer:
         if k.shape[1:] != (T, d) or d % 2 or kv_np.shape != (H,) or kv_np.max() >= k.shape[0] or kv_np.min() < 0:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, kv_group {kv_np.shape}: shapes disagree")
         window = effective_window(T, rope.sliding_window)
+        dummy_distance = self.layer_distance(rope, T)
+        distances = sorted(set(self.dummy_distances) | {dummy_distance})  # every D the moments are contracted for
         s, amp = float(rope.scaling), float(rope.attention_scaling)
         theta = rope.inv_freq.to(dev, torch.float32)
         pos = torch.arange(T, device=dev)
@@ -716,7 +718,7 @@ class Decomposer:
         )
         eye = torch.eye(d, device=dev)
         # rotate() turns each row, so the rotated identity is R_D^T; transposed, R_D (nD, d, d)
-        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in self.distances])
+        rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in distances])
         return UnitOperands(
             q=q,
             k=k,
@@ -735,6 +737,8 @@ class Decomposer:
             k_rot=k_rot,
             keys=keys,
             rotations=rotations,
+            dummy_distance=dummy_distance,
+            distances=distances,
         )
 
     def moments(self, ops: UnitOperands) -> dict:
@@ -770,8 +774,8 @@ class Decomposer:
         Returns (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of A = f + g_D at the dummy distance,
         and ``r_sweep`` (H, sink, D).
         """
-        i_dummy = self.distances.index(self.dummy_distance)
-        i_sweep = [self.distances.index(D) for D in self.dummy_distances]
+        i_dummy = ops.distances.index(ops.dummy_distance)
+        i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
         cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
         for sink in SINKS:
             m, n = moments[sink], ops.counts[sink]
@@ -862,13 +866,13 @@ class Decomposer:
         b_norm = torch.stack([band_norms((ops.k64 - mean[:, None]).float()) for mean in (ops.kbar, ops.kbar_wo)], 1)
         b_norm[:, SINKS.index("without"), 0] = 0  # (H_kv, sink, T, L)
         counts = torch.tensor([ops.counts[sink] for sink in SINKS], device=dev, dtype=f64)  # (sink,)
-        table = self.table(rope.inv_freq, T, ops.window)
+        table = self.table(rope.inv_freq, T, ops.window, ops.dummy_distance)
         kx, kf, kphi, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each
         e_with = torch.cat([kx - kf, -kg], -1)  # (H_kv, T, 2d)
         e_without = torch.cat([kx - kf - kphi, -kg - ops.shift[used, None].float()], -1)  # (H_kv, T, 2d)
         e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)
         e_keys[:, 1, 0] = 0  # 'without' drops column 0
-        p_dummy = rotate(ops.q, torch.tensor(self.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
+        p_dummy = rotate(ops.q, torch.tensor(ops.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
         err_sum, slack_min = self._error_pass(
             groups.by_kv(torch.cat([ops.q_rot, p_dummy], -1)),  # (H_kv, h, T, 2d)
             e_keys,
@@ -991,7 +995,7 @@ class KVGroups:
 class UnitOperands:
     """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
 
-    H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``Decomposer.distances``). ``kbar`` is
+    H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``distances``). ``kbar`` is
     the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without').
     """
 
@@ -1012,6 +1016,8 @@ class UnitOperands:
     k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
     keys: torch.Tensor  # (H_kv, T, 4 d) [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)]
     rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
+    dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
+    distances: list  # the nD dummy distances of ``rotations``: the sweep and ``dummy_distance``, ascending
 
 
 # ------------------------------------------------------------------------------------------ the store
@@ -1047,6 +1053,9 @@ def decompose_store(
 ) -> xr.Dataset:
     """decomposition.nc from qk.h5, one (sample, layer) at a time (see docs/data-model.md).
 
+    Every layer carries its ``layer_type`` (:func:`layer_types`) and ``dummy_distance_used`` (the D of its
+    Method A r, r_g and bound: :func:`used_dummy_distance`) as coordinates; ``r_sweep`` is the raw sweep.
+
     The error of A and the section 5 bound (checked entry by entry) are evaluated on the first
     ``bound_samples`` samples (0: all); elsewhere their statistics are NaN. Every r statistic covers every
     sample.
@@ -1058,6 +1067,9 @@ def decompose_store(
     N, L = ds.sizes["sample"], ds.sizes["layer"]
     kv_group = ds["kv_group"].values
     ropes = [layer_rope(ds, layer) for layer in range(L)]
+    T = ds.sizes["token"]
+    types = layer_types(ds)  # (layer,)
+    used = np.array([dec.layer_distance(rope, T) for rope in ropes], dtype=np.int64)  # (layer,)
     arrays: dict[str, np.ndarray] = {}
     units = [(s_, l_) for s_ in range(N) for l_ in range(L)]
     label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
@@ -1076,6 +1088,9 @@ def decompose_store(
         "method": list(METHODS),
         "sink": list(SINKS),
         "D": np.asarray(dec.dummy_distances, dtype=np.int64),
+        # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
+        "layer_type": ("layer", types),
+        "dummy_distance_used": ("layer", used),
     }
     base = ("sample", "layer", "head")
     dims = {

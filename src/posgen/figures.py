@@ -135,6 +135,28 @@ def _log_axis(ax, which: str, ticks=None) -> None:
         axis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
+# layer types other than global, as the figures mark them: label, marker, shading colour
+LAYER_MARKS = {"sliding": ("sliding-window layer", ">", "0.55"), "nope": ("NoPE layer", "x", "tab:red")}
+
+
+def _layer_types(x) -> np.ndarray | None:
+    """``layer_type`` per layer (a coordinate carried over from decomposition.nc), or None where absent."""
+    if "layer_type" not in x.coords:
+        return None
+    types = x["layer_type"]
+    if types.ndim > 1:  # stacked over variants: the architecture, hence the types, are the same for all
+        types = types.isel({d: 0 for d in types.dims if d != "layer"})
+    return np.asarray(types.values, dtype=str)
+
+
+def _type_groups(x) -> dict[str, np.ndarray | None]:
+    """Layer type -> mask over layers when ``x`` has more than one type; else {"all": None} (every layer)."""
+    types = _layer_types(x)
+    if types is None or len(set(types)) < 2:
+        return {"all": None}
+    return {t: types == t for t in ("global", "sliding", "nope") if (types == t).any()}
+
+
 # ------------------------------------------------------------------------- data behind figures 1 and 2
 
 SELECTION_RULE = (
@@ -174,7 +196,8 @@ def example_heads(
     """W, f, g maps of the example heads and a seeded sample of (W, f + g) entries of every head.
 
     All on one ``sample`` of qk.h5 with the sink column j = 0 dropped (from kbar and from the entries), at
-    the decomposition's default dummy distance. Maps are cropped to the first ``map_tokens`` tokens; NaN
+    each layer's dummy distance of the decomposition (``dummy_distance_used``: inside the window of a
+    sliding-window layer). Maps are cropped to the first ``map_tokens`` tokens; NaN
     marks entries that are not scored (j > i, j = 0, outside a sliding window).
     """
     import torch  # here, not at module level: the figure rules need no torch and start faster
@@ -186,6 +209,10 @@ def example_heads(
     if not 0 <= sample < qk.sizes["sample"]:
         raise IndexError(f"config.figures.sample: {sample} is not a sample of qk.h5 (it has {qk.sizes['sample']})")
     dummy_distance = int(decomposition.attrs["dummy_distance"])
+    if "dummy_distance_used" in decomposition.coords:
+        used = np.asarray(decomposition["dummy_distance_used"].values, dtype=np.int64)  # (layer,)
+    else:  # written before per-layer distances: one D for every layer
+        used = np.full(qk.sizes["layer"], dummy_distance, dtype=np.int64)
     heads = select_heads(decomposition)
     qs = qk["q"].isel(sample=sample)
     ks = qk["k"].isel(sample=sample)
@@ -216,7 +243,7 @@ def example_heads(
         s = float(qk["scaling"].values[li])
         a = float(qk["attention_scaling"].values[li])
         w_pairs, f_pairs, g_pairs = method_a_pairs(
-            q, k, positions, inv_freq, s, a, dummy_distance, torch.from_numpy(ii), torch.from_numpy(jj)
+            q, k, positions, inv_freq, s, a, int(used[li]), torch.from_numpy(ii), torch.from_numpy(jj)
         )
         pool_w[li, :, : len(chosen)] = w_pairs.numpy()
         pool_a[li, :, : len(chosen)] = (f_pairs + g_pairs).numpy()
@@ -228,7 +255,7 @@ def example_heads(
             f, g = (
                 t[0].numpy()
                 for t in method_a_terms(
-                    q[h : h + 1], k[h : h + 1], positions, inv_freq, s, a, dummy_distance=dummy_distance
+                    q[h : h + 1], k[h : h + 1], positions, inv_freq, s, a, dummy_distance=int(used[li])
                 )
             )
             keep = mask[:crop, :crop]
@@ -262,6 +289,7 @@ def example_heads(
             "layer": qk["layer"].values,
             "head": qk["head"].values,
             "pair": np.arange(n_pool),
+            "dummy_distance_used": ("layer", used),
         },
         attrs={
             "sample": sample,
@@ -370,7 +398,8 @@ def fig_scatter(examples: xr.Dataset) -> Figure:
 def fig_r_heatmap(r: xr.DataArray) -> Figure:
     """Figure 3: mean r over layer x head; rows = method, columns = variant, one shared colour scale.
 
-    ``r`` has dims (variant, method, layer, head), already averaged over samples.
+    ``r`` has dims (variant, method, layer, head), already averaged over samples. With a ``layer_type``
+    coordinate, sliding-window and NoPE layers are marked in a strip left of head 0.
     """
     require(r, ["variant", "method", "layer", "head"], "r heatmap input")
     n_rows, n_cols = r.sizes["method"], r.sizes["variant"]
@@ -393,6 +422,7 @@ def fig_r_heatmap(r: xr.DataArray) -> Figure:
                 interpolation="nearest",
             )
             ax.grid(False)
+            _mark_layer_rows(ax, _layer_types(r), r.sizes["head"])
             ax.set_title(str(variant) if i == 0 else "")
             ax.set_xlabel("head")
             ax.set_ylabel(f"method {method}\nlayer")
@@ -400,12 +430,29 @@ def fig_r_heatmap(r: xr.DataArray) -> Figure:
             _integer_ticks(ax.yaxis)
             ax.label_outer()
     fig.colorbar(im, ax=axes.ravel().tolist(), label="Pearson $r$", shrink=0.9, pad=0.01)
+    if axes[0, 0].get_legend_handles_labels()[0]:
+        _figure_legend(fig, axes[0, 0])
     return fig
+
+
+def _mark_layer_rows(ax, types, n_heads: int) -> None:
+    """Markers for sliding-window / NoPE layers in a blank strip left of head 0 (image rows = layers)."""
+    if types is None or not any(t in LAYER_MARKS for t in types):
+        return
+    ax.set_xlim(-1.7, n_heads - 0.5)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}" if x >= 0 else ""))
+    for kind, (label, marker, color) in LAYER_MARKS.items():
+        rows = np.flatnonzero(types == kind)
+        if rows.size:
+            ax.plot(np.full(rows.size, -1.1), rows, ls="none", marker=marker, color=color, label=label)
 
 
 @_styled
 def fig_layer_r(summary: xr.Dataset) -> Figure:
-    """Figure 4: per-layer mean r with 95 % bootstrap intervals; columns = method, rows = sink handling."""
+    """Figure 4: per-layer mean r with 95 % bootstrap intervals; columns = method, rows = sink handling.
+
+    With a ``layer_type`` coordinate, sliding-window and NoPE layers are shaded.
+    """
     require(summary, ["layer_r", "layer_r_lo", "layer_r_hi", "variant", "method", "sink", "layer"], "summary.nc")
     colors = variant_colors(summary["variant"].values)
     sinks, methods = summary["sink"].values, summary["method"].values
@@ -426,6 +473,7 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
                 ax.plot(layer, sel["layer_r"], marker="o", color=colors[variant], label=variant)
                 ax.fill_between(layer, sel["layer_r_lo"], sel["layer_r_hi"], color=colors[variant], alpha=0.25, lw=0)
             ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
+            _shade_layers(ax, layer, _layer_types(summary))
             ax.set_title(f"method {method}, sink {sink}")
             ax.set_xlabel("layer")
             ax.set_ylabel("mean Pearson $r$")
@@ -435,33 +483,47 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
     return fig
 
 
+def _shade_layers(ax, layer: np.ndarray, types) -> None:
+    """Shade the sliding-window and NoPE layers of a per-layer plot (one legend entry per type)."""
+    if types is None:
+        return
+    for kind, (label, _, color) in LAYER_MARKS.items():
+        for n, li in enumerate(np.flatnonzero(types == kind)):
+            ax.axvspan(layer[li] - 0.5, layer[li] + 0.5, color=color, alpha=0.15, lw=0, label=label if n == 0 else None)
+
+
 @_styled
 def fig_bands(bands: xr.Dataset) -> Figure:
     """Figure 5: per-band ||token mean||^2, token variance and their ratio against theta, for q and k.
 
     ``bands`` is bands.nc with an extra ``variant`` dim. Lines: median over (layer, head) per band, bands:
-    interquartile range; x: theta (median over layers). Zero frequencies (bands that never rotate) are
-    left out of the log axis.
+    interquartile range; x: theta (median over the layers where the band rotates). Only rotated bands enter:
+    a (layer, band) with frequency 0 (a NoPE layer, the unrotated dims of a partial-rotary head) is left out of
+    the medians and of the log axis.
     """
     stats = [("mean_sq", "$\\|$token mean$\\|^2$"), ("var", "token variance"), ("ratio", "variance / mean$^2$")]
     require(bands, ["theta", "variant"] + [f"{s}_{n}" for s in "qk" for n, _ in stats], "bands.nc")
     colors = variant_colors(bands["variant"].values)
     fig, axes = plt.subplots(2, 3, figsize=(PAGE_WIDTH, 4.2), sharex=True)
-    theta = bands["theta"].median("layer").values if "layer" in bands["theta"].dims else bands["theta"].values
-    if theta.ndim > 1:  # theta carried a variant dim: frequencies are the same for every variant
-        theta = theta.reshape(-1, theta.shape[-1])[0]
-    rotating = theta > 0
+    layer_theta = bands["theta"]
+    if "variant" in layer_theta.dims:  # frequencies are the same for every variant
+        layer_theta = layer_theta.isel(variant=0, drop=True)
+    rotated = layer_theta > 0  # (layer, band) or (band,)
+    theta = layer_theta.where(rotated)
+    theta = (theta.median("layer") if "layer" in theta.dims else theta).values  # NaN: a band that never rotates
+    rotating = np.isfinite(theta) & (theta > 0)
     for i, side in enumerate(("q", "k")):
         head_dim = "head" if side == "q" else "kv_head"
         for j, (stat, label) in enumerate(stats):
             ax = axes[i, j]
             for variant in bands["variant"].values:
-                v = bands[f"{side}_{stat}"].sel(variant=variant)
+                v = bands[f"{side}_{stat}"].sel(variant=variant).where(rotated)  # unrotated entries: NaN
                 pooled = v.stack(unit=("layer", head_dim)).transpose("band", "unit").values
+                pooled = pooled[rotating]  # bands that rotate in some layer: never an all-NaN row
                 med = np.nanmedian(pooled, axis=1)
                 q25, q75 = np.nanquantile(pooled, [0.25, 0.75], axis=1)
-                ax.plot(theta[rotating], med[rotating], color=colors[variant], label=variant)
-                ax.fill_between(theta[rotating], q25[rotating], q75[rotating], color=colors[variant], alpha=0.25, lw=0)
+                ax.plot(theta[rotating], med, color=colors[variant], label=variant)
+                ax.fill_between(theta[rotating], q25, q75, color=colors[variant], alpha=0.25, lw=0)
             _log_axis(ax, "x")
             _log_axis(ax, "y")
             ax.set_title(f"{side}: {label}")
@@ -476,28 +538,43 @@ def fig_bands(bands: xr.Dataset) -> Figure:
 def fig_dummy_sweep(r_sweep: xr.DataArray, n_boot: int = 1000, seed: int = 0) -> Figure:
     """Figure 6: Method A r against the dummy distance D (mean over heads, 95 % bootstrap over samples).
 
-    ``r_sweep`` has dims (variant, sample, layer, head, sink, D); columns = sink handling.
+    ``r_sweep`` has dims (variant, sample, layer, head, sink, D); columns = sink handling. With a
+    ``layer_type`` coordinate of more than one type, one row per layer type (global, sliding-window, NoPE),
+    each averaging only its layers; a dotted line marks the D a row's layers are scored at elsewhere
+    (``dummy_distance_used``).
     """
     require(r_sweep, ["variant", "sample", "layer", "head", "sink", "D"], "r_sweep")
     colors = variant_colors(r_sweep["variant"].values)
-    per_sample = r_sweep.mean(["layer", "head"])
-    mean, lo, hi = bootstrap_mean(per_sample, "sample", n_boot=n_boot, seed=seed)
+    groups = _type_groups(r_sweep)
+    used = r_sweep["dummy_distance_used"] if "dummy_distance_used" in r_sweep.coords else None
+    if used is not None and used.ndim > 1:
+        used = used.isel({dim: 0 for dim in used.dims if dim != "layer"})
     sinks = r_sweep["sink"].values
-    fig, axes = plt.subplots(1, len(sinks), figsize=(COLUMN_WIDTH, 2.1), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        len(groups), len(sinks), figsize=(COLUMN_WIDTH, 0.4 + 1.7 * len(groups)), squeeze=False, sharey=True
+    )
     d = r_sweep["D"].values
-    for j, sink in enumerate(sinks):
-        ax = axes[0, j]
-        for variant in r_sweep["variant"].values:
-            sel = {"variant": variant, "sink": sink}
-            ax.plot(d, mean.sel(sel).transpose("D"), marker="o", color=colors[variant], label=variant)
-            ax.fill_between(
-                d, lo.sel(sel).transpose("D"), hi.sel(sel).transpose("D"), color=colors[variant], alpha=0.25, lw=0
-            )
-        ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
-        ax.set_title(f"sink {sink}")
-        ax.set_xlabel("dummy distance $D$")
-        ax.set_ylabel("mean $r$, method A")
-        ax.label_outer()
+    for i, (group, keep) in enumerate(groups.items()):
+        part = r_sweep if keep is None else r_sweep.isel(layer=np.flatnonzero(keep))
+        per_sample = part.mean(["layer", "head"])
+        mean, lo, hi = bootstrap_mean(per_sample, "sample", n_boot=n_boot, seed=seed)
+        distances = [] if used is None else sorted(set(used.values[keep if keep is not None else slice(None)]))
+        for j, sink in enumerate(sinks):
+            ax = axes[i, j]
+            for variant in r_sweep["variant"].values:
+                sel = {"variant": variant, "sink": sink}
+                ax.plot(d, mean.sel(sel).transpose("D"), marker="o", color=colors[variant], label=variant)
+                ax.fill_between(
+                    d, lo.sel(sel).transpose("D"), hi.sel(sel).transpose("D"), color=colors[variant], alpha=0.25, lw=0
+                )
+            ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
+            if group != "nope":  # a NoPE layer has no dummy distance: every D gives the same
+                for n, D in enumerate(distances):
+                    ax.axvline(D, ls=":", lw=0.8, color="0.3", label="$D$ used" if n == 0 else None)
+            ax.set_title(f"sink {sink}" if keep is None else f"{group} layers, sink {sink}")
+            ax.set_xlabel("dummy distance $D$")
+            ax.set_ylabel("mean $r$, method A")
+            ax.label_outer()
     _figure_legend(fig, axes[0, 0])
     return fig
 
@@ -634,22 +711,48 @@ def fig_cap(cap: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
 # --------------------------------------------------------------------------------- reproduction table
 
 TABLE_KEYS = ["model", "variant", "method", "sink"]
+TYPE_ORDER = {"rope": 0, "global": 1, "sliding": 2, "nope": 3}  # summary.csv's layer_type values
+
+
+def _distance_cell(value) -> str:
+    """A dummy-distance cell of summary.csv as text: '1000', '511/1000' (several), '' (Method B, or none)."""
+    if isinstance(value, str):
+        return value
+    if value is None or not np.isfinite(value):
+        return ""
+    return str(int(value))
 
 
 def reproduction_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The paper's 0.959 beside our mean-over-heads and pooled r (95 % intervals) per model/variant/method/sink."""
+    """The paper's 0.959 beside our mean-over-heads and pooled r (95 % intervals) per model/variant/method/sink.
+
+    With summary.csv's ``layer_type`` column: a model with several layer types gets one row per layer type
+    (global, sliding, nope) instead of the row over every RoPE layer, and ``dummy_distance`` says which D
+    Method A used on those layers.
+    """
     cols = TABLE_KEYS + ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
     missing = [c for c in cols if c not in summary.columns]
     if missing:
         raise KeyError(f"summary.csv: missing column(s) {', '.join(missing)}")
-    table = summary[cols + [c for c in ("n_samples",) if c in summary.columns]].copy()
+    typed = "layer_type" in summary.columns
+    extra = [c for c in ("n_samples", "layer_type", "dummy_distance") if c in summary.columns]
+    table = summary[cols + extra].copy()
     table.insert(len(TABLE_KEYS), "paper_r", PAPER_R)
     table["mean_r_minus_paper"] = table["mean_r"] - PAPER_R
     table["pooled_r_minus_paper"] = table["pooled_r"] - PAPER_R
-    # trained first, then seeds in numeric order; methods and sinks alphabetically
+    sort = ["model", "_order", "method", "sink"]
+    if typed:
+        # several layer types: their own rows replace the one over every RoPE layer
+        split = table.groupby(["model", "variant"])["layer_type"].transform(lambda t: (t != "rope").any())
+        table = table[~(split & (table["layer_type"] == "rope"))].copy()
+        table["_type"] = table["layer_type"].map(TYPE_ORDER)
+        sort = ["model", "_order", "_type", "method", "sink"]
+    if "dummy_distance" in table.columns:
+        table["dummy_distance"] = [_distance_cell(v) for v in table["dummy_distance"]]
+    # trained first, then seeds in numeric order; layer types as in TYPE_ORDER; methods and sinks alphabetically
     order = table["variant"].map(init_seed)  # trained is -1
-    table = table.assign(_order=order).sort_values(["model", "_order", "method", "sink"], kind="stable")
-    return table.drop(columns="_order").reset_index(drop=True)
+    table = table.assign(_order=order).sort_values(sort, kind="stable")
+    return table.drop(columns=[c for c in ("_order", "_type") if c in table.columns]).reset_index(drop=True)
 
 
 def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -> str:
@@ -658,6 +761,7 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
     def cell(row, stat):
         return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
 
+    typed = "layer_type" in table.columns
     lines = [
         "# Reproduction of the 0.959 correlation (Han & Ji 2025)",
         "",
@@ -665,17 +769,32 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         "over samples in brackets. 'mean r' averages per-(sample, layer, head) r over heads; 'pooled r' "
         "correlates all scored entries of all heads at once. Method A: mean-key f + g at the default "
         "dummy distance; Method B: least-squares a(i-j) + b(i) + c(j). Sink 'without' drops key column 0.",
-        "",
-        "| model | variant | method | sink | paper r | mean r [95 % CI] | pooled r [95 % CI] | mean r - paper "
-        "| pooled r - paper |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
     ]
+    if typed:
+        lines[-1] += (
+            " 'layers': the layers a row covers: 'rope' every RoPE layer (global and sliding-window), or one "
+            "layer type of a model with several: 'global', 'sliding' (sliding-window), 'nope' (no rotation; "
+            "never part of the 'rope' rows). 'D': the dummy distance Method A used on those layers, min(D, "
+            "window - 1) on a sliding-window layer, which never sees a longer distance."
+        )
+    header = (
+        "| model | variant | method | sink | paper r | mean r [95 % CI] | pooled r [95 % CI] | mean r - paper "
+        "| pooled r - paper |"
+    )
+    rule = "|---|---|---|---|---:|---:|---:|---:|---:|"
+    if typed:
+        header += " layers | D |"
+        rule += "---|---:|"
+    lines += ["", header, rule]
     for _, row in table.iterrows():
-        lines.append(
+        line = (
             f"| {row['model']} | {row['variant']} | {row['method']} | {row['sink']} | {row['paper_r']:.3f} | "
             f"{cell(row, 'mean_r')} | {cell(row, 'pooled_r')} | {row['mean_r_minus_paper']:+.3f} | "
             f"{row['pooled_r_minus_paper']:+.3f} |"
         )
+        if typed:
+            line += f" {row['layer_type']} | {row.get('dummy_distance', '')} |"
+        lines.append(line)
     if provenance:
         lines += ["", "Provenance: " + ", ".join(f"{k}={v}" for k, v in sorted(provenance.items()))]
     return "\n".join(lines) + "\n"

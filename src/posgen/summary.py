@@ -1,9 +1,13 @@
 """Aggregates of decomposition.nc with 95 % bootstrap intervals over samples (docs/method.md sections 4 and 6).
 
-Per (model, variant, method, sink): the mean of per-head r (over samples, layers, heads), the pooled r of
-all scored entries, per-layer means, and for every random-init variant the paired difference to the trained
-model. Samples are the resampling unit: every variant of a model saw the same token windows, so one set of
-bootstrap indices serves all variants (paired).
+Per (model, variant, layer type, method, sink): the mean of per-head r (over samples, layers, heads), the
+pooled r of all scored entries, per-layer means, and for every random-init variant the paired difference to the
+trained model. Samples are the resampling unit: every variant of a model saw the same token windows, so one set
+of bootstrap indices serves all variants (paired).
+
+Layer types (``layer_type`` of decomposition.nc, posgen.layer_types): the rows with layer type
+``rope`` cover every RoPE layer (global and sliding-window; NoPE layers never enter them); a model with more
+than one layer type also gets rows per type (``global``, ``sliding``, ``nope``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from posgen.config import VARIANT_TRAINED, init_seed
+from posgen.layer_types import LAYER_TYPES
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
@@ -24,6 +29,7 @@ COLUMNS = [
     "variant",
     "method",
     "sink",
+    "layer_type",
     "mean_r",
     "mean_r_lo",
     "mean_r_hi",
@@ -38,7 +44,9 @@ COLUMNS = [
     "n_samples",
     "n_layers",
     "n_heads",
+    "dummy_distance",
 ]
+ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:
@@ -78,68 +86,116 @@ def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:
     return out
 
 
+def layer_groups(types) -> dict[str, np.ndarray]:
+    """Layer type -> boolean mask over layers: ``rope`` (every RoPE layer, if any) and, when a model has more
+    than one layer type (or only NoPE layers), each type present, in the order of ``LAYER_TYPES``."""
+    types = np.asarray(types, dtype=str)
+    present = [t for t in LAYER_TYPES if (types == t).any()]
+    groups = {}
+    if (types != "nope").any():
+        groups[ALL_ROPE] = types != "nope"
+    if len(present) > 1 or present == ["nope"]:
+        groups.update({t: types == t for t in present})
+    return groups
+
+
+def decomposition_layer_types(ds: xr.Dataset) -> np.ndarray:
+    """``layer_type`` per layer of a decomposition; files written before layer types existed are all global."""
+    if "layer_type" in ds.coords or "layer_type" in ds:
+        return np.asarray(ds["layer_type"].values, dtype=str)
+    return np.full(ds.sizes["layer"], "global")
+
+
+def _distance_text(ds: xr.Dataset) -> str:
+    """The dummy distance(s) Method A used on the layers of ``ds``: one number, or several joined by '/'."""
+    if "dummy_distance_used" in ds.coords or "dummy_distance_used" in ds:
+        used = np.asarray(ds["dummy_distance_used"].values)
+    elif "dummy_distance" in ds.attrs:  # written before per-layer distances: one D for every layer
+        used = np.full(ds.sizes["layer"], int(ds.attrs["dummy_distance"]))
+    else:
+        return ""
+    return "/".join(str(int(D)) for D in sorted(set(used.tolist())))
+
+
 def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, seed: int):
     """(rows of summary.csv, summary.nc dataset) for one model."""
     variants = sorted(by_variant, key=_variant_order)
     first = by_variant[variants[0]]
+    types = decomposition_layer_types(first)
     for v in variants[1:]:
         if not np.array_equal(by_variant[v]["sample"].values, first["sample"].values):
             raise ValueError(
                 f"{model}/{v}: samples differ from {variants[0]}; the paired comparison needs the same windows"
             )
+        if not np.array_equal(decomposition_layer_types(by_variant[v]), types):
+            raise ValueError(f"{model}/{v}: layer types differ from {variants[0]}")
     methods, sinks, layers = list(first["method"].values), list(first["sink"].values), first["layer"].values
     n_samples = first.sizes["sample"]
     idx = bootstrap_indices(n_samples, n_boot, seed)
-    per_sample = {}
+    groups = layer_groups(types)
     layer_r = np.full((len(variants), len(methods), len(sinks), len(layers)), np.nan)
     layer_lo, layer_hi = layer_r.copy(), layer_r.copy()
     rows = []
+    data = {v: by_variant[v].transpose("sample", "layer", "head", "method", "sink", ...) for v in variants}
     for vi, v in enumerate(variants):
-        ds = by_variant[v].transpose("sample", "layer", "head", "method", "sink", ...)
-        r = ds["r"].values  # (sample, layer, head, method, sink)
-        per_sample[v] = _nanmean(r, (1, 2))  # (sample, method, sink)
-        per_layer = _nanmean(r, 2)  # (sample, layer, method, sink)
-        suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
-        mean_r, mean_lo, mean_hi = interval(_mean, per_sample[v], idx)
-        pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
+        per_layer = _nanmean(data[v]["r"].values, 2)  # (sample, layer, method, sink)
         lr, llo, lhi = interval(_mean, per_layer, idx)
         layer_r[vi], layer_lo[vi], layer_hi[vi] = (np.moveaxis(a, 0, -1) for a in (lr, llo, lhi))
-        if v != VARIANT_TRAINED and VARIANT_TRAINED in per_sample:
-            diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
-        else:
-            diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
-        r2 = {name: ds[name].transpose("sample", "layer", "head", "sink").values for name in ("r2_f", "r2_g")}
-        for mi, method in enumerate(methods):
-            for si, sink in enumerate(sinks):
-                # variance explained by f / g alone is a Method A quantity
-                r2_f = float(_nanmean(r2["r2_f"][..., si], None)) if method == "A" else np.nan
-                r2_g = float(_nanmean(r2["r2_g"][..., si], None)) if method == "A" else np.nan
-                rows.append(
-                    {
-                        "model": model,
-                        "variant": v,
-                        "method": method,
-                        "sink": sink,
-                        "mean_r": mean_r[mi, si],
-                        "mean_r_lo": mean_lo[mi, si],
-                        "mean_r_hi": mean_hi[mi, si],
-                        "pooled_r": pooled[mi, si],
-                        "pooled_r_lo": pooled_lo[mi, si],
-                        "pooled_r_hi": pooled_hi[mi, si],
-                        "r2_f": r2_f,
-                        "r2_g": r2_g,
-                        "diff_vs_trained": diff[mi, si],
-                        "diff_lo": diff_lo[mi, si],
-                        "diff_hi": diff_hi[mi, si],
-                        "n_samples": n_samples,
-                        "n_layers": ds.sizes["layer"],
-                        "n_heads": ds.sizes["head"],
-                    }
-                )
+    for group, keep in groups.items():
+        per_sample = {}
+        for v in variants:
+            ds = data[v].isel(layer=np.flatnonzero(keep))
+            r = ds["r"].values  # (sample, layer, head, method, sink)
+            per_sample[v] = _nanmean(r, (1, 2))  # (sample, method, sink)
+            suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
+            mean_r, mean_lo, mean_hi = interval(_mean, per_sample[v], idx)
+            pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
+            if v != VARIANT_TRAINED and VARIANT_TRAINED in per_sample:
+                diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
+            else:
+                diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
+            r2 = {name: ds[name].transpose("sample", "layer", "head", "sink").values for name in ("r2_f", "r2_g")}
+            distance = _distance_text(ds)
+            for mi, method in enumerate(methods):
+                for si, sink in enumerate(sinks):
+                    # variance explained by f / g alone and the dummy distance are Method A quantities
+                    r2_f = float(_nanmean(r2["r2_f"][..., si], None)) if method == "A" else np.nan
+                    r2_g = float(_nanmean(r2["r2_g"][..., si], None)) if method == "A" else np.nan
+                    rows.append(
+                        {
+                            "model": model,
+                            "variant": v,
+                            "method": method,
+                            "sink": sink,
+                            "layer_type": group,
+                            "mean_r": mean_r[mi, si],
+                            "mean_r_lo": mean_lo[mi, si],
+                            "mean_r_hi": mean_hi[mi, si],
+                            "pooled_r": pooled[mi, si],
+                            "pooled_r_lo": pooled_lo[mi, si],
+                            "pooled_r_hi": pooled_hi[mi, si],
+                            "r2_f": r2_f,
+                            "r2_g": r2_g,
+                            "diff_vs_trained": diff[mi, si],
+                            "diff_lo": diff_lo[mi, si],
+                            "diff_hi": diff_hi[mi, si],
+                            "n_samples": n_samples,
+                            "n_layers": ds.sizes["layer"],
+                            "n_heads": ds.sizes["head"],
+                            "dummy_distance": distance if method == "A" else "",
+                        }
+                    )
+    # rows: variant, then layer type, method, sink
+    order = {v: i for i, v in enumerate(variants)}
+    group_order = {g: i for i, g in enumerate(groups)}
+    rows.sort(key=lambda row: (order[row["variant"]], group_order[row["layer_type"]]))
     dims = ("variant", "method", "sink", "layer")
+    coords = {"variant": variants, "method": methods, "sink": sinks, "layer": layers, "layer_type": ("layer", types)}
+    if "dummy_distance_used" in first.coords or "dummy_distance_used" in first:
+        coords["dummy_distance_used"] = ("layer", np.asarray(first["dummy_distance_used"].values))
     nc = xr.Dataset(
         {"layer_r": (dims, layer_r), "layer_r_lo": (dims, layer_lo), "layer_r_hi": (dims, layer_hi)},
-        coords={"variant": variants, "method": methods, "sink": sinks, "layer": layers},
+        coords=coords,
     )
     return rows, nc
 
