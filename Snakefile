@@ -18,6 +18,7 @@ include: "rules/perturb.smk"
 include: "rules/synthetic.smk"
 include: "rules/llm_heads.smk"
 include: "rules/figures.smk"
+include: "rules/trajectory.smk"
 
 
 rule all:
