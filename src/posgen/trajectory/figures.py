@@ -47,12 +47,12 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax = axes[0, 0]
     for i, method in enumerate(ds["method"].values):
         for stat, ls in (("mean_r", "-"), ("pooled_r", "--")):
-            sel = curve.sel(method=method, sink=sink)
+            sel = curve.sel({"method": method, "sink": sink})
             label = f"{method}, {'mean over heads' if stat == 'mean_r' else 'pooled'}"
             ax.plot(steps, sel[stat], ls=ls, marker="o", ms=3, color=palette[i], label=label)
             ax.fill_between(steps, sel[f"{stat}_lo"], sel[f"{stat}_hi"], color=palette[i], alpha=0.2, lw=0)
             if control is not None:
-                ax.axhline(float(ds[stat].sel(variant=control, method=method, sink=sink)), ls=":", color=palette[i])
+                ax.axhline(float(ds[stat].sel({"variant": control, "method": method, "sink": sink})), ls=":", color=palette[i])
     ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
     ax.set_ylabel("Pearson $r$")
     ax.set_title(f"$r$ (sink {sink}; dotted: random init)")
@@ -91,7 +91,7 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax.set_ylabel("held-out perplexity")
     ax.set_title("held-out perplexity")
     ax = axes[1, 2]
-    diff = curve["mean_r"].sel(method="A", sink=sink) - curve["mean_r"].sel(method="B", sink=sink)
+    diff = curve["mean_r"].sel({"method": "A", "sink": sink}) - curve["mean_r"].sel({"method": "B", "sink": sink})
     ax.plot(steps, diff, marker="o", ms=3, color=palette[0])
     ax.axhline(0.0, ls=":", lw=0.8, color="0.3")
     ax.set_ylabel("mean $r$: A minus B")

@@ -156,7 +156,7 @@ def table_rows(ds: xr.Dataset) -> pd.DataFrame:
                         "step": int(one["step"]),
                         "method": m,
                         "sink": s,
-                        **{stat: float(one[stat].sel(method=m, sink=s)) for stat in SUMMARY_STATS},
+                        **{stat: float(one[stat].sel({"method": m, "sink": s})) for stat in SUMMARY_STATS},
                         "r2_f": float(one["r2_f"].sel(sink=s)) if m == "A" else np.nan,
                         "r2_g": float(one["r2_g"].sel(sink=s)) if m == "A" else np.nan,
                         "low_share_q": float(one["low_share_q"]),
