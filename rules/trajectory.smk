@@ -17,7 +17,8 @@ rule train_trajectory:
         model="|".join(re.escape(m) for m in TRAIN_MODELS) or "(?!)",
     conda:
         "../envs/posgen.yaml"
-    threads: 2
+    # one thread: the model is too narrow (width 128) for a second one to pay its synchronisation on a busy CPU
+    threads: 1
     resources:
         mem_mb=4000,
         runtime=120,

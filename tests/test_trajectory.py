@@ -285,3 +285,90 @@ def test_revision_list_gives_one_variant_per_revision(trajectory_run):
         for v in ("step0", "step10")
     ]
     assert not np.array_equal(r[0], r[1], equal_nan=True)
+
+
+# ------------------------------------------------------------------------- the table and its figures
+
+
+def _bands(low: float, high: float, n_layers=2, n_heads=4, n_kv=2) -> xr.Dataset:
+    """bands.nc whose token variance is ``low`` in each of the two low-frequency bands, ``high`` in the two others."""
+    theta = np.array([1.0, 0.1, 0.01, 0.001])
+    var_band = np.array([high, high, low, low])
+    data = {"theta": (("layer", "band"), np.stack([theta] * n_layers))}
+    for side, h, head in (("q", n_heads, "head"), ("k", n_kv, "kv_head")):
+        var = np.broadcast_to(var_band, (n_layers, h, 4)).copy()
+        data[f"{side}_var"] = (("layer", head, "band"), var)
+        data[f"{side}_mean_sq"] = (("layer", head, "band"), np.ones_like(var))
+    return xr.Dataset(data, coords={"layer": np.arange(n_layers), "band": np.arange(4)})
+
+
+def _perturb(scale: float, n_samples=3) -> xr.Dataset:
+    """perturb.nc with ppl_ratio = 1 + scale * rate in every sample (kinds token-swap, posid-swap)."""
+    rates = np.array([0.0, 0.05, 0.2])
+    ratio = np.broadcast_to(1 + scale * rates[None, :, None], (2, 3, n_samples)).copy()  # (kind, rate, sample)
+    return xr.Dataset(
+        {"ppl_ratio": (("kind", "rate", "sample"), ratio)},
+        coords={"kind": ["token-swap", "posid-swap"], "rate": rates, "sample": np.arange(n_samples)},
+    )
+
+
+def test_trajectory_table_and_figures(tmp_path):
+    from posgen.figures import render
+    from posgen.store import write_netcdf
+    from posgen.trajectory.table import trajectory_job
+
+    variants_ = ["step10", "random-seed0", "step0"]  # any order in: step order out, the control first
+    rows, bands, perturb = [], [], []
+    for i, v in enumerate(variants_):
+        for method in "AB":
+            for sink in ("with", "without"):
+                r = 0.1 * i + (0.5 if method == "A" else 0.6)
+                rows.append(
+                    dict(variant=v, method=method, sink=sink, mean_r=r, mean_r_lo=r - 0.05, mean_r_hi=r + 0.05,
+                         pooled_r=r + 0.1, pooled_r_lo=r + 0.05, pooled_r_hi=r + 0.15,
+                         r2_f=0.2 * i if method == "A" else np.nan, r2_g=0.1 if method == "A" else np.nan)
+                )  # fmt: skip
+        write_netcdf(_bands(low=3.0 * i + 1, high=1.0), tmp_path / f"bands_{v}.nc")
+        write_netcdf(_perturb(scale=float(i)), tmp_path / f"perturb_{v}.nc")
+        bands.append(tmp_path / f"bands_{v}.nc")
+        perturb.append(tmp_path / f"perturb_{v}.nc")
+    pd.DataFrame(rows).to_csv(tmp_path / "summary.csv", index=False)
+    training = xr.Dataset({"heldout_ppl": ("step", [900.0, 300.0])}, coords={"step": [0, 10]})
+    write_netcdf(training, tmp_path / "training.nc")
+    ds = trajectory_job(
+        tmp_path / "summary.csv", bands, perturb, variants_, tmp_path / "t.csv", tmp_path / "t.nc",
+        sensitivity_rates=[0.05, 0.2], training_path=tmp_path / "training.nc", n_boot=100, model="m",
+    )  # fmt: skip
+    assert list(ds["variant"].values) == ["random-seed0", "step0", "step10"]
+    assert list(ds["step"].values) == [-1, 0, 10]
+    # low-frequency share: 2 low bands of variance 3i + 1 against 2 high bands of variance 1
+    expected_share = [(3 * i + 1) / (3 * i + 2) for i in (1, 2, 0)]
+    np.testing.assert_allclose(ds["low_share_k"].values, expected_share)
+    np.testing.assert_allclose(ds["low_share_q"].values, expected_share)
+    # sensitivity: 1 + i * rate in every sample, so the interval collapses onto the mean
+    np.testing.assert_allclose(ds["ppl_ratio"].sel(kind="token-swap", rate=0.2).values, [1.2, 1.4, 1.0])
+    np.testing.assert_allclose(ds["ppl_ratio_lo"].values, ds["ppl_ratio"].values)
+    np.testing.assert_allclose(ds["mean_r"].sel({"method": "B", "sink": "without"}).values, [0.7, 0.8, 0.6])
+    assert np.isnan(ds["heldout_ppl"].values[0]) and list(ds["heldout_ppl"].values[1:]) == [900.0, 300.0]
+    table = pd.read_csv(tmp_path / "t.csv")
+    assert len(table) == 3 * 2 * 2 and table["step"].tolist() == sorted(table["step"])
+    assert table.loc[(table["variant"] == "step0") & (table["method"] == "A"), "r2_f"].tolist() == [0.4, 0.4]
+    assert table["ppl_posid-swap_20pct"].tolist()[::4] == pytest.approx([1.2, 1.4, 1.0])
+
+    render("trajectory", {"trajectory": tmp_path / "t.nc"}, tmp_path / "t.png", tmp_path / "t.pdf", model="m")
+    assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+    from test_figures import make_decomposition
+
+    files = []
+    for i, v in enumerate(["step0", "step10"]):
+        write_netcdf(make_decomposition(seed=i), tmp_path / f"d_{v}.nc")
+        files.append(tmp_path / f"d_{v}.nc")
+    render(
+        "trajectory_r_heatmap",
+        {"decomposition": files},
+        tmp_path / "h.png",
+        tmp_path / "h.pdf",
+        variants=["step0", "step10"],
+        model="m",
+    )
+    assert (tmp_path / "h.png").stat().st_size > 10_000
