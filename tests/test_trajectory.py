@@ -164,7 +164,10 @@ def test_training_log_and_layout(trained):
     assert manifest["source"] == "train" and set(manifest["revisions"]) == {"step0", "step2", "step6"}
     step = json.loads((dest / "step6" / "manifest.json").read_text())
     assert step["revision"] == "step6" and step["train_seed"] == 3
-    assert step["files"]["model.safetensors"] == hashlib.sha256((dest / "step6/model.safetensors").read_bytes()).hexdigest()
+    assert (
+        step["files"]["model.safetensors"]
+        == hashlib.sha256((dest / "step6/model.safetensors").read_bytes()).hexdigest()
+    )
 
 
 def test_step0_equals_random_init_variant(trained):

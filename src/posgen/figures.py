@@ -804,7 +804,8 @@ def render(
     spec = specs[name]
     inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
     data = spec.loader(inputs, list(variants or []))
-    fig = spec.func(data, n_boot=n_boot, seed=seed) if {**FIGURE_TABLE, **TRAJECTORY_FIGURES}[name].bootstrap else spec.func(data)
+    row = {**FIGURE_TABLE, **TRAJECTORY_FIGURES}[name]
+    fig = spec.func(data, n_boot=n_boot, seed=seed) if row.bootstrap else spec.func(data)
     save_figure(fig, png, pdf, provenance=_stable_provenance(figure=name, **attrs))
 
 

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 from posgen.figures import PAGE_WIDTH, PAPER_R, Spec, _by_variant, _open, _styled, fig_r_heatmap
 from posgen.store import require
 
+
 def _step_axis(ax, steps) -> None:
     # symlog: step 0 (the initialisation) sits on the axis while 1 ... N stay log-spaced
     ax.set_xscale("symlog", linthresh=1.0, linscale=0.4)
@@ -52,7 +53,9 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
             ax.plot(steps, sel[stat], ls=ls, marker="o", ms=3, color=palette[i], label=label)
             ax.fill_between(steps, sel[f"{stat}_lo"], sel[f"{stat}_hi"], color=palette[i], alpha=0.2, lw=0)
             if control is not None:
-                ax.axhline(float(ds[stat].sel({"variant": control, "method": method, "sink": sink})), ls=":", color=palette[i])
+                ax.axhline(
+                    float(ds[stat].sel({"variant": control, "method": method, "sink": sink})), ls=":", color=palette[i]
+                )
     ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
     ax.set_ylabel("Pearson $r$")
     ax.set_title(f"$r$ (sink {sink}; dotted: random init)")

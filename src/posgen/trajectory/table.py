@@ -72,7 +72,9 @@ def trajectory_table(
     """
     variants = list(variants)
     if not (len(bands_paths) == len(perturb_paths) == len(variants)):
-        raise ValueError(f"{len(bands_paths)} bands and {len(perturb_paths)} perturb files for {len(variants)} variants")
+        raise ValueError(
+            f"{len(bands_paths)} bands and {len(perturb_paths)} perturb files for {len(variants)} variants"
+        )
     order = sorted(range(len(variants)), key=lambda i: variant_order(variants[i]))
     variants = [variants[i] for i in order]
     bands_paths = [list(bands_paths)[i] for i in order]
