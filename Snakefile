@@ -33,6 +33,7 @@ include: "rules/perturb.smk"
 include: "rules/synthetic.smk"
 include: "rules/llm_heads.smk"
 include: "rules/figures.smk"
+include: "rules/trajectory.smk"
 
 
 rule all:

@@ -6,8 +6,16 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from posgen.config import ConfigError, job_hash, model_entry, validate as validate_config, variants  # noqa: E402
-from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
+from posgen.config import (  # noqa: E402
+    ConfigError,
+    job_hash,
+    model_entry,
+    trajectory_models,
+    validate as validate_config,
+    variants,
+)
+from posgen.figure_table import FIGURES as FIGURE_TABLE, TRAJECTORY_FIGURES  # noqa: E402
+from posgen.trajectory import heatmap_variants  # noqa: E402
 
 try:
     validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
@@ -17,6 +25,9 @@ except ConfigError as err:
 
 MODELS = [m["name"] for m in config["models"]]
 VARIANTS = variants(config)
+# Checkpoint series (config `trajectory.models`): their variants are step<N> (variants(config, model)); they go
+# through the same per-variant rules, but only the `trajectory` target (rules/trajectory.smk) asks for them.
+TRAJECTORY_MODELS = trajectory_models(config)
 TARGETS = []
 
 # The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
@@ -66,8 +77,17 @@ EXAMPLES_LEAVES = ["figures.sample", "figures.map_tokens", "figures.pool_pairs",
 
 
 wildcard_constraints:
-    model="|".join(re.escape(m) for m in MODELS),
-    variant=r"trained|random-seed\d+",
+    model="|".join(re.escape(m) for m in MODELS + TRAJECTORY_MODELS),
+    variant=r"trained|random-seed\d+|step\d+",
+
+
+def over_variants(template):
+    """An input function: ``template`` for every variant of the job's own model (variants(config, model))."""
+
+    def paths(wildcards):
+        return expand(template, model=wildcards.model, variant=variants(config, wildcards.model))
+
+    return paths
 
 
 def hash_of(leaves, per_model=True):
@@ -107,3 +127,31 @@ def figure_hash(row):
     """The params function of a figure's config hash: what its params read."""
     leaves = (["random_init_seeds"] if "variant" in row.expanded() else []) + (INTERVAL_LEAVES if row.bootstrap else [])
     return hash_of(leaves, per_model="model" in row.wildcards)
+
+
+# Training trajectories (rules/trajectory.smk): the models the workflow trains itself, the leaves of the per-step
+# table, and the input functions of the trajectory figures.
+TRAIN_MODELS = [m["name"] for m in config["trajectory"]["models"] if m["source"] == "train"]
+TRAJECTORY_LEAVES = ["trajectory.sensitivity_rates"] + INTERVAL_LEAVES
+
+
+def training_log(wildcards):
+    """training.nc of a model trained by the workflow; a hub series has none."""
+    return f"results/{wildcards.model}/training.nc" if wildcards.model in TRAIN_MODELS else []
+
+
+def trajectory_figure_variants(row):
+    """The variants a trajectory figure reads, a function of the job's model."""
+    if "variant" not in row.expanded():
+        return lambda wildcards: []
+    return lambda wildcards: heatmap_variants(variants(config, wildcards.model))
+
+
+def trajectory_figure_inputs(row):
+    """Input functions of a trajectory figure: the row's templates for the job's model and its variants."""
+    pick = trajectory_figure_variants(row)
+
+    def role_paths(template):
+        return lambda wildcards: expand(template, model=wildcards.model, variant=pick(wildcards))
+
+    return {role: role_paths(template) for role, template in row.inputs.items()}

@@ -48,7 +48,7 @@ rule bands:
 # One job per model, so that adding a model leaves the others' summaries (and their figures) alone.
 rule summarize:
     input:
-        decomposition=expand(rules.decompose.output.decomposition, variant=VARIANTS, allow_missing=True),
+        decomposition=over_variants(rules.decompose.output.decomposition),
     output:
         csv="results/{model}/summary.csv",
         nc="results/{model}/summary.nc",

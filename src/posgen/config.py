@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import yaml
 
 SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 VARIANT_TRAINED = "trained"
+TRAIN_SOURCE = "train"  # a trajectory model trained by the workflow (rule train_trajectory)
 
 
 # Keys that were moved or renamed: (section, old key) -> new dotted key. A config still using one stops with a
@@ -69,7 +71,7 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
         best = jsonschema.exceptions.best_match([cause])
         raise ConfigError(_one_line(best)) from None
 
-    names = [m["name"] for m in config["models"]]
+    names = [m["name"] for m in config["models"]] + trajectory_models(config)
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"config.models: duplicate model name(s) {', '.join(dupes)}")
@@ -86,6 +88,7 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
     for i, entry in enumerate(config["models"]):
         _check_model_source(entry, f"config.models[{i}].source")
     _check_corpus_source(config["corpus"]["source"])
+    _check_trajectory(config)
     return config
 
 
@@ -224,6 +227,24 @@ def read_yaml(path: str | Path) -> dict:
     return config
 
 
+def _check_trajectory(config: dict) -> None:
+    """Cross-key rules of the ``trajectory`` section."""
+    section = config["trajectory"]
+    for i, entry in enumerate(section["models"]):
+        key = f"config.trajectory.models[{i}]"
+        if entry["source"] == TRAIN_SOURCE and entry.get("revisions"):
+            raise ConfigError(f"{key}.revisions: a model trained by the workflow has checkpoints, not revisions")
+        if entry["source"] != TRAIN_SOURCE:
+            if not entry.get("revisions"):
+                raise ConfigError(f"{key}.revisions: a hub or local checkpoint series needs a list of revisions")
+            steps = [revision_variant(r) for r in entry["revisions"]]
+            if len(set(steps)) != len(steps):
+                raise ConfigError(f"{key}.revisions: two revisions name the same step")
+    missing = sorted(set(section["sensitivity_rates"]) - set(config["perturb"]["rates"]))
+    if missing and section["models"]:  # read only by the trajectory table
+        raise ConfigError(f"config.trajectory.sensitivity_rates: {missing} not among perturb.rates")
+
+
 def load(path: str | Path) -> dict:
     """Read (strictly, see :func:`read_yaml`) and validate a config file."""
     return validate(read_yaml(path))
@@ -298,24 +319,67 @@ def job_hash(config: dict, leaves: list[str], model: str | None = None) -> str:
     return config_hash(picked)
 
 
-def variants(config: dict) -> list[str]:
-    """The extraction variants: the trained weights plus one random-init control per seed."""
-    return [VARIANT_TRAINED] + [f"random-seed{s}" for s in config["random_init_seeds"]]
+def variants(config: dict, model: str | None = None) -> list[str]:
+    """The extraction variants of ``model`` (None: of every ``models`` entry).
+
+    An ordinary model: its trained weights plus one random-init control per seed. A trajectory model
+    (``trajectory.models``): one ``step<N>`` per checkpoint, in step order; one trained by the workflow also
+    gets the random-init control of its training seed, which step 0 must equal.
+    """
+    if model is None or not is_trajectory_model(config, model):
+        return [VARIANT_TRAINED] + [f"random-seed{s}" for s in config["random_init_seeds"]]
+    entry = model_entry(config, model)
+    if entry["source"] == TRAIN_SOURCE:
+        steps = [f"step{n}" for n in sorted(entry["train"]["checkpoints"])]
+        return [f"random-seed{entry['train']['seed']}"] + steps
+    return [revision_variant(r) for r in entry["revisions"]]
+
+
+def revision_variant(revision: str) -> str:
+    """``step<N>`` of a hub revision named ``step<N>...`` (Pythia ``step1000``, OLMo ``step1000-tokens4B``)."""
+    match = re.match(r"step(\d+)", revision)
+    if not match:
+        raise ConfigError(f"revision {revision!r}: expected a name starting with step<N>")
+    return f"step{int(match.group(1))}"
+
+
+def variant_step(variant: str) -> int | None:
+    """N for ``step<N>``, None for any other variant."""
+    match = re.fullmatch(r"step(\d+)", variant)
+    return int(match.group(1)) if match else None
 
 
 def init_seed(variant: str) -> int:
-    """-1 for trained weights, S for ``random-seed<S>``."""
-    if variant == VARIANT_TRAINED:
+    """-1 for trained weights (``trained`` and every ``step<N>`` checkpoint), S for ``random-seed<S>``."""
+    if variant == VARIANT_TRAINED or variant_step(variant) is not None:
         return -1
     prefix = "random-seed"
     if not variant.startswith(prefix) or not variant[len(prefix) :].isdigit():
-        raise ConfigError(f"variant {variant!r}: expected 'trained' or 'random-seed<S>'")
+        raise ConfigError(f"variant {variant!r}: expected 'trained', 'random-seed<S>' or 'step<N>'")
     return int(variant[len(prefix) :])
 
 
+def variant_order(variant: str) -> tuple[int, int]:
+    """Sort key: trained first, then random-init seeds, then checkpoints, each in numeric order."""
+    step = variant_step(variant)
+    if step is not None:
+        return (2, step)
+    seed = init_seed(variant)
+    return (0 if seed < 0 else 1, seed)
+
+
+def trajectory_models(config: dict) -> list[str]:
+    """Names of the ``trajectory.models`` entries (built by the ``trajectory`` target, not by ``all``)."""
+    return [m["name"] for m in config.get("trajectory", {}).get("models", [])]
+
+
+def is_trajectory_model(config: dict, name: str) -> bool:
+    return name in trajectory_models(config)
+
+
 def model_entry(config: dict, name: str) -> dict:
-    """The ``models`` entry named ``name``."""
-    for m in config["models"]:
+    """The ``models`` (or ``trajectory.models``) entry named ``name``."""
+    for m in config["models"] + config.get("trajectory", {}).get("models", []):
         if m["name"] == name:
             return m
     raise ConfigError(f"config.models: no model named {name!r}")

@@ -125,3 +125,14 @@ FIGURES = {
         ),
     ]
 }
+
+# Training trajectories (posgen.trajectory): per trajectory model, built by the `trajectory` target only
+# (rules/trajectory.smk makes their rules; `all` and its report never list them). The heatmap's variants are a
+# few checkpoints (posgen.trajectory.figures.heatmap_variants), not all of them.
+TRAJECTORY_FIGURES = {
+    row.name: row
+    for row in [
+        _row("trajectory", "15. Training trajectory", {"trajectory": "results/{model}/trajectory.nc"}),
+        _row("trajectory_r_heatmap", "16. Training trajectory: r over layer x head", {"decomposition": _DECOMPOSITION}),
+    ]
+}

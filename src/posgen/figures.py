@@ -30,6 +30,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from posgen.config import VARIANT_TRAINED, init_seed  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
+from posgen.figure_table import TRAJECTORY_FIGURES  # noqa: E402
 from posgen.stats import bootstrap_mean, pearson  # noqa: E402
 from posgen.store import atomic_path, require  # noqa: E402
 
@@ -885,16 +886,18 @@ FIGURES = {
 
 
 def registry() -> dict[str, Spec]:
-    """Every figure of the table with its Spec: this family's (FIGURES) and the second family's.
+    """Every figure of the table with its Spec: this family's (FIGURES), the second family's and the trajectories'.
 
     Raises if the specs and posgen.figure_table disagree, so a table row without a drawing function (or the
     reverse) fails the first figure job, and the tests.
     """
     from posgen.synthetic.figures import FIGURES as SYNTHETIC_FIGURES
+    from posgen.trajectory.figures import FIGURES as TRAJECTORY_SPECS
 
-    specs = {**FIGURES, **SYNTHETIC_FIGURES}
-    if set(specs) != set(FIGURE_TABLE):
-        differ = sorted(set(specs) ^ set(FIGURE_TABLE))
+    specs = {**FIGURES, **SYNTHETIC_FIGURES, **TRAJECTORY_SPECS}
+    table = {**FIGURE_TABLE, **TRAJECTORY_FIGURES}
+    if set(specs) != set(table):
+        differ = sorted(set(specs) ^ set(table))
         raise KeyError(f"figure specs and posgen.figure_table differ in {', '.join(differ)}")
     return specs
 
@@ -920,7 +923,8 @@ def render(
     spec = specs[name]
     inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
     data = spec.loader(inputs, list(variants or []))
-    fig = spec.func(data, n_boot=n_boot, seed=seed) if FIGURE_TABLE[name].bootstrap else spec.func(data)
+    row = {**FIGURE_TABLE, **TRAJECTORY_FIGURES}[name]
+    fig = spec.func(data, n_boot=n_boot, seed=seed) if row.bootstrap else spec.func(data)
     save_figure(fig, png, pdf, provenance=_stable_provenance(figure=name, **attrs))
 
 

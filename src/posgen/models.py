@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from posgen.config import init_seed
+from posgen.config import init_seed, revision_variant, variant_step
 
 EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
@@ -243,6 +243,50 @@ def verify_checkpoint(model_dir: str | Path, weights: bool = True) -> dict:
     return manifest
 
 
+def acquire_series(
+    source: str,
+    revisions: list[str],
+    dest: str | Path,
+    *,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+) -> dict:
+    """A checkpoint series: each revision of ``source`` acquired into ``dest/step<N>/`` (its own manifest, with
+    the requested revision name beside the resolved commit), the last one's config and tokenizer copied to
+    ``dest`` (windows and random-init controls read them there), then ``dest/manifest.json`` listing the steps.
+
+    ``hf:<org>/<repo>``: revision = hub branch, tag or commit; ``local:<folder>``: revision = subfolder.
+    """
+    dest = Path(dest)
+    kind, _, spec = source.partition(":")
+    if kind not in ("hf", "local") or "@" in spec:
+        raise ModelSourceError(f"{source}: a checkpoint series needs hf:<org>/<repo> or local:<folder> (no @revision)")
+    dest.mkdir(parents=True, exist_ok=True)
+    steps = {}
+    for revision in revisions:
+        variant = revision_variant(revision)
+        one = f"hf:{spec}@{revision}" if kind == "hf" else f"local:{Path(spec).expanduser() / revision}"
+        manifest = acquire(one, dest / variant, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+        manifest["revision_name"] = revision
+        (dest / variant / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        steps[variant] = manifest
+    last = dest / revision_variant(revisions[-1])
+    for p in sorted(last.iterdir()):
+        if p.is_file() and p.name != "manifest.json" and not any(p.match(w) for w in WEIGHT_PATTERNS + PICKLE_PATTERNS):
+            shutil.copy2(p, dest / p.name)
+    series = {
+        "source": source,
+        "revision": "series",
+        "trust_remote_code": trust_remote_code,
+        "architecture": steps[revision_variant(revisions[-1])]["architecture"],
+        "revisions": {variant: m["revision_name"] for variant, m in steps.items()},
+        "commits": {variant: m["revision"] for variant, m in steps.items()},
+        "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file() and p.name != "manifest.json"},
+    }
+    (dest / "manifest.json").write_text(json.dumps(series, indent=2) + "\n")
+    return series
+
+
 def read_manifest(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "manifest.json"
     if not path.exists():
@@ -276,6 +320,15 @@ def _is_unreadable_weights(err: BaseException) -> bool:
     return name == "SafetensorError" or (isinstance(err, (OSError, RuntimeError)) and "safetensors" in str(err))
 
 
+def init_weights(config, seed: int, **kwargs):
+    """Fresh weights for ``config``: the one code path of every ``random-seed<S>`` variant, and of step 0 of a
+    model trained by the workflow (posgen.trajectory), so that the two are the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
 def load_model(
     model_dir: str | Path,
     variant: str = "trained",
@@ -284,8 +337,8 @@ def load_model(
     device: str = "cpu",
     attn_implementation=None,
 ):
-    """Load ``(model, tokenizer, manifest)``: the trained weights, or ``random-seed<S>`` fresh weights from the
-    same config.
+    """Load ``(model, tokenizer, manifest)``: the trained weights, ``random-seed<S>`` fresh weights from the
+    same config, or checkpoint ``step<N>`` of a series from ``model_dir/step<N>/`` (with that step's manifest).
 
     ``attn_implementation``: a backend name, or a function of the model config that returns one (so a caller
     can pick it from the config without reading the folder twice); None for transformers' default.
@@ -293,6 +346,8 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     model_dir = Path(model_dir)
+    if variant_step(variant) is not None:
+        model_dir = model_dir / variant  # one checkpoint of a series, laid out like any acquired model
     seed = init_seed(variant)
     manifest = verify_checkpoint(model_dir, weights=seed < 0)
     remote = manifest.get("trust_remote_code", False)
@@ -314,7 +369,6 @@ def load_model(
                 f"re-run get_model (snakemake --forcerun get_model)"
             ) from None
     else:
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, **kwargs)
+        model = init_weights(config, seed, **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=remote)
     return model.to(resolve_device(device)).eval(), tokenizer, manifest

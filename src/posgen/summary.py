@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.config import VARIANT_TRAINED, init_seed
+from posgen.config import VARIANT_TRAINED, variant_order
 from posgen.layer_types import LAYER_TYPES
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
@@ -66,8 +66,8 @@ def _pooled(suff: np.ndarray) -> np.ndarray:
     return pearson_from_sums(*(total[..., i] for i in range(len(SUFF))))
 
 
-def _variant_order(variant: str) -> int:
-    return init_seed(variant)  # trained (-1) first, then seeds in numeric order
+def _variant_order(variant: str) -> tuple[int, int]:
+    return variant_order(variant)  # trained first, then random-init seeds, then checkpoints step<N>, numerically
 
 
 def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:

@@ -1,0 +1,120 @@
+"""Figures of a training trajectory, in the house style of ``posgen.figures``: the statistics of
+trajectory.nc against training step (log axis), and the r heatmap (layer x head) at a few steps."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+import seaborn as sns
+import xarray as xr
+from matplotlib.figure import Figure
+
+from posgen.figures import PAGE_WIDTH, PAPER_R, Spec, _by_variant, _open, _styled, fig_r_heatmap
+from posgen.store import require
+
+
+def _step_axis(ax, steps) -> None:
+    # symlog: step 0 (the initialisation) sits on the axis while 1 ... N stay log-spaced
+    ax.set_xscale("symlog", linthresh=1.0, linscale=0.4)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(steps))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.tick_params(axis="x", labelrotation=45)
+    ax.set_xlabel("training step")
+
+
+def _control(ds: xr.Dataset):
+    """The random-init control's variant (step < 0), or None."""
+    controls = [v for v, s in zip(ds["variant"].values, ds["step"].values) if s < 0]
+    return controls[0] if controls else None
+
+
+@_styled
+def fig_trajectory(ds: xr.Dataset) -> Figure:
+    """Six panels against training step: Method A / B r (mean over heads: solid, pooled: dashed, 95 % bands),
+    variance explained by f and g, low-frequency variance share, perturbation sensitivity, held-out perplexity.
+
+    The random-init control (step < 0 in ``ds``) is drawn as a horizontal dotted line; it equals step 0 for a
+    model trained by the workflow. Sink handling: without the first key column.
+    """
+    require(ds, ["mean_r", "pooled_r", "r2_f", "low_share_k", "ppl_ratio", "heldout_ppl", "step"], "trajectory.nc")
+    sink = "without" if "without" in ds["sink"].values else ds["sink"].values[0]
+    control = _control(ds)
+    curve = ds.isel(variant=np.flatnonzero(ds["step"].values >= 0))
+    steps = curve["step"].values
+    palette = sns.color_palette("colorblind")
+    fig, axes = plt.subplots(2, 3, figsize=(PAGE_WIDTH, 4.4))
+    ax = axes[0, 0]
+    for i, method in enumerate(ds["method"].values):
+        for stat, ls in (("mean_r", "-"), ("pooled_r", "--")):
+            sel = curve.sel({"method": method, "sink": sink})
+            label = f"{method}, {'mean over heads' if stat == 'mean_r' else 'pooled'}"
+            ax.plot(steps, sel[stat], ls=ls, marker="o", ms=3, color=palette[i], label=label)
+            ax.fill_between(steps, sel[f"{stat}_lo"], sel[f"{stat}_hi"], color=palette[i], alpha=0.2, lw=0)
+            if control is not None:
+                ax.axhline(
+                    float(ds[stat].sel({"variant": control, "method": method, "sink": sink})), ls=":", color=palette[i]
+                )
+    ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
+    ax.set_ylabel("Pearson $r$")
+    ax.set_title(f"$r$ (sink {sink}; dotted: random init)")
+    ax.legend(fontsize=5)
+    ax = axes[0, 1]
+    for i, (name, label) in enumerate((("r2_f", "$f$ alone"), ("r2_g", "$g$ alone"))):
+        ax.plot(steps, curve[name].sel(sink=sink), marker="o", ms=3, color=palette[i + 2], label=label)
+    ax.set_ylabel("variance explained")
+    ax.set_title("Method A: $f$ / $g$ split")
+    ax.legend(fontsize=6)
+    ax = axes[0, 2]
+    for i, side in enumerate("qk"):
+        ax.plot(steps, curve[f"low_share_{side}"], marker="o", ms=3, color=palette[i + 4], label=side)
+    ax.axhline(0.5, ls=":", lw=0.8, color="0.3", label="even spread")
+    ax.set_ylabel("token variance in low-freq. half")
+    ax.set_title("feature pattern")
+    ax.legend(fontsize=6)
+    ax = axes[1, 0]
+    styles = ["-", "--", ":", "-."]
+    for k, kind in enumerate(ds["kind"].values):
+        for j, rate in enumerate(ds["rate"].values):
+            sel = curve.sel(kind=kind, rate=rate)
+            label = f"{kind} {rate * 100:g} %"
+            ax.plot(steps, sel["ppl_ratio"], ls=styles[j % 4], marker="o", ms=2, color=palette[k % 10], label=label)
+            ax.fill_between(steps, sel["ppl_ratio_lo"], sel["ppl_ratio_hi"], color=palette[k % 10], alpha=0.15, lw=0)
+    ax.axhline(1.0, ls=":", lw=0.8, color="0.3")
+    ax.set_ylabel("perplexity / unperturbed")
+    ax.set_title("perturbation sensitivity")
+    ax.legend(fontsize=4, ncols=2)
+    ax = axes[1, 1]
+    if np.isfinite(curve["heldout_ppl"].values).any():
+        ax.plot(steps, curve["heldout_ppl"], marker="o", ms=3, color=palette[7])
+        ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no held-out perplexity\n(hub series)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title("held-out perplexity")
+    ax = axes[1, 2]
+    diff = curve["mean_r"].sel({"method": "A", "sink": sink}) - curve["mean_r"].sel({"method": "B", "sink": sink})
+    ax.plot(steps, diff, marker="o", ms=3, color=palette[0])
+    ax.axhline(0.0, ls=":", lw=0.8, color="0.3")
+    ax.set_ylabel("mean $r$: A minus B")
+    ax.set_title("mean-key construction vs additive fit")
+    for ax in axes.ravel():
+        _step_axis(ax, steps)
+    return fig
+
+
+def load_trajectory(inputs, variants) -> xr.Dataset:
+    return _open(inputs["trajectory"][0])
+
+
+def load_heatmap(inputs, variants):
+    r = _by_variant(inputs["decomposition"], variants, ["r"])["r"]
+    return r.sel(sink="without").mean("sample").transpose("variant", "method", "layer", "head")
+
+
+# Figure name -> Spec, one entry per row of posgen.figure_table.TRAJECTORY_FIGURES.
+FIGURES = {
+    "trajectory": Spec(fig_trajectory, load_trajectory),
+    "trajectory_r_heatmap": Spec(fig_r_heatmap, load_heatmap),
+}

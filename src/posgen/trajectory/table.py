@@ -1,0 +1,205 @@
+"""The per-step trajectory of one checkpoint series (rule trajectory_table): every headline statistic of the
+first paper against training step, from the outputs the ordinary rules already wrote per variant.
+
+- Method A and B r, mean over heads and pooled, with their 95 % bootstrap intervals: the model's summary.csv.
+- variance explained by f alone and by g alone (Method A): summary.csv.
+- low-frequency share of the token variance: from bands.nc, the fraction of the per-band token variance
+  ``E ||v_t - mean||^2`` that sits in the lower-frequency half of the rotating bands (smaller theta), per
+  (layer, head), then averaged; 0.5 when the variance is spread evenly, near 1 when the token-specific
+  (semantic) variation lives in the low-frequency bands, the pattern of docs/method.md section 5.
+- perturbation sensitivity: perplexity ratio (perturbed / clean) at ``sensitivity_rates``, per perturbation
+  kind, mean over samples with a 95 % bootstrap interval (perturb.nc).
+- held-out perplexity at each checkpoint (training.nc; a hub series has none).
+
+The random-init control of a trained trajectory rides along with ``step = -1``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from posgen.config import variant_order, variant_step
+from posgen.stats import bootstrap_mean
+from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
+
+RANDOM_STEP = -1  # `step` of the random-init control
+SUMMARY_STATS = ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
+
+
+def low_frequency_share(var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Share of the token variance in the lower-frequency half of the rotating bands.
+
+    ``var`` is (..., band), ``theta`` (band,); bands that never rotate (theta = 0) are left out. Returns ``var``
+    without its band axis.
+    """
+    rotating = np.flatnonzero(theta > 0)
+    by_frequency = rotating[np.argsort(theta[rotating], kind="stable")]  # lowest frequency first
+    low = by_frequency[: len(by_frequency) // 2]
+    total = var[..., rotating].sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return var[..., low].sum(-1) / total
+
+
+def _band_shares(path) -> dict[str, float]:
+    bands = open_dataset(path, lazy=False)
+    require(bands, ["q_var", "k_var", "theta"], str(path))
+    theta = bands["theta"].values
+    theta = theta[0] if theta.ndim > 1 else theta  # (layer, band): every layer of these models has one base
+    shares = {}
+    for side, head in (("q", "head"), ("k", "kv_head")):
+        var = bands[f"{side}_var"].transpose("layer", head, "band").values  # (layer, head, band)
+        shares[f"low_share_{side}"] = float(np.nanmean(low_frequency_share(var, theta)))
+    bands.close()
+    return shares
+
+
+def trajectory_table(
+    summary_csv,
+    bands_paths,
+    perturb_paths,
+    variants,
+    *,
+    sensitivity_rates,
+    training_path=None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> xr.Dataset:
+    """The trajectory dataset: dims (variant, method, sink, kind, rate), coordinate ``step`` along variant.
+
+    ``bands_paths`` and ``perturb_paths`` are one file per entry of ``variants``, in that order.
+    """
+    variants = list(variants)
+    if not (len(bands_paths) == len(perturb_paths) == len(variants)):
+        raise ValueError(
+            f"{len(bands_paths)} bands and {len(perturb_paths)} perturb files for {len(variants)} variants"
+        )
+    order = sorted(range(len(variants)), key=lambda i: variant_order(variants[i]))
+    variants = [variants[i] for i in order]
+    bands_paths = [list(bands_paths)[i] for i in order]
+    perturb_paths = [list(perturb_paths)[i] for i in order]
+    steps = [RANDOM_STEP if variant_step(v) is None else variant_step(v) for v in variants]
+
+    summary = pd.read_csv(summary_csv)
+    missing = sorted(set(variants) - set(summary["variant"]))
+    if missing:
+        raise KeyError(f"{summary_csv}: no rows for variant(s) {', '.join(missing)}")
+    methods = sorted(summary["method"].unique())
+    sinks = sorted(summary["sink"].unique())
+    indexed = summary.set_index(["variant", "method", "sink"])
+    data = {}
+    for stat in SUMMARY_STATS:
+        values = np.array(
+            [[[indexed.loc[(v, m, s), stat] for s in sinks] for m in methods] for v in variants], dtype=np.float64
+        )  # (variant, method, sink)
+        data[stat] = (("variant", "method", "sink"), values)
+    for stat in ("r2_f", "r2_g"):  # Method A quantities
+        values = np.array([[indexed.loc[(v, "A", s), stat] for s in sinks] for v in variants], dtype=np.float64)
+        data[stat] = (("variant", "sink"), values)
+
+    shares = [_band_shares(p) for p in bands_paths]
+    for side in "qk":
+        data[f"low_share_{side}"] = ("variant", np.array([s[f"low_share_{side}"] for s in shares]))
+
+    ratios = []
+    for path in perturb_paths:
+        perturb = open_dataset(path, lazy=False)
+        require(perturb, ["ppl_ratio"], str(path))
+        absent = sorted(set(sensitivity_rates) - set(np.round(perturb["rate"].values, 9)))
+        if absent:
+            raise KeyError(f"{path}: no perturbation at rate(s) {absent} (trajectory.sensitivity_rates)")
+        ratios.append(perturb["ppl_ratio"].sel(rate=list(sensitivity_rates)).load())
+        perturb.close()
+    stacked = xr.concat(ratios, dim=pd.Index(variants, name="variant"))  # (variant, kind, rate, sample)
+    mean, lo, hi = bootstrap_mean(stacked, "sample", n_boot=n_boot, seed=seed)
+    for name, values in (("ppl_ratio", mean), ("ppl_ratio_lo", lo), ("ppl_ratio_hi", hi)):
+        data[name] = (("variant", "kind", "rate"), values.transpose("variant", "kind", "rate").values)
+
+    heldout = np.full(len(variants), np.nan)
+    if training_path is not None:
+        training = open_dataset(training_path, lazy=False)
+        require(training, ["heldout_ppl"], str(training_path))
+        by_step = dict(zip(training["step"].values.tolist(), training["heldout_ppl"].values))
+        heldout = np.array([by_step.get(s, np.nan) for s in steps])
+        training.close()
+    data["heldout_ppl"] = ("variant", heldout)
+
+    return xr.Dataset(
+        data,
+        coords={
+            "variant": variants,
+            "step": ("variant", np.array(steps, dtype=np.int64)),
+            "method": methods,
+            "sink": sinks,
+            "kind": stacked["kind"].values,
+            "rate": list(sensitivity_rates),
+        },
+        attrs={"random_init_step": RANDOM_STEP, "interval": "95% percentile bootstrap over samples"},
+    )
+
+
+def table_rows(ds: xr.Dataset) -> pd.DataFrame:
+    """One CSV row per (variant, method, sink), in step order: r statistics, f/g split, band shares, held-out
+    perplexity, and the perplexity ratio of every kind at every sensitivity rate (``ppl_<kind>_<percent>``)."""
+    rows = []
+    for v in ds["variant"].values:
+        one = ds.sel(variant=v)
+        extra = {
+            f"ppl_{kind}_{rate * 100:g}pct": float(one["ppl_ratio"].sel(kind=kind, rate=rate))
+            for kind in ds["kind"].values
+            for rate in ds["rate"].values
+        }
+        for m in ds["method"].values:
+            for s in ds["sink"].values:
+                rows.append(
+                    {
+                        "variant": v,
+                        "step": int(one["step"]),
+                        "method": m,
+                        "sink": s,
+                        **{stat: float(one[stat].sel({"method": m, "sink": s})) for stat in SUMMARY_STATS},
+                        "r2_f": float(one["r2_f"].sel(sink=s)) if m == "A" else np.nan,
+                        "r2_g": float(one["r2_g"].sel(sink=s)) if m == "A" else np.nan,
+                        "low_share_q": float(one["low_share_q"]),
+                        "low_share_k": float(one["low_share_k"]),
+                        "heldout_ppl": float(one["heldout_ppl"]),
+                        **extra,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def trajectory_job(
+    summary_csv,
+    bands_paths,
+    perturb_paths,
+    variants,
+    csv_path,
+    nc_path,
+    *,
+    sensitivity_rates,
+    training_path=None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    model: str = "",
+    config_hash: str = "",
+) -> xr.Dataset:
+    """Rule trajectory_table: results/<model>/trajectory.nc and .csv."""
+    ds = trajectory_table(
+        summary_csv,
+        bands_paths,
+        perturb_paths,
+        variants,
+        sensitivity_rates=sensitivity_rates,
+        training_path=training_path,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    prov = provenance(config_hash=config_hash, model=model, n_boot=int(n_boot), bootstrap_seed=int(seed))
+    ds.attrs.update(prov)
+    write_netcdf(ds, nc_path)
+    table = table_rows(ds).assign(model=model, config_hash=config_hash, posgen_version=prov["posgen_version"])
+    with atomic_path(csv_path) as tmp:
+        table.to_csv(tmp, index=False, float_format="%.6g")
+    return ds

@@ -1,0 +1,259 @@
+"""A tiny RoPE model trained by the workflow, saved as a checkpoint series (rule train_trajectory).
+
+transformers' own LlamaForCausalLM from a LlamaConfig, initialised exactly like a ``random-seed<S>`` variant
+(``posgen.models.init_weights``: ``torch.manual_seed(seed)`` then ``from_config``), trained with AdamW under a
+linear warm-up + cosine schedule on the corpus, tokenised by a byte-level BPE trained on the same text. The
+tail of the token stream is held out (tokenizer included) and scored at every checkpoint.
+
+Layout of ``resources/models/<name>/`` (the same as an acquired model, one folder per checkpoint):
+``config.json`` + tokenizer files (read by the windows rule and the random-init control), ``step<N>/`` with
+safetensors, config, tokenizer and its own ``manifest.json``, and ``manifest.json`` listing the steps, written
+last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm import tqdm
+
+from posgen.config import TRAIN_SOURCE
+
+ARCHITECTURE = "LlamaForCausalLM"
+
+
+class TrainingDataError(ValueError):
+    """A corpus too small for the requested training, phrased as one line."""
+
+
+def train_tokenizer(text: str, vocab_size: int):
+    """A byte-level BPE of ``vocab_size`` tokens (two of them <bos>, <eos>) trained on ``text``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # chunks keep the trainer's word counting linear; their order (and so the merges) is fixed by the text
+    tok.train_from_iterator([text[i : i + 10_000] for i in range(0, len(text), 10_000)], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+
+
+def llama_config(train: dict, tokenizer):
+    """The LlamaConfig of the ``train`` settings (a ``trajectory.models[].train`` section)."""
+    from transformers import LlamaConfig
+
+    if train["n_heads"] % train["n_kv_heads"]:
+        raise ValueError(f"train.n_kv_heads: {train['n_kv_heads']} does not divide n_heads {train['n_heads']}")
+    if train["head_dim"] % 2:
+        raise ValueError(f"train.head_dim: {train['head_dim']} is odd; RoPE rotates pairs of dimensions")
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=train["hidden_size"],
+        intermediate_size=train["intermediate_size"],
+        num_hidden_layers=train["n_layers"],
+        num_attention_heads=train["n_heads"],
+        num_key_value_heads=train["n_kv_heads"],
+        head_dim=train["head_dim"],
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": float(train["rope_theta"])},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        architectures=[ARCHITECTURE],
+    )
+
+
+def split_text(text: str, heldout_fraction: float) -> tuple[str, str]:
+    """(training text, held-out tail); the cut is moved to the next paragraph break so no word is split."""
+    cut = int(len(text) * (1 - heldout_fraction))
+    brk = text.find("\n\n", cut)
+    cut = brk if brk >= 0 else cut
+    return text[:cut], text[cut:]
+
+
+def learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
+    """Linear warm-up from 0 to ``peak`` over ``warmup`` steps, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def heldout_windows(ids: np.ndarray, n: int, seq_len: int) -> torch.Tensor:
+    """The first ``n`` non-overlapping windows of ``seq_len`` tokens of the held-out stream, (sample, token)."""
+    if len(ids) < n * seq_len:
+        raise TrainingDataError(
+            f"train.heldout_windows: {n} windows of {seq_len} tokens need {n * seq_len} held-out tokens, "
+            f"the corpus tail has {len(ids)} (raise heldout_fraction or lower heldout_windows)"
+        )
+    return torch.as_tensor(ids[: n * seq_len].reshape(n, seq_len))
+
+
+@torch.no_grad()
+def mean_nll(model, windows: torch.Tensor) -> float:
+    """Mean next-token negative log-likelihood (nats) over every predicted token of ``windows``."""
+    was_training = model.training
+    model.eval()
+    loss = model(input_ids=windows, labels=windows).loss  # mean over sample x (token - 1)
+    model.train(was_training)
+    return float(loss)
+
+
+def _sha256_files(folder: Path) -> dict:
+    from posgen.models import sha256_file
+
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def save_checkpoint(model, tokenizer, dest: Path, step: int, seed: int) -> dict:
+    """``dest/step<N>/``: safetensors + config + tokenizer + manifest, appearing under its name only when complete."""
+    final = dest / f"step{step}"
+    work = Path(tempfile.mkdtemp(prefix=f".step{step}.", dir=dest))
+    try:
+        model.save_pretrained(work, safe_serialization=True)
+        tokenizer.save_pretrained(work)
+        manifest = {
+            "source": TRAIN_SOURCE,
+            "revision": f"step{step}",
+            "trust_remote_code": False,
+            "architecture": ARCHITECTURE,
+            "train_seed": seed,
+            "step": step,
+            "files": _sha256_files(work),
+        }
+        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(work, final)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return manifest
+
+
+def train_trajectory(text: str, dest: str | Path, train: dict, *, progress: bool = True) -> xr.Dataset:
+    """Train the ``train`` model on ``text`` and save its checkpoints into ``dest``; returns the training log
+    (held-out perplexity per checkpoint ``step``, training loss and learning rate per ``train_step``)."""
+    from transformers import AutoConfig
+
+    from posgen.models import init_weights
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    seed, seq_len, batch_size = train["seed"], train["seq_len"], train["batch_size"]
+    checkpoints = sorted(train["checkpoints"])
+    total = checkpoints[-1]
+    train_text, heldout_text = split_text(text, train["heldout_fraction"])
+    tokenizer = train_tokenizer(train_text, train["vocab_size"])
+    train_ids = np.asarray(tokenizer(train_text, add_special_tokens=False).input_ids, dtype=np.int64)
+    heldout_ids = np.asarray(tokenizer(heldout_text, add_special_tokens=False).input_ids, dtype=np.int64)
+    heldout = heldout_windows(heldout_ids, train["heldout_windows"], seq_len)  # (sample, token)
+    if len(train_ids) < 2 * seq_len:
+        raise TrainingDataError(f"train.seq_len: {seq_len} is more than half the {len(train_ids)} training tokens")
+
+    # The random-init control reads config.json and the tokenizer from the top folder: save them first and
+    # initialise from the saved config, exactly as posgen.models.load_model does for random-seed<seed>.
+    llama_config(train, tokenizer).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
+    config = AutoConfig.from_pretrained(dest)
+    torch.use_deterministic_algorithms(True)
+    model = init_weights(config, seed, dtype=torch.float32, trust_remote_code=False)
+    model.train()
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices decay; norms' gains do not
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": train["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=train["lr"],
+        betas=tuple(train["betas"]),
+    )
+    batches = torch.Generator().manual_seed(seed)  # batch positions, independent of the init's global RNG
+    data = torch.as_tensor(train_ids)
+    n_starts = len(train_ids) - seq_len
+    losses = np.full(total, np.nan)
+    rates = np.full(total, np.nan)
+    heldout_nll = {}
+    manifests = {}
+    started = time.perf_counter()
+    bar = tqdm(total=total, desc=f"train seed {seed}", unit="step", disable=not progress)
+    for step in range(total + 1):
+        if step in checkpoints:
+            heldout_nll[step] = mean_nll(model, heldout)
+            manifests[f"step{step}"] = save_checkpoint(model, tokenizer, dest, step, seed)
+            print(f"step {step}: held-out perplexity {math.exp(heldout_nll[step]):.2f}", flush=True)
+        if step == total:
+            break
+        starts = torch.randint(0, n_starts, (batch_size,), generator=batches)  # (batch,)
+        offsets = torch.arange(seq_len)  # (token,)
+        batch = data[starts[:, None] + offsets[None, :]]  # (batch, token)
+        lr = learning_rate(step, train["lr"], train["warmup_steps"], total)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses[step], rates[step] = float(loss.detach()), lr
+        bar.update(1)
+        bar.set_postfix(loss=f"{losses[step]:.3f}")
+    bar.close()
+    seconds = time.perf_counter() - started
+
+    nll = np.array([heldout_nll[s] for s in checkpoints])
+    log = xr.Dataset(
+        {
+            "heldout_nll": ("step", nll),
+            "heldout_ppl": ("step", np.exp(nll)),
+            "train_loss": ("train_step", losses),
+            "lr": ("train_step", rates),
+        },
+        coords={"step": checkpoints, "train_step": np.arange(total)},
+        attrs={
+            "train_seed": seed,
+            "train_tokens": len(train_ids),
+            "heldout_tokens": int(heldout.numel()),
+            "vocab_size": len(tokenizer),
+            "n_parameters": sum(p.numel() for p in model.parameters()),
+            "train_seconds": round(seconds, 3),
+            "train_settings": json.dumps(train, sort_keys=True),
+        },
+    )
+    series = {
+        "source": TRAIN_SOURCE,
+        "revision": "series",
+        "trust_remote_code": False,
+        "architecture": ARCHITECTURE,
+        "revisions": {variant: variant for variant in manifests},
+        "steps": {variant: m["files"] for variant, m in manifests.items()},
+        "files": _sha256_files(dest),
+    }
+    (dest / "manifest.json").write_text(json.dumps(series, indent=2) + "\n")
+    return log
+
+
+def train_job(source: str, dest: str | Path, log_path: str | Path, *, train: dict, model: str, config_hash: str = ""):
+    """Rule train_trajectory: the corpus ``source`` -> checkpoints in ``dest`` and ``training.nc``."""
+    from posgen.corpus import load_text
+    from posgen.store import provenance, write_netcdf
+
+    log = train_trajectory(load_text(source), dest, train)
+    log.attrs.update(provenance(config_hash=config_hash, model=model, corpus_source=source))
+    write_netcdf(log, log_path)
+    return log
