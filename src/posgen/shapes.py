@@ -81,13 +81,46 @@ PAPER_SHAPES = {
 }
 
 
-def paper_config(name: str, n_layers: int | None = None):
-    """The transformers config of paper model ``name``, optionally truncated to its first ``n_layers`` layers."""
+# The embedded defaults, so that a plan needs no acquired model (their config.json after GGUF de-quantisation).
+EMBEDDED_SHAPES = {
+    "smollm2-135m": {
+        "model_type": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+    },
+    "gemma3-270m": {
+        "model_type": "gemma3_text",
+        "hidden_size": 640,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 18,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "vocab_size": 262144,
+        "max_position_embeddings": 32768,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 512,
+        "tie_word_embeddings": True,
+    },
+}
+SHAPES = {**PAPER_SHAPES, **EMBEDDED_SHAPES}
+
+
+def shape_config(name: str, n_layers: int | None = None):
+    """The transformers config of recorded shape ``name``, optionally truncated to its first ``n_layers`` layers."""
     from transformers import AutoConfig
 
-    if name not in PAPER_SHAPES:
-        raise KeyError(f"{name!r}: no recorded shape (have {', '.join(PAPER_SHAPES)})")
-    kwargs = dict(PAPER_SHAPES[name])
+    if name not in SHAPES:
+        raise KeyError(f"{name!r}: no recorded shape (have {', '.join(SHAPES)})")
+    kwargs = dict(SHAPES[name])
     model_type = kwargs.pop("model_type")
     config = AutoConfig.for_model(model_type, **kwargs)
     if n_layers is not None:

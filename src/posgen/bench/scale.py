@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.shapes import PAPER_SHAPES, paper_config, parameter_count
+from posgen.shapes import PAPER_SHAPES, shape_config, parameter_count
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
@@ -35,7 +35,7 @@ def _model_dir(root: Path, shape: str, n_layers: int) -> Path:
 
     model_dir = root / shape
     model_dir.mkdir()
-    config = paper_config(shape, n_layers)
+    config = shape_config(shape, n_layers)
     config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"]
     config.save_pretrained(model_dir)
     _tokenizer(512).save_pretrained(model_dir)
@@ -144,7 +144,7 @@ def main(argv=None):
             _stage_decompose, str(root / "qk.h5"), args.threads, str(root / "decomposition.nc")
         )
 
-    config = paper_config(args.shape, args.layers)
+    config = shape_config(args.shape, args.layers)
     print(
         f"{args.shape}: {args.layers} of {PAPER_SHAPES[args.shape]['num_hidden_layers']} layers, "
         f"{args.windows} window(s) x {args.seq_len} tokens, {args.threads} threads, random weights"
@@ -168,7 +168,7 @@ def main(argv=None):
     ref_layer_cost = _layer_cost(config, args.seq_len)
     total_gb = total_h = 0.0
     for name in PAPER_SHAPES:
-        full = paper_config(name)
+        full = shape_config(name)
         units = args.paper_windows * args.paper_variants
         disk_gb = qk_bytes(full, args.seq_len) * units / 1e9
         # per-layer cost scales with the layer's FLOPs (projections + attention) relative to the measured shape
