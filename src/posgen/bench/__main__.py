@@ -1,7 +1,7 @@
 import importlib
 import sys
 
-NAMES = ["extract", "decompose", "synthetic"]
+NAMES = ["extract", "decompose", "synthetic", "scale"]
 
 if len(sys.argv) < 2 or sys.argv[1] not in NAMES:
     sys.exit(f"usage: python -m posgen.bench {{{'|'.join(NAMES)}}} [options]")
