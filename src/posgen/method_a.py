@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from posgen import rope
+from posgen.layer_types import used_dummy_distance
 from posgen.stats import pearson
 
 
@@ -120,7 +121,10 @@ class Terms:
     """Method A f/g of one pass for one sample and all layers at once, each (layer, H, T, T)."""
 
     def __init__(self, p, rope_info: dict, dummy_distance: int, distance_cap: int | None = None, keep: bool = False):
-        """``p``: a :class:`posgen.capture.Pass`; ``rope_info``: ``Capture.rope()``; ``keep``: cache each sample."""
+        """``p``: a :class:`posgen.capture.Pass`; ``rope_info``: ``Capture.rope()``; ``keep``: cache each sample.
+
+        ``dummy_distance`` is D of global layers; a sliding-window layer uses ``min(D, window - 1)``.
+        """
         self.positions = p.positions  # (N, T)
         self.dummy_distance, self.distance_cap, self.keep = dummy_distance, distance_cap, keep
         self.q = torch.stack(p.q)  # (layer, N, H, T, d)
@@ -128,15 +132,20 @@ class Terms:
         n_heads, n_kv = self.q.shape[2], self.k.shape[2]
         if not np.array_equal(rope_info["kv_group"], np.arange(n_heads) // (n_heads // n_kv)):
             raise NotImplementedError("query heads must read KV heads in contiguous groups (as repeat_kv does)")
-        # Layers sharing one RoPE table and scale are handled in one batch (Gemma 3 has two tables).
+        # Layers sharing one RoPE table, scale and dummy distance are handled in one batch (Gemma 3 has two
+        # tables; its sliding-window layers are scored at a D inside their window, posgen.layer_types).
+        n_tokens = self.q.shape[-2]
         self.groups = {}
+        self.dummy_distance_used = np.empty(len(p.q), dtype=np.int64)  # (layer,)
         for layer in range(len(p.q)):
             key = (
                 rope_info["inv_freq"][layer].tobytes(),
                 float(rope_info["scaling"][layer]),
                 float(rope_info["attention_scaling"][layer]),
+                used_dummy_distance(dummy_distance, int(rope_info["sliding_window"][layer]), n_tokens),
             )
             self.groups.setdefault(key, []).append(layer)
+            self.dummy_distance_used[layer] = key[3]
         self.inv_freq = {key: torch.as_tensor(rope_info["inv_freq"][layers[0]]) for key, layers in self.groups.items()}
         self._cache = {}
 
@@ -152,7 +161,7 @@ class Terms:
                 self.inv_freq[key],
                 key[1],
                 key[2],
-                self.dummy_distance,
+                key[3],
                 self.distance_cap,
             )
         else:
@@ -165,7 +174,7 @@ class Terms:
                     self.inv_freq[key],
                     key[1],
                     key[2],
-                    self.dummy_distance,
+                    key[3],
                     self.distance_cap,
                 )
                 if f is None:

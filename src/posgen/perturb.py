@@ -46,8 +46,12 @@ def _masked_mean(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return np.divide(total, count, out=np.full(len(count), np.nan), where=count > 0)
 
 
-def _layer_coords(n_layers: int) -> dict:
-    return {"layer": np.arange(n_layers)}
+def _layer_coords(terms: Terms) -> dict:
+    """The layer coordinate and the dummy distance each layer's f/g were scored at (docs/method.md)."""
+    return {
+        "layer": np.arange(len(terms.dummy_distance_used)),
+        "dummy_distance_used": ("layer", terms.dummy_distance_used),
+    }
 
 
 def run_perturbations(
@@ -135,7 +139,7 @@ def run_perturbations(
             "rate": rates,
             "sample": np.arange(n_samples),
             "token": np.arange(n_tokens),
-            **_layer_coords(n_layers),
+            **_layer_coords(ref),
         },
         attrs={
             "perturb_seed": seed,
@@ -192,7 +196,7 @@ def run_caps(
         coords={
             "cap": np.asarray(distance_caps, dtype=np.int64),
             "sample": np.arange(n_samples),
-            **_layer_coords(n_layers),
+            **_layer_coords(ref),
         },
         attrs={"dummy_distance": dummy_distance, "sink": "without", "n_tokens": n_tokens},
     )
