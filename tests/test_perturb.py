@@ -340,7 +340,10 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
         p = forward_pass(model, recorder, ids)
         info = recorder.rope()
     assert len({row.tobytes() for row in info["inv_freq"]}) == 2
-    f, g = Terms(p, info, 100)(1)
+    terms = Terms(p, info, 100)
+    f, g = terms(1)
+    # the sliding-window layers (window 16) are scored inside their window, the global layer at D = 100
+    assert terms.dummy_distance_used.tolist() == [15, 15, 100]
     for layer in range(recorder.n_layers):
         for table, same in [(layer, True), (2 if layer < 2 else 0, False)]:  # layers 0, 1 local; 2 global
             fl, gl = method_a_terms(
@@ -350,7 +353,7 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
                 torch.as_tensor(info["inv_freq"][table]),
                 float(info["scaling"][layer]),
                 float(info["attention_scaling"][layer]),
-                100,
+                int(terms.dummy_distance_used[layer]),
             )
             assert torch.allclose(f[layer], fl, rtol=1e-5, atol=1e-5) == same
             assert torch.allclose(g[layer], gl, rtol=1e-5, atol=1e-5) == same
