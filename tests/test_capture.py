@@ -84,6 +84,13 @@ def test_architecture_specific_rope_parameters(extracted):
     arch, _, _, out = extracted
     ds = out["trained"]
     inv = ds["inv_freq"].values
+    # full rotary in the half layout: stored as is (identity permutation), every layer self-checked
+    n_layers = ds.sizes["layer"]
+    assert ds["rope_layout"].values.tolist() == ["half"] * n_layers
+    assert ds["rotary_dims"].values.tolist() == [16] * n_layers
+    np.testing.assert_array_equal(ds["dim_order"].values, np.tile(np.arange(16), (n_layers, 1)))
+    assert np.isfinite(ds["self_check_rel_error"].values).all() and ds.attrs["self_check_tokens"] == 40
+    assert ds.attrs["transparency_rel_error"] <= 1e-5 and ds.attrs["transparency_tokens"] == 40
     if arch == "gemma3":
         # local layers: window 16 and base 1e4; the global layer: no window and base 1e6
         assert ds["sliding_window"].values.tolist() == [16, 16, 0]

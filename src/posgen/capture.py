@@ -113,9 +113,9 @@ def _capped_attention(module, query, key, value, attention_mask, scaling=None, d
     n_rep = query.shape[1] // key.shape[1]
     key_states = _repeat_kv(key, n_rep)
     value_states = _repeat_kv(value, n_rep)
-    weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
     if kwargs.get("s_aux") is not None:
         raise RuntimeError(f"{type(module).__name__}: distance capping does not support attention sinks")
+    weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
 
     distance_cap = getattr(module, "posgen_distance_cap", None)
     if distance_cap is not None:
@@ -195,8 +195,9 @@ def attention_modules(model) -> list:
 
 
 def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
-    """``(description, [(module, {name: slicer})])``: where pre-RoPE q/k are read, and how each hooked output
-    becomes ``name`` ("q" or "k") as (batch, tokens, heads * head_dim) or (..., head_dim) per head."""
+    """``(description, [(module, {name: slicer})])``: where pre-RoPE q/k are read. A slicer turns the module's
+    output into ``name`` ("q" or "k") as (batch, tokens, heads, head_dim), or returns None when it only keeps a
+    part for a later hook (MLA); without a slicer the output is q or k itself, read by :func:`_heads_first`."""
     if hasattr(m, "query_key_value"):  # GPT-NeoX: per head [q, k, v], head_dim each
 
         def per_head(part):

@@ -81,7 +81,8 @@ def default_attention(model) -> str:
     config = copy.deepcopy(model.config)
     config._attn_implementation_internal = None
     with torch.device("meta"):  # no weights: only the choice is wanted
-        fresh = AutoModelForCausalLM.from_config(config)
+        # custom code was allowed when the model itself was loaded (manifest trust_remote_code)
+        fresh = AutoModelForCausalLM.from_config(config, trust_remote_code=bool(getattr(config, "auto_map", None)))
     return fresh.config._attn_implementation
 
 
@@ -91,17 +92,21 @@ def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> 
     :class:`TransparencyError` naming the architecture."""
     capturing = model.config._attn_implementation
     own = default_attention(model)
+    arch = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
     with torch.inference_mode():
         capture.reset(token_ids.shape[1])
         captured = model(input_ids=token_ids, use_cache=False).logits.float()  # (1, N, vocab)
         model.set_attn_implementation(own)
         try:
+            if model.config._attn_implementation != own:  # transformers only warns when it cannot switch
+                raise TransparencyError(
+                    f"transparency check impossible for {arch}: the model cannot switch to its own {own!r} attention"
+                )
             reference = model(input_ids=token_ids, use_cache=False).logits.float()  # (1, N, vocab)
         finally:
             model.set_attn_implementation(capturing)
     err = float(torch.linalg.vector_norm(captured - reference) / torch.linalg.vector_norm(reference))
     if not err <= rtol:  # also catches NaN
-        arch = (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
         raise TransparencyError(
             f"transparency check failed for {arch}: output logits through the capturing backend {capturing!r} "
             f"differ from the model's own {own!r} attention by {err:.2e} (relative; tolerance {rtol:.1e})"
