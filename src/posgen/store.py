@@ -189,7 +189,7 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None
     encoding = {
         name: {**packed, "fletcher32": True}
         for name, var in ds.data_vars.items()
-        if var.dtype.kind in "fiu" and var.ndim > 0
+        if var.dtype.kind in "fiu" and var.ndim > 0 and var.size > 0  # an empty variable has no chunk to check
     }
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
