@@ -489,7 +489,8 @@ def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_work
     _flip(qk, _chunk_offset(qk, "q", 0) + 64)
     target = run.workdir / "results/tiny-llama/trained/decomposition.nc"
     before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", "--forcerun", "decompose", str(target.relative_to(run.workdir)), check=False)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "decompose", check=False)
     assert proc.returncode != 0
     last = (run.workdir / "logs/decompose/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
     assert last.startswith("StoreError: ") and last.endswith(
@@ -508,7 +509,8 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     _flip(weights, weights.stat().st_size // 2)
     target = run.workdir / "results/tiny-llama/trained/qk.h5"
     before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", "--forcerun", "extract", str(target.relative_to(run.workdir)), check=False)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "extract", check=False)
     assert proc.returncode != 0
     last = (run.workdir / "logs/extract/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
     assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
