@@ -18,7 +18,10 @@ from posgen.figure_table import FIGURES as FIGURE_TABLE, TRAJECTORY_FIGURES  # n
 from posgen.trajectory import heatmap_variants  # noqa: E402
 
 try:
-    validate_config(config, Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+    # paths only in the main process: a cluster job's node may not see the login node's local files
+    validate_config(
+        config, Path(workflow.basedir) / "schemas" / "config.schema.yaml", check_paths=workflow.is_main_process
+    )
 except ConfigError as err:
     # one line, not Snakemake's traceback of the Snakefile
     sys.exit(f"ConfigError: {err}")

@@ -112,3 +112,11 @@ def test_job_hash_covers_exactly_its_leaves_and_its_own_model():
         leaf(a, "perturb.speed")
     with pytest.raises(ConfigError, match="no model named 'nope'"):
         job_hash(a, leaves, "nope")
+
+
+def test_paths_are_checked_only_when_asked(tmp_path):
+    config = copy.deepcopy(BASE)
+    config["models"][0]["source"] = f"local:{tmp_path}/gone"
+    with pytest.raises(ConfigError, match=rf"^config\.models\[0\]\.source: {tmp_path}/gone is not a directory$"):
+        validate(copy.deepcopy(config))
+    validate(config, check_paths=False)  # a cluster job: its node may not see the login node's files

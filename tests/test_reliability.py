@@ -489,13 +489,14 @@ def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_work
     _flip(qk, _chunk_offset(qk, "q", 0) + 64)
     target = run.workdir / "results/tiny-llama/trained/decomposition.nc"
     before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", "--forcerun", "decompose", str(target.relative_to(run.workdir)), check=False)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "decompose", check=False)
     assert proc.returncode != 0
-    log = (run.workdir / "logs/decompose/tiny-llama/trained.log").read_text().strip().splitlines()
-    assert log[-1] == (
-        f"StoreError: {qk.relative_to(run.workdir)}: variable q: data fail their checksum (Fletcher-32) or "
+    last = (run.workdir / "logs/decompose/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("StoreError: ") and last.endswith(
+        f"{qk.relative_to(run.workdir)}: variable q: data fail their checksum (Fletcher-32) or "
         "decompression, the file is corrupted; delete it and re-run extract"
-    ), log[-5:]
+    ), proc.stderr[-3000:]
     # Snakemake removed the forced job's old output; no partial one appeared, every other result is unchanged
     del before[target]
     assert _outputs(run.workdir) == before
@@ -508,10 +509,11 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     _flip(weights, weights.stat().st_size // 2)
     target = run.workdir / "results/tiny-llama/trained/qk.h5"
     before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", "--forcerun", "extract", str(target.relative_to(run.workdir)), check=False)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "extract", check=False)
     assert proc.returncode != 0
     last = (run.workdir / "logs/extract/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
-    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), last
+    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
     assert last.endswith("re-run get_model (snakemake --forcerun get_model)"), last
     del before[target]
     assert _outputs(run.workdir) == before

@@ -71,3 +71,30 @@ def test_write_netcdf_keeps_the_old_file_when_writing_fails(tmp_path):
         write_netcdf(xr.Dataset({"a": ("x", np.array([object()]))}), path)
     assert open_dataset(path, lazy=False)["a"].values.tolist() == [0.0, 1.0, 2.0]
     assert [p.name for p in tmp_path.iterdir()] == ["x.nc"]
+
+
+def test_q_k_and_netcdf_variables_carry_checksums_and_stale_temporaries_are_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import h5py
+
+    from posgen.store import sweep_stale_temporaries
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "qk.h5"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".qk.h5.{dead.stdout.strip()}.tmp"
+    live = tmp_path / f".qk.h5.{os.getppid()}.tmp"  # another job still writing the same output
+    stale.write_bytes(b"partial")
+    live.write_bytes(b"partial")
+    with _writer(path, rng, n_samples=1) as w:  # entering the atomic write sweeps first
+        w.write_sample(0, np.ones((3, 4, 10, 8)), np.ones((3, 2, 10, 8)), np.arange(10), np.ones((2, 4, 10, 10)))
+    assert not stale.exists() and live.exists()
+    assert sweep_stale_temporaries(path) == []
+    write_netcdf(xr.Dataset({"a": ("x", np.arange(3.0)), "n": ("x", np.arange(3))}), tmp_path / "x.nc")
+    with h5py.File(path) as qk, h5py.File(tmp_path / "x.nc") as nc:
+        assert qk["q"].fletcher32 and qk["k"].fletcher32 and qk["logits_ref"].fletcher32
+        assert qk["q"].chunks == (1, 1, 4, 10, 8)  # the checksum keeps the per-(sample, layer) chunks
+        assert nc["a"].fletcher32 and nc["n"].fletcher32

@@ -47,9 +47,11 @@ def _one_line(error) -> str:
     return f"{_key_path(error)}: {error.message}{hint}"
 
 
-def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
+def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True) -> dict:
     """Validate ``config`` in place (filling schema defaults) and check cross-key rules.
 
+    ``check_paths``: also check that ``local:`` model folders and corpus files exist. Only the main Snakemake
+    process should: a cluster job re-reads the config on a node that may not see the login node's files.
     Raises ConfigError with a single line naming the key.
     """
     import jsonschema
@@ -85,9 +87,10 @@ def validate(config: dict, schema: str | Path = SCHEMA) -> dict:
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")
     _check_cross_keys(config)
-    for i, entry in enumerate(config["models"]):
-        _check_model_source(entry, f"config.models[{i}].source")
-    _check_corpus_source(config["corpus"]["source"])
+    if check_paths:
+        for i, entry in enumerate(config["models"]):
+            _check_model_source(entry, f"config.models[{i}].source")
+        _check_corpus_source(config["corpus"]["source"])
     _check_trajectory(config)
     return config
 
