@@ -116,9 +116,12 @@ def _name_the_file_on_read_errors() -> None:
     """xarray reads variables lazily, deep inside its indexing (and dask): an h5py error there (a checksum
     mismatch, a truncated file) names neither the file nor the variable. Wrap the one method every h5netcdf
     read goes through so that it does."""
-    from xarray.backends.h5netcdf_ import H5NetCDFArrayWrapper
+    try:
+        from xarray.backends.h5netcdf_ import H5NetCDFArrayWrapper
 
-    read = H5NetCDFArrayWrapper._getitem
+        read = H5NetCDFArrayWrapper._getitem
+    except (ImportError, AttributeError):  # another xarray: errors then lack the path, nothing else changes
+        return
     if getattr(read, "posgen_wrapped", False):
         return
 
