@@ -59,7 +59,7 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
     ax.set_ylabel("Pearson $r$")
     ax.set_title(f"$r$ (sink {sink}; dotted: random init)")
-    ax.legend(fontsize=5)
+    ax.legend(fontsize=4, loc="lower right")
     ax = axes[0, 1]
     for i, (name, label) in enumerate((("r2_f", "$f$ alone"), ("r2_g", "$g$ alone"))):
         ax.plot(steps, curve[name].sel(sink=sink), marker="o", ms=3, color=palette[i + 2], label=label)
@@ -89,6 +89,8 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     if np.isfinite(curve["heldout_ppl"].values).any():
         ax.plot(steps, curve["heldout_ppl"], marker="o", ms=3, color=palette[7])
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     else:
         ax.text(0.5, 0.5, "no held-out perplexity\n(hub series)", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel("held-out perplexity")
