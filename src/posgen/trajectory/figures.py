@@ -20,6 +20,7 @@ def _step_axis(ax, steps) -> None:
     ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(steps))
     ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%d"))
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlim(-0.3, max(steps) * 1.4)  # no empty negative half of the symlog axis
     ax.tick_params(axis="x", labelrotation=45)
     ax.set_xlabel("training step")
 
@@ -59,7 +60,7 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
     ax.set_ylabel("Pearson $r$")
     ax.set_title(f"$r$ (sink {sink}; dotted: random init)")
-    ax.legend(fontsize=5)
+    ax.legend(fontsize=4, loc="best")
     ax = axes[0, 1]
     for i, (name, label) in enumerate((("r2_f", "$f$ alone"), ("r2_g", "$g$ alone"))):
         ax.plot(steps, curve[name].sel(sink=sink), marker="o", ms=3, color=palette[i + 2], label=label)
@@ -89,6 +90,8 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     if np.isfinite(curve["heldout_ppl"].values).any():
         ax.plot(steps, curve["heldout_ppl"], marker="o", ms=3, color=palette[7])
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     else:
         ax.text(0.5, 0.5, "no held-out perplexity\n(hub series)", ha="center", va="center", transform=ax.transAxes)
     ax.set_ylabel("held-out perplexity")
@@ -98,7 +101,7 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax.plot(steps, diff, marker="o", ms=3, color=palette[0])
     ax.axhline(0.0, ls=":", lw=0.8, color="0.3")
     ax.set_ylabel("mean $r$: A minus B")
-    ax.set_title("mean-key construction vs additive fit")
+    ax.set_title("mean-key (A) vs additive fit (B)")
     for ax in axes.ravel():
         _step_axis(ax, steps)
     return fig

@@ -149,7 +149,19 @@ def save_checkpoint(model, tokenizer, dest: Path, step: int, seed: int) -> dict:
 
 def train_trajectory(text: str, dest: str | Path, train: dict, *, progress: bool = True) -> xr.Dataset:
     """Train the ``train`` model on ``text`` and save its checkpoints into ``dest``; returns the training log
-    (held-out perplexity per checkpoint ``step``, training loss and learning rate per ``train_step``)."""
+    (held-out perplexity per checkpoint ``step``, training loss and learning rate per ``train_step``).
+
+    Runs under ``torch.use_deterministic_algorithms(True)``; the caller's setting is restored afterwards.
+    """
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(text, dest, train, progress)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+
+
+def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Dataset:
     from transformers import AutoConfig
 
     from posgen.models import init_weights
@@ -172,7 +184,6 @@ def train_trajectory(text: str, dest: str | Path, train: dict, *, progress: bool
     llama_config(train, tokenizer).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     config = AutoConfig.from_pretrained(dest)
-    torch.use_deterministic_algorithms(True)
     model = init_weights(config, seed, dtype=torch.float32, trust_remote_code=False)
     model.train()
 
