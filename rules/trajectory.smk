@@ -4,6 +4,7 @@
 # the per-step table and the trajectory figures, and the named target `trajectory`. Rule `all` never asks for
 # any of it.
 
+
 # Output beside the acquired models' layout: resources/models/<name>/{config,tokenizer,manifest.json,step<N>/}.
 rule train_trajectory:
     output:
@@ -99,4 +100,9 @@ localrules:
 rule trajectory:
     input:
         expand(rules.trajectory_table.output, model=TRAJECTORY_MODELS),
-        [path for row in TRAJECTORY_FIGURES.values() for ext in ("png", "pdf") for path in row.paths({"model": TRAJECTORY_MODELS}, ext)],
+        [
+            path
+            for row in TRAJECTORY_FIGURES.values()
+            for ext in ("png", "pdf")
+            for path in row.paths({"model": TRAJECTORY_MODELS}, ext)
+        ],
