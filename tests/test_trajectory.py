@@ -51,7 +51,7 @@ def _with_trajectory(config: dict, *entries, rates=(0, 0.05, 0.2)) -> dict:
     config = copy.deepcopy(config)
     config["perturb"]["rates"] = list(rates)
     config["trajectory"] = {"models": list(entries)}
-    return validate(config)
+    return validate(config, check_paths=False)  # the trajectory rules under test, not the fake model folder
 
 
 def _train_entry(name="tiny-rope", **train):
@@ -213,7 +213,7 @@ def trajectory_run(tmp_path_factory, tiny_source):
     commits = _fake_hub_cache(workdir / "hf-cache", tiny_source("llama"), {"step0": 1, "step10": 2})
     config = tiny_config(tiny_source("llama"))
     config["n_samples"], config["seq_len"] = 2, 32
-    config["perturb"].update(n_samples=2, seq_len=16, rates=[0, 0.05, 0.2])
+    config["perturb"].update(n_samples=2, seq_len=16, rates=[0, 0.05, 0.2], caps=[4, 8])  # caps below seq_len
     config["trajectory"] = {
         "models": [
             _train_entry(),
