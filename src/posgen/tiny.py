@@ -13,23 +13,11 @@ import torch
 
 
 def _tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+    """A byte-level BPE trained on the first 200 k characters of the embedded corpus."""
     from posgen.corpus import load_text
+    from posgen.trajectory.train import train_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<bos>", "<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    text = load_text("embedded")
-    tok.train_from_iterator([text[i : i + 10_000] for i in range(0, 200_000, 10_000)], trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
+    return train_tokenizer(load_text("embedded")[:200_000], vocab_size)
 
 
 def _family_config(arch: str, common: dict):
