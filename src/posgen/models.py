@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -154,11 +155,7 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
     """
     dest = Path(dest)
     kind, _, spec = source.partition(":")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_work_folders(dest)
-    # the pid in the name lets a later run tell a killed acquisition's folder from a running one's
-    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", dir=dest.parent))
-    try:
+    with staged_folder(dest) as work:
         if kind == "embedded":
             revision = _acquire_embedded(spec, work)
         elif kind == "hf":
@@ -173,14 +170,42 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
             raise ModelSourceError(
                 f"{source}: config.json asks for custom code (auto_map); set trust_remote_code: true to allow it"
             )
-        manifest = {
-            "source": source,
-            "revision": revision,
-            "trust_remote_code": trust_remote_code,
-            "architecture": (config.get("architectures") or [config.get("model_type")])[0],
-            "files": {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()},
-        }
-        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest = write_manifest(
+            work,
+            {
+                "source": source,
+                "revision": revision,
+                "trust_remote_code": trust_remote_code,
+                "architecture": (config.get("architectures") or [config.get("model_type")])[0],
+            },
+        )
+    return manifest
+
+
+def file_hashes(folder: Path) -> dict:
+    """sha256 of every file of ``folder`` but its manifest, by name: what a manifest records."""
+    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def write_manifest(folder: Path, manifest: dict) -> dict:
+    """Write ``folder/manifest.json``: ``manifest`` plus the sha256 of the folder's files; returns it."""
+    manifest = {**manifest, "files": file_hashes(folder)}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+@contextmanager
+def staged_folder(dest: Path):
+    """Yield a hidden work folder beside ``dest`` that becomes ``dest`` only when the block succeeds.
+
+    A failed block leaves nothing; a killed job's folder (its pid is in the name) is swept by the next job for
+    the same ``dest``. The finished folder follows the umask (:func:`follow_umask`).
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale_work_folders(dest)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.{os.getpid()}.", dir=dest.parent))
+    try:
+        yield work
         follow_umask(work)
         if dest.exists():
             shutil.rmtree(dest)
@@ -188,7 +213,6 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
     finally:
         if work.exists():
             shutil.rmtree(work)
-    return manifest
 
 
 def follow_umask(folder: Path) -> None:
@@ -281,10 +305,8 @@ def acquire_series(
         "architecture": steps[revision_variant(revisions[-1])]["architecture"],
         "revisions": {variant: m["revision_name"] for variant, m in steps.items()},
         "commits": {variant: m["revision"] for variant, m in steps.items()},
-        "files": {p.name: sha256_file(p) for p in sorted(dest.iterdir()) if p.is_file() and p.name != "manifest.json"},
     }
-    (dest / "manifest.json").write_text(json.dumps(series, indent=2) + "\n")
-    return series
+    return write_manifest(dest, series)
 
 
 def read_manifest(model_dir: str | Path) -> dict:

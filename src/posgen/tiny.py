@@ -20,6 +20,23 @@ def _tokenizer(vocab_size: int):
     return train_tokenizer(load_text("embedded")[:200_000], vocab_size)
 
 
+def _mla(two: dict) -> dict:
+    """DeepSeek's multi-head latent attention and MoE at tiny size (head dims replace ``head_dim``)."""
+    return dict(
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        **{k: v for k, v in two.items() if k != "head_dim"},
+    )
+
+
 def _family_config(arch: str, common: dict):
     """The transformers config of one tiny family (2 layers unless the family needs more to show a feature)."""
     import transformers as tf
@@ -116,35 +133,9 @@ def _family_config(arch: str, common: dict):
             vocab_size=common["vocab_size"], hidden_size=64, num_hidden_layers=2, num_attention_heads=4
         )
     if arch == "deepseek-v2":  # MLA without the low-rank query (q_proj), complex-number RoPE
-        return tf.DeepseekV2Config(
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-            **{k: v for k, v in two.items() if k != "head_dim"},
-        )
+        return tf.DeepseekV2Config(q_lora_rank=None, **_mla(two))
     if arch == "deepseek-v3":  # MLA: [nope | rope] heads, one RoPE key shared by all heads
-        return tf.DeepseekV3Config(
-            kv_lora_rank=16,
-            q_lora_rank=16,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-            **{k: v for k, v in two.items() if k != "head_dim"},
-        )
+        return tf.DeepseekV3Config(q_lora_rank=16, **_mla(two))
     raise ValueError(f"unknown tiny architecture {arch!r} (have {', '.join(ARCHITECTURES)})")
 
 

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,6 +24,7 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.config import TRAIN_SOURCE
+from posgen.models import staged_folder, write_manifest
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -115,35 +113,23 @@ def mean_nll(model, windows: torch.Tensor) -> float:
     return float(loss)
 
 
-def _sha256_files(folder: Path) -> dict:
-    from posgen.models import sha256_file
-
-    return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "manifest.json"}
-
-
 def save_checkpoint(model, tokenizer, dest: Path, step: int, seed: int) -> dict:
-    """``dest/step<N>/``: safetensors + config + tokenizer + manifest, appearing under its name only when complete."""
-    final = dest / f"step{step}"
-    work = Path(tempfile.mkdtemp(prefix=f".step{step}.", dir=dest))
-    try:
+    """``dest/step<N>/``: safetensors + config + tokenizer + manifest, appearing under its name only when complete
+    (staged like an acquired model: :func:`posgen.models.staged_folder`)."""
+    with staged_folder(dest / f"step{step}") as work:
         model.save_pretrained(work, safe_serialization=True)
         tokenizer.save_pretrained(work)
-        manifest = {
-            "source": TRAIN_SOURCE,
-            "revision": f"step{step}",
-            "trust_remote_code": False,
-            "architecture": ARCHITECTURE,
-            "train_seed": seed,
-            "step": step,
-            "files": _sha256_files(work),
-        }
-        (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(work, final)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
+        manifest = write_manifest(
+            work,
+            {
+                "source": TRAIN_SOURCE,
+                "revision": f"step{step}",
+                "trust_remote_code": False,
+                "architecture": ARCHITECTURE,
+                "train_seed": seed,
+                "step": step,
+            },
+        )
     return manifest
 
 
@@ -253,9 +239,8 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
         "architecture": ARCHITECTURE,
         "revisions": {variant: variant for variant in manifests},
         "steps": {variant: m["files"] for variant, m in manifests.items()},
-        "files": _sha256_files(dest),
     }
-    (dest / "manifest.json").write_text(json.dumps(series, indent=2) + "\n")
+    write_manifest(dest, series)
     return log
 
 
