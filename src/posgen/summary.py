@@ -66,10 +66,6 @@ def _pooled(suff: np.ndarray) -> np.ndarray:
     return pearson_from_sums(*(total[..., i] for i in range(len(SUFF))))
 
 
-def _variant_order(variant: str) -> tuple[int, int]:
-    return variant_order(variant)  # trained first, then random-init seeds, then checkpoints step<N>, numerically
-
-
 def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:
     """{model: {variant: dataset}} from decomposition.nc files, keyed by their ``model`` / ``variant`` attrs."""
     out: dict[str, dict[str, xr.Dataset]] = {}
@@ -119,7 +115,7 @@ def _distance_text(ds: xr.Dataset) -> str:
 
 def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, seed: int):
     """(rows of summary.csv, summary.nc dataset) for one model."""
-    variants = sorted(by_variant, key=_variant_order)
+    variants = sorted(by_variant, key=variant_order)  # trained, random-init seeds, then step<N>
     first = by_variant[variants[0]]
     types = decomposition_layer_types(first)
     for v in variants[1:]:
