@@ -524,6 +524,7 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
 
 FAULT_SCRIPT = """
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -533,8 +534,12 @@ from _common import setup
 out = Path({out!r})
 setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
+import posgen.extract
 from posgen.extract import extract
 
+# pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
+_tqdm = posgen.extract.tqdm
+posgen.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
 extract({model!r}, {windows!r}, out, model_name="tiny", variant="trained")
 """
 
@@ -582,8 +587,8 @@ def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extr
     while not list(tmp_path.glob(".qk.h5.*.tmp")):
         assert proc.poll() is None and time.monotonic() < deadline, "extraction ended before it could be killed"
         time.sleep(0.05)
-    time.sleep(0.3)  # a few windows into the file
-    assert proc.poll() is None, "extraction finished before the kill: give it more windows"
+    time.sleep(0.3)  # a few windows into the file; the paced run takes 7.5 s
+    assert proc.poll() is None, "extraction finished before the kill"
     proc.send_signal(signum)
     proc.wait(timeout=60)
     assert not out.exists()
