@@ -14,6 +14,7 @@ from posgen.config import (  # noqa: E402
     validate as validate_config,
     variants,
 )
+from posgen.shards import shard_names, shard_of  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE, TRAJECTORY_FIGURES  # noqa: E402
 from posgen.trajectory import heatmap_variants  # noqa: E402
 
@@ -33,6 +34,16 @@ VARIANTS = variants(config)
 TRAJECTORY_MODELS = trajectory_models(config)
 TARGETS = []
 
+# Shards (config `shards`, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split into
+# contiguous ranges `<start>-<stop>`, one job each; rule gather merges them along `sample`. The fused path
+# (extract.analysis) computes decomposition.nc and bands.nc inside each extraction job.
+FUSED = config["extract"]["analysis"] == "fused"
+SHARDS = shard_names(config["n_samples"], config["shards"])
+PERTURB_SHARDS = shard_names(config["perturb"]["n_samples"], min(config["shards"], config["perturb"]["n_samples"]))
+SHARD_DIR = "results/{model}/{variant}/shards/{shard}"
+# the shard whose qk.h5 holds the example heads' window
+FIGURE_SHARD = shard_of(config["figures"]["sample"], config["n_samples"], config["shards"])
+
 # The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
 # `config_hash` covers exactly these plus its own model's `models` entry, so editing any other key (a figure
 # setting, another model) neither changes the hash nor reruns the job. Rules pass leaves, not whole sections:
@@ -48,6 +59,9 @@ EXTRACT_LEAVES = [
     "extract.transparency_tokens",
     "extract.transparency_rtol",
     "extract.compression",
+    "extract.analysis",
+    "extract.keep_qk",
+    "extract.qk_dtype",
 ]
 DECOMPOSE_LEAVES = [
     "decomposition.dummy_distances",
@@ -57,6 +71,8 @@ DECOMPOSE_LEAVES = [
     "device",
 ]
 BANDS_LEAVES = []
+# the fused extraction also reads what the decompose and bands jobs read
+FUSED_LEAVES = EXTRACT_LEAVES + DECOMPOSE_LEAVES + BANDS_LEAVES if FUSED else EXTRACT_LEAVES
 INTERVAL_LEAVES = ["intervals.bootstrap", "intervals.seed"]
 PERTURB_LEAVES = [
     "perturb.n_samples",
@@ -82,6 +98,7 @@ EXAMPLES_LEAVES = ["figures.sample", "figures.map_tokens", "figures.pool_pairs",
 wildcard_constraints:
     model="|".join(re.escape(m) for m in MODELS + TRAJECTORY_MODELS),
     variant=r"trained|random-seed\d+|step\d+",
+    shard=r"\d+-\d+",
 
 
 def over_variants(template):
@@ -91,6 +108,12 @@ def over_variants(template):
         return expand(template, model=wildcards.model, variant=variants(config, wildcards.model))
 
     return paths
+
+
+def shard_files(wildcards):
+    """The per-shard files of a gathered table: perturb and cap over the perturbation windows' shards."""
+    shards = PERTURB_SHARDS if wildcards.table in ("perturb", "cap") else SHARDS
+    return expand(f"{SHARD_DIR}/{{table}}.nc", shard=shards, **wildcards)
 
 
 def hash_of(leaves, per_model=True):

@@ -1,54 +1,81 @@
-rule decompose:
-    input:
-        qk=rules.extract.output.qk,
-    output:
-        decomposition="results/{model}/{variant}/decomposition.nc",
-    log:
-        "logs/decompose/{model}/{variant}.log",
-    benchmark:
-        "benchmarks/decompose/{model}/{variant}.tsv"
-    conda:
-        "../envs/posgen.yaml"
-    threads: 2
-    resources:
-        mem_mb=4000,
-        runtime=120,
-    params:
-        dummy_distances=config["decomposition"]["dummy_distances"],
-        dummy_distance=config["decomposition"]["dummy_distance"],
-        lstsq_tol=config["decomposition"]["lstsq_tol"],
-        bound_samples=config["decomposition"]["bound_samples"],
-        device=config["device"],
-        config_hash=hash_of(DECOMPOSE_LEAVES),
-    script:
-        "../workflow_scripts/decompose.py"
+# The store path (extract.analysis: store): the decomposition and band statistics of each shard, read back from
+# its qk.h5. The fused path writes the same files from the extraction job (rules/extract.smk).
+if not FUSED:
+
+    rule decompose:
+        input:
+            qk=rules.extract.output.qk,
+        output:
+            decomposition=f"{SHARD_DIR}/decomposition.nc",
+        log:
+            "logs/decompose/{model}/{variant}/{shard}.log",
+        benchmark:
+            "benchmarks/decompose/{model}/{variant}/{shard}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 2
+        resources:
+            mem_mb=4000,
+            runtime=120,
+        params:
+            dummy_distances=config["decomposition"]["dummy_distances"],
+            dummy_distance=config["decomposition"]["dummy_distance"],
+            lstsq_tol=config["decomposition"]["lstsq_tol"],
+            bound_samples=config["decomposition"]["bound_samples"],
+            device=config["device"],
+            config_hash=hash_of(DECOMPOSE_LEAVES),
+        script:
+            "../workflow_scripts/decompose.py"
+
+    rule bands:
+        input:
+            qk=rules.extract.output.qk,
+        output:
+            bands=f"{SHARD_DIR}/bands.nc",
+        log:
+            "logs/bands/{model}/{variant}/{shard}.log",
+        benchmark:
+            "benchmarks/bands/{model}/{variant}/{shard}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=30,
+        params:
+            config_hash=hash_of(BANDS_LEAVES),
+        script:
+            "../workflow_scripts/bands.py"
 
 
-rule bands:
+localrules:
+    gather,
+
+
+# The shards' NetCDFs merged along `sample` (bands: averaged, weighted by windows): the unsharded file.
+rule gather:
     input:
-        qk=rules.extract.output.qk,
+        shard_files,
     output:
-        bands="results/{model}/{variant}/bands.nc",
+        "results/{model}/{variant}/{table}.nc",
     log:
-        "logs/bands/{model}/{variant}.log",
-    benchmark:
-        "benchmarks/bands/{model}/{variant}.tsv"
+        "logs/gather/{model}/{variant}/{table}.log",
+    wildcard_constraints:
+        table="decomposition|bands|perturb|cap",
     conda:
         "../envs/posgen.yaml"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    params:
-        config_hash=hash_of(BANDS_LEAVES),
     script:
-        "../workflow_scripts/bands.py"
+        "../workflow_scripts/gather.py"
+
+
+DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
+BANDS = "results/{model}/{variant}/bands.nc"
 
 
 # One job per model, so that adding a model leaves the others' summaries (and their figures) alone.
 rule summarize:
     input:
-        decomposition=over_variants(rules.decompose.output.decomposition),
+        decomposition=over_variants(DECOMPOSITION),
     output:
         csv="results/{model}/summary.csv",
         nc="results/{model}/summary.nc",
@@ -88,7 +115,7 @@ rule summary_table:
         "../workflow_scripts/summary_table.py"
 
 
-TARGETS.extend(expand(rules.decompose.output.decomposition, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(rules.bands.output.bands, model=MODELS, variant=VARIANTS))
+TARGETS.extend(expand(DECOMPOSITION, model=MODELS, variant=VARIANTS))
+TARGETS.extend(expand(BANDS, model=MODELS, variant=VARIANTS))
 TARGETS.extend(expand(rules.summarize.output.nc, model=MODELS))
 TARGETS.extend(rules.summary_table.output)

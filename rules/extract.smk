@@ -1,13 +1,31 @@
+# One extraction job per shard of windows. The fused path (extract.analysis: fused) also writes the shard's
+# decomposition.nc and bands.nc, and q/k of the first extract.keep_qk windows only; the store path writes every
+# window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
+
+FUSED_OUTPUT = {"decomposition": f"{SHARD_DIR}/decomposition.nc", "bands": f"{SHARD_DIR}/bands.nc"} if FUSED else {}
+FUSED_PARAMS = (
+    {
+        "dummy_distances": config["decomposition"]["dummy_distances"],
+        "dummy_distance": config["decomposition"]["dummy_distance"],
+        "lstsq_tol": config["decomposition"]["lstsq_tol"],
+        "bound_samples": config["decomposition"]["bound_samples"],
+    }
+    if FUSED
+    else {}
+)
+
+
 rule extract:
     input:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        qk="results/{model}/{variant}/qk.h5",
+        **FUSED_OUTPUT,
+        qk=f"{SHARD_DIR}/qk.h5",
     log:
-        "logs/extract/{model}/{variant}.log",
+        "logs/extract/{model}/{variant}/{shard}.log",
     benchmark:
-        "benchmarks/extract/{model}/{variant}.tsv"
+        "benchmarks/extract/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 2
@@ -15,6 +33,7 @@ rule extract:
         mem_mb=8000,
         runtime=60,
     params:
+        **FUSED_PARAMS,
         dtype=config["dtype"],
         device=config["device"],
         ref_samples=config["extract"]["ref_samples"],
@@ -24,9 +43,11 @@ rule extract:
         transparency_tokens=config["extract"]["transparency_tokens"],
         transparency_rtol=config["extract"]["transparency_rtol"],
         compression=config["extract"]["compression"],
-        config_hash=hash_of(EXTRACT_LEAVES),
+        keep_qk=config["extract"]["keep_qk"] if FUSED else "all",
+        qk_dtype=config["extract"]["qk_dtype"],
+        config_hash=hash_of(FUSED_LEAVES),
     script:
         "../workflow_scripts/extract.py"
 
 
-TARGETS.extend(expand(rules.extract.output.qk, model=MODELS, variant=VARIANTS))
+TARGETS.extend(expand(rules.extract.output.qk, model=MODELS, variant=VARIANTS, shard=SHARDS))

@@ -5,8 +5,8 @@
 
 rule example_heads:
     input:
-        qk=rules.extract.output.qk,
-        decomposition=rules.decompose.output.decomposition,
+        qk=expand(rules.extract.output.qk, shard=FIGURE_SHARD, allow_missing=True)[0],
+        decomposition=DECOMPOSITION,
     output:
         examples="results/{model}/{variant}/examples.nc",
     log:

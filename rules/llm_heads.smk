@@ -9,7 +9,7 @@ rule llm_heads:
     input:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
-        decomposition=rules.decompose.output.decomposition,
+        decomposition=DECOMPOSITION,
     output:
         nc="results/{model}/{variant}/head_ablation.nc",
     log:

@@ -1,5 +1,6 @@
 # Position-generalisation experiments (docs/method.md section 7): perturbed token order / position ids, and
-# LM-Infinite style RoPE distance capping. Logic in posgen.perturb.
+# LM-Infinite style RoPE distance capping, one job per shard of the perturbation windows (rule gather merges them).
+# Logic in posgen.perturb.
 
 
 rule perturb:
@@ -7,11 +8,11 @@ rule perturb:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc="results/{model}/{variant}/perturb.nc",
+        nc=f"{SHARD_DIR}/perturb.nc",
     log:
-        "logs/perturb/{model}/{variant}.log",
+        "logs/perturb/{model}/{variant}/{shard}.log",
     benchmark:
-        "benchmarks/perturb/{model}/{variant}.tsv"
+        "benchmarks/perturb/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 2
@@ -37,11 +38,11 @@ rule cap:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc="results/{model}/{variant}/cap.nc",
+        nc=f"{SHARD_DIR}/cap.nc",
     log:
-        "logs/cap/{model}/{variant}.log",
+        "logs/cap/{model}/{variant}/{shard}.log",
     benchmark:
-        "benchmarks/cap/{model}/{variant}.tsv"
+        "benchmarks/cap/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 2
@@ -60,5 +61,8 @@ rule cap:
         "../workflow_scripts/cap.py"
 
 
-TARGETS.extend(expand(rules.perturb.output.nc, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(rules.cap.output.nc, model=MODELS, variant=VARIANTS))
+PERTURB = "results/{model}/{variant}/perturb.nc"
+CAP = "results/{model}/{variant}/cap.nc"
+
+TARGETS.extend(expand(PERTURB, model=MODELS, variant=VARIANTS))
+TARGETS.extend(expand(CAP, model=MODELS, variant=VARIANTS))

@@ -38,8 +38,8 @@ ruleorder: train_trajectory > get_model
 rule trajectory_table:
     input:
         summary=rules.summarize.output.csv,
-        bands=over_variants(rules.bands.output.bands),
-        perturb=over_variants(rules.perturb.output.nc),
+        bands=over_variants(BANDS),
+        perturb=over_variants(PERTURB),
         training=training_log,
     output:
         csv="results/{model}/trajectory.csv",

@@ -50,6 +50,7 @@ def tiny_config(source_dir: Path, name: str = "tiny-llama") -> dict:
         "models": [{"name": name, "source": f"local:{source_dir}"}],
         "corpus": {"source": "embedded"},
         "n_samples": 3,
+        "shards": 2,
         "seq_len": 48,
         "window_seed": 0,
         "random_init_seeds": [0],

@@ -38,7 +38,7 @@ def store(tmp_path):
     theta = np.array([[1.0, 0.01], [1.0, 0.0]], np.float32)
     with QKWriter(
         tmp_path / "qk.h5",
-        n_samples=N,
+        samples=range(N),
         n_layers=L,
         n_heads=H,
         n_kv_heads=1,

@@ -308,7 +308,7 @@ def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
     N, L, H, T, d = q.shape
     with QKWriter(
         path,
-        n_samples=N,
+        samples=range(N),
         n_layers=L,
         n_heads=H,
         n_kv_heads=k.shape[2],

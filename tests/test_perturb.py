@@ -12,6 +12,7 @@ from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.method_a import Terms, matched_pairs, method_a_terms
 from posgen.models import acquire, load_model
 from posgen.perturb import cap_job, perturb_job, run_caps, run_perturbations
+from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 
 T = 40
@@ -393,3 +394,16 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
         assert key in p.attrs and key in c.attrs
     with pytest.raises(ValueError, match="perturb.seq_len: 64 exceeds"):
         cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "x.nc", distance_caps=[4], **{**common, "seq_len": 64})
+    # one job per shard, gathered along sample: the unsharded files (the draws are seeded by global window index)
+    for name, job, options in (
+        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5}),
+        ("cap.nc", cap_job, {"distance_caps": [4, 64]}),
+    ):
+        parts = [tmp_path / f"shard{start}" / name for start in (0, 1)]
+        for start, part in enumerate(parts):
+            job(model_dir, tmp_path / "windows.h5", part, samples=(start, start + 1), **options, **common)
+        got = gather(parts, tmp_path / "gathered" / name)
+        want = open_dataset(tmp_path / name, lazy=False)
+        assert got["sample"].values.tolist() == [0, 1]
+        for var in want.data_vars:
+            np.testing.assert_allclose(got[var].values, want[var].values, rtol=1e-5, atol=1e-6, err_msg=var)

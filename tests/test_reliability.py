@@ -485,14 +485,16 @@ def _outputs(workdir: Path) -> dict:
 
 def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_workflow):
     run = damaged_workflow
-    qk = run.workdir / "results/tiny-llama/trained/qk.h5"
+    qk = run.workdir / "results/tiny-llama/trained/shards/0-2/qk.h5"  # the kept window the example heads read
     _flip(qk, _chunk_offset(qk, "q", 0) + 64)
-    target = run.workdir / "results/tiny-llama/trained/decomposition.nc"
+    target = run.workdir / "results/tiny-llama/trained/examples.nc"
     before = _outputs(run.workdir)
     # the target between single-valued options: --configfile and --forcerun take every value that follows them
-    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "decompose", check=False)
+    proc = run.snakemake(
+        "--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "example_heads", check=False
+    )
     assert proc.returncode != 0
-    last = (run.workdir / "logs/decompose/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
+    last = (run.workdir / "logs/figures/tiny-llama/trained/example_heads.log").read_text().strip().splitlines()[-1]
     assert last.startswith("StoreError: ") and last.endswith(
         f"{qk.relative_to(run.workdir)}: variable q: data fail their checksum (Fletcher-32) or "
         "decompression, the file is corrupted; delete it and re-run extract"
@@ -507,15 +509,17 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     run = damaged_workflow
     weights = run.workdir / "resources/models/tiny-llama/model.safetensors"
     _flip(weights, weights.stat().st_size // 2)
-    target = run.workdir / "results/tiny-llama/trained/qk.h5"
+    shard = run.workdir / "results/tiny-llama/trained/shards/0-2"
+    target = shard / "qk.h5"
     before = _outputs(run.workdir)
     # the target between single-valued options: --configfile and --forcerun take every value that follows them
     proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "extract", check=False)
     assert proc.returncode != 0
-    last = (run.workdir / "logs/extract/tiny-llama/trained.log").read_text().strip().splitlines()[-1]
+    last = (run.workdir / "logs/extract/tiny-llama/trained/0-2.log").read_text().strip().splitlines()[-1]
     assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
     assert last.endswith("re-run get_model (snakemake --forcerun get_model)"), last
-    del before[target]
+    for name in ("qk.h5", "decomposition.nc", "bands.nc"):  # the forced job's outputs (fused path)
+        del before[shard / name]
     assert _outputs(run.workdir) == before
     assert not list(run.workdir.rglob(".*.tmp"))
 

@@ -15,7 +15,7 @@ def _writer(path, rng, n_samples=2):
     }
     return QKWriter(
         path,
-        n_samples=n_samples,
+        samples=range(n_samples),
         n_layers=3,
         n_heads=4,
         n_kv_heads=2,

@@ -204,7 +204,7 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
     theta[2] = 0.0
     with QKWriter(
         tmp_path / "qk.h5",
-        n_samples=N,
+        samples=range(N),
         n_layers=L,
         n_heads=H,
         n_kv_heads=1,

@@ -3,26 +3,86 @@
 import copy
 import re
 
+import numpy as np
 import yaml
 from conftest import WorkflowRun, make_run, tiny_config
 
 from posgen.store import open_dataset
 
+SHARDS = ("0-2", "2-3")  # tiny_config: 3 windows in 2 shards; perturbation: 2 windows in 2 shards
 
-def test_tiny_run_produces_every_extraction(tiny_workflow):
+
+def test_tiny_run_extracts_one_job_per_shard(tiny_workflow):
     for variant in ["trained", "random-seed0"]:
-        ds = open_dataset(tiny_workflow.workdir / f"results/tiny-llama/{variant}/qk.h5")
-        assert ds.sizes["sample"] == 3 and ds.sizes["token"] == 48
-        assert ds.attrs["self_check_max_rel_error"] <= 1e-4
-        assert ds.attrs["variant"] == variant and len(ds.attrs["config_hash"]) == 16
+        # the fused path keeps the first window's q/k (extract.keep_qk: 1); the second shard keeps none
+        kept = {
+            shard: open_dataset(tiny_workflow.workdir / f"results/tiny-llama/{variant}/shards/{shard}/qk.h5")
+            for shard in SHARDS
+        }
+        assert kept["0-2"]["sample"].values.tolist() == [0] and kept["2-3"].sizes["sample"] == 0
+        for ds in kept.values():
+            assert ds.sizes["token"] == 48
+            assert ds.attrs["self_check_max_rel_error"] <= 1e-4  # every shard checks its first window
+            assert ds.attrs["variant"] == variant and len(ds.attrs["config_hash"]) == 16
     logs = sorted(
         p.relative_to(tiny_workflow.workdir).as_posix() for p in (tiny_workflow.workdir / "logs").rglob("*.log")
     )
-    assert "logs/extract/tiny-llama/trained.log" in logs
+    for shard in SHARDS:
+        assert f"logs/extract/tiny-llama/trained/{shard}.log" in logs
+    assert {"logs/perturb/tiny-llama/trained/0-1.log", "logs/cap/tiny-llama/trained/1-2.log"} <= set(logs)
+    assert "decompose" not in {log.split("/")[1] for log in logs}  # the fused path has no decompose job
     assert (
         "extract tiny-llama/trained: 100%"
-        in (tiny_workflow.workdir / logs[logs.index("logs/extract/tiny-llama/trained.log")]).read_text()
+        in (tiny_workflow.workdir / "logs/extract/tiny-llama/trained/2-3.log").read_text()
     )
+
+
+def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_path):
+    """The workflow's gathered outputs (two shards, fused path) against the store path run here on all windows."""
+    from posgen.bands import band_stats
+    from posgen.config import load
+    from posgen.decompose import decompose_store
+    from posgen.extract import extract
+    from posgen.perturb import cap_job, perturb_job
+
+    config = load(tiny_workflow.configfile)
+    assert config["shards"] == 2 and config["extract"]["analysis"] == "fused"
+    work, results = tiny_workflow.workdir, tiny_workflow.workdir / "results" / "tiny-llama"
+    model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
+    dec, per = config["decomposition"], config["perturb"]
+    common = {"model_name": "tiny-llama", "variant": "trained", "device": "cpu"}
+    extract(model, windows, tmp_path / "qk.h5", ref_samples=[0], ref_layers=[0, -1], **common)
+    want = {
+        "decomposition.nc": decompose_store(
+            tmp_path / "qk.h5",
+            tmp_path / "decomposition.nc",
+            dummy_distances=dec["dummy_distances"],
+            dummy_distance=dec["dummy_distance"],
+            lstsq_tol=dec["lstsq_tol"],
+            bound_samples=dec["bound_samples"],
+            device="cpu",
+            progress=False,
+        ),
+        "bands.nc": band_stats(tmp_path / "qk.h5", tmp_path / "bands.nc", progress=False),
+    }
+    options = {
+        "n_samples": per["n_samples"],
+        "seq_len": per["seq_len"],
+        "dummy_distance": dec["dummy_distance"],
+        **common,
+    }
+    want["perturb.nc"] = perturb_job(
+        model, windows, tmp_path / "perturb.nc", rates=per["rates"], seed=per["seed"], jitter=per["jitter"], **options
+    )
+    want["cap.nc"] = cap_job(model, windows, tmp_path / "cap.nc", distance_caps=per["caps"], **options)
+    for name, expected in want.items():
+        got = open_dataset(results / "trained" / name, lazy=False)
+        assert got.attrs["shards"] == ",".join(SHARDS if name in ("decomposition.nc", "bands.nc") else ("0-1", "1-2"))
+        assert set(got.data_vars) == set(expected.data_vars), name
+        for var in expected.data_vars:
+            np.testing.assert_allclose(
+                got[var].values, expected[var].values, rtol=1e-5, atol=1e-6, err_msg=f"{name} {var}"
+            )
 
 
 def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
@@ -53,7 +113,16 @@ def test_bad_config_stops_snakemake_with_one_line_naming_the_key(tmp_path, tiny_
 
 
 # Steps whose jobs cost model forward passes (or read their outputs per model and variant).
-UPSTREAM = {"get_model", "windows", "extract", "decompose", "bands", "perturb", "cap", "example_heads", "llm_heads"}
+UPSTREAM = {
+    "get_model",
+    "windows",
+    "extract",
+    "gather",
+    "perturb",
+    "cap",
+    "example_heads",
+    "llm_heads",
+}  # fused path: no decompose, bands
 # the second family's jobs before its summary (which reads the interval settings)
 SYNTHETIC_UPSTREAM = {
     "synthetic_tasks",

@@ -4,6 +4,7 @@ from _common import setup
 
 setup(snakemake, uses_torch=True)
 from posgen.perturb import cap_job  # noqa: E402
+from posgen.shards import parse_shard  # noqa: E402
 
 p = snakemake.params
 cap_job(
@@ -18,5 +19,6 @@ cap_job(
     dummy_distance=p.dummy_distance,
     dtype=p.dtype,
     device=p.device,
+    samples=parse_shard(snakemake.wildcards.shard),
     config_hash=p.config_hash,
 )

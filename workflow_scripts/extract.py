@@ -4,12 +4,30 @@ from _common import setup
 
 setup(snakemake, uses_torch=True)
 from posgen.extract import extract  # noqa: E402
+from posgen.fused import Analysis  # noqa: E402
+from posgen.shards import parse_shard  # noqa: E402
 
 p = snakemake.params
+out = snakemake.output
+# the fused path when the rule writes the statistics too (extract.analysis: fused)
+analysis = (
+    Analysis(
+        decomposition_path=out.decomposition,
+        bands_path=out.bands,
+        dummy_distances=p.dummy_distances,
+        dummy_distance=p.dummy_distance,
+        device=p.device,
+        lstsq_tol=p.lstsq_tol,
+        bound_samples=p.bound_samples,
+        config_hash=p.config_hash,
+    )
+    if "decomposition" in out.keys()
+    else None
+)
 extract(
     Path(snakemake.input.manifest).parent,
     snakemake.input.windows,
-    snakemake.output.qk,
+    out.qk,
     model_name=snakemake.wildcards.model,
     variant=snakemake.wildcards.variant,
     dtype=p.dtype,
@@ -21,5 +39,9 @@ extract(
     transparency_tokens=p.transparency_tokens,
     transparency_rtol=p.transparency_rtol,
     compression=p.compression,
+    samples=parse_shard(snakemake.wildcards.shard),
+    keep_qk=None if p.keep_qk == "all" else p.keep_qk,
+    qk_dtype=p.qk_dtype,
+    analysis=analysis,
     config_hash=p.config_hash,
 )

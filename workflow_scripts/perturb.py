@@ -4,6 +4,7 @@ from _common import setup
 
 setup(snakemake, uses_torch=True)
 from posgen.perturb import perturb_job  # noqa: E402
+from posgen.shards import parse_shard  # noqa: E402
 
 p = snakemake.params
 perturb_job(
@@ -20,5 +21,6 @@ perturb_job(
     dummy_distance=p.dummy_distance,
     dtype=p.dtype,
     device=p.device,
+    samples=parse_shard(snakemake.wildcards.shard),
     config_hash=p.config_hash,
 )

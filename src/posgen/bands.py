@@ -38,51 +38,69 @@ def _ratio(var: np.ndarray, mean_sq: np.ndarray) -> np.ndarray:
         return var / mean_sq
 
 
+class BandTable:
+    """The per-band statistics of windows added one (window, layer) at a time, and the bands.nc they make.
+
+    ``rope`` is qk.h5 (the store path) or :func:`posgen.fused.rope_dataset` (the fused path). Means over windows
+    are accumulated as sums over ``n_samples`` windows: ``n_samples`` is recorded, so that a gather of shards
+    weights each by it.
+    """
+
+    def __init__(self, rope: xr.Dataset, n_samples: int):
+        L, H, Hkv = rope.sizes["layer"], rope.sizes["head"], rope.sizes["kv_head"]
+        n_band = rope.sizes["band"]
+        self.rope = rope
+        self.n_samples = int(n_samples)
+        self.acc = {
+            "q_mean_sq": np.zeros((L, H, n_band)),
+            "q_var": np.zeros((L, H, n_band)),
+            "k_mean_sq": np.zeros((L, Hkv, n_band)),
+            "k_var": np.zeros((L, Hkv, n_band)),
+        }
+
+    def add(self, layer: int, q, k) -> None:
+        """One window's q (head, token, dim) and k (kv_head, token, dim) of ``layer``."""
+        for side, x in (("q", q), ("k", k)):
+            mean_sq, var = band_moments(x)
+            self.acc[f"{side}_mean_sq"][layer] += mean_sq / self.n_samples
+            self.acc[f"{side}_var"][layer] += var / self.n_samples
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        """bands.nc (docs/data-model.md); ``attrs`` are added to the provenance."""
+        rope, acc = self.rope, self.acc
+        inv_freq = np.asarray(rope["inv_freq"].transpose("layer", "band").values, dtype=np.float64)
+        data = {
+            "q_mean_sq": (("layer", "head", "band"), acc["q_mean_sq"]),
+            "q_var": (("layer", "head", "band"), acc["q_var"]),
+            "q_ratio": (("layer", "head", "band"), _ratio(acc["q_var"], acc["q_mean_sq"])),
+            "k_mean_sq": (("layer", "kv_head", "band"), acc["k_mean_sq"]),
+            "k_var": (("layer", "kv_head", "band"), acc["k_var"]),
+            "k_ratio": (("layer", "kv_head", "band"), _ratio(acc["k_var"], acc["k_mean_sq"])),
+            "theta": (("layer", "band"), inv_freq),
+        }
+        coords = {
+            "layer": rope["layer"].values,
+            "head": rope["head"].values,
+            "kv_head": rope["kv_head"].values,
+            "band": np.arange(rope.sizes["band"]),
+            "layer_type": ("layer", layer_types(rope)),
+            "rotated": (("layer", "band"), inv_freq > 0),  # False: frequency 0, no position
+        }
+        return xr.Dataset(data, coords=coords, attrs=provenance(n_samples=self.n_samples, **attrs))
+
+
 def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = True) -> xr.Dataset:
-    """bands.nc from qk.h5, reading one (sample, layer) at a time (see docs/data-model.md)."""
+    """bands.nc from qk.h5, reading one (sample, layer) at a time (see docs/data-model.md); the store path."""
     ds = open_dataset(qk_path, lazy=False)
     require(ds, ("q", "k", "inv_freq", "sliding_window"), str(qk_path))
-    N, L, H, Hkv = ds.sizes["sample"], ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"]
-    n_band = ds.sizes["dim"] // 2
-    acc = {
-        name: np.zeros(shape)
-        for name, shape in {
-            "q_mean_sq": (L, H, n_band),
-            "q_var": (L, H, n_band),
-            "k_mean_sq": (L, Hkv, n_band),
-            "k_var": (L, Hkv, n_band),
-        }.items()
-    }
+    N, L = ds.sizes["sample"], ds.sizes["layer"]
+    table = BandTable(ds, N)
     label = f"bands {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
     for s_, l_ in tqdm(
         [(s_, l_) for s_ in range(N) for l_ in range(L)], desc=label, unit="layer", disable=not progress
     ):
-        for side in ("q", "k"):
-            mean_sq, var = band_moments(ds[side].isel(sample=s_, layer=l_).values)
-            acc[f"{side}_mean_sq"][l_] += mean_sq / N
-            acc[f"{side}_var"][l_] += var / N
-    data = {
-        "q_mean_sq": (("layer", "head", "band"), acc["q_mean_sq"]),
-        "q_var": (("layer", "head", "band"), acc["q_var"]),
-        "q_ratio": (("layer", "head", "band"), _ratio(acc["q_var"], acc["q_mean_sq"])),
-        "k_mean_sq": (("layer", "kv_head", "band"), acc["k_mean_sq"]),
-        "k_var": (("layer", "kv_head", "band"), acc["k_var"]),
-        "k_ratio": (("layer", "kv_head", "band"), _ratio(acc["k_var"], acc["k_mean_sq"])),
-        "theta": (("layer", "band"), np.asarray(ds["inv_freq"].values, dtype=np.float64)),
-    }
-    coords = {
-        "layer": ds["layer"].values,
-        "head": ds["head"].values,
-        "kv_head": ds["kv_head"].values,
-        "band": np.arange(n_band),
-        "layer_type": ("layer", layer_types(ds)),
-        "rotated": (("layer", "band"), np.asarray(ds["inv_freq"].values) > 0),  # False: frequency 0, no position
-    }
-    out = xr.Dataset(
-        data,
-        coords=coords,
-        attrs=provenance(config_hash=config_hash, source=str(Path(qk_path)), n_samples=int(N), **carried_attrs(ds)),
-    )
+        table.add(l_, ds["q"].isel(sample=s_, layer=l_).values, ds["k"].isel(sample=s_, layer=l_).values)
+    out = table.dataset({"config_hash": config_hash, "source": str(Path(qk_path)), **carried_attrs(ds)})
     ds.close()
     write_netcdf(out, out_path)
     return out

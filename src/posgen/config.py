@@ -112,6 +112,15 @@ def _check_cross_keys(config: dict) -> None:
         raise ConfigError(
             f"config.figures.sample: sample {figures['sample']} does not exist (n_samples is {config['n_samples']})"
         )
+    shards = config["shards"]
+    if shards > config["n_samples"]:
+        raise ConfigError(f"config.shards: {shards} exceeds n_samples {config['n_samples']} (a shard holds a window)")
+    extract = config["extract"]
+    if extract["analysis"] == "fused" and extract["keep_qk"] != "all" and figures["sample"] >= extract["keep_qk"]:
+        raise ConfigError(
+            f"config.figures.sample: sample {figures['sample']} is not kept in qk.h5 (extract.keep_qk is "
+            f"{extract['keep_qk']}; raise it above {figures['sample']} or use keep_qk: all)"
+        )
     bound = config["decomposition"]["bound_samples"]
     if bound > config["n_samples"]:
         raise ConfigError(f"config.decomposition.bound_samples: {bound} exceeds n_samples {config['n_samples']}")

@@ -1039,6 +1039,80 @@ def _check_store(ds: xr.Dataset, path) -> None:
         raise KeyError(f"{path}: missing variable(s) {', '.join(missing)}")
 
 
+class DecompositionTable:
+    """The statistics of :meth:`Decomposer.unit`, (sample, layer) unit by unit, and the decomposition.nc they make.
+
+    ``rope`` is a dataset with qk.h5's per-layer RoPE variables (``inv_freq``, ``scaling``, ``attention_scaling``,
+    ``sliding_window``, ``kv_group``): qk.h5 itself (the store path) or :func:`posgen.fused.rope_dataset` (the
+    fused path); ``samples`` the windows' global indices. The error of A and the bound run on windows with a
+    global index below ``bound_samples`` (0: all), so every shard of a sharded run agrees with the unsharded one.
+    """
+
+    def __init__(self, dec: Decomposer, rope: xr.Dataset, samples, n_tokens: int, bound_samples: int = 0):
+        self.dec = dec
+        self.rope = rope
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.n_tokens = int(n_tokens)
+        self.bound_samples = int(bound_samples)
+        self.kv_group = rope["kv_group"].values
+        self.layers = [layer_rope(rope, layer) for layer in range(rope.sizes["layer"])]
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, sample: int, layer: int, q, k) -> None:
+        """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE."""
+        with_bound = not self.bound_samples or sample < self.bound_samples
+        result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound)
+        position = int(np.flatnonzero(self.samples == sample)[0])
+        for name, value in result.items():
+            if name not in self.arrays:
+                self.arrays[name] = np.full((len(self.samples), len(self.layers)) + value.shape, np.nan)
+            self.arrays[name][position, layer] = value
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        """decomposition.nc (docs/data-model.md); ``attrs`` are added to the provenance."""
+        dec, n_samples = self.dec, len(self.samples)
+        used = np.array([dec.layer_distance(rope, self.n_tokens) for rope in self.layers], dtype=np.int64)
+        coords = {
+            "sample": self.samples,
+            "layer": self.rope["layer"].values,
+            "head": self.rope["head"].values,
+            "method": list(METHODS),
+            "sink": list(SINKS),
+            "D": np.asarray(dec.dummy_distances, dtype=np.int64),
+            # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
+            "layer_type": ("layer", layer_types(self.rope)),
+            "dummy_distance_used": ("layer", used),
+        }
+        base = ("sample", "layer", "head")
+        dims = {
+            "r": base + ("method", "sink"),
+            "r_f": base + ("sink",),
+            "r_g": base + ("sink",),
+            "r_sweep": base + ("sink", "D"),
+            "err_abs_mean": base + ("sink",),
+            "bound_mean": base + ("sink",),
+            "bound_slack_min": base + ("sink",),
+            "lstsq_residual": base + ("sink",),
+            **{name: base + ("method", "sink") for name in SUMS},
+        }
+        data = {name: (dims[name], self.arrays[name]) for name in dims}
+        data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)
+        data["r2_g"] = (dims["r_g"], self.arrays["r_g"] ** 2)
+        bound_samples = int((self.samples < self.bound_samples).sum()) if self.bound_samples else n_samples
+        return xr.Dataset(
+            data,
+            coords=coords,
+            attrs=provenance(
+                dummy_distance=int(dec.dummy_distance),
+                lstsq_tol=float(dec.lstsq_tol),
+                bound_samples=bound_samples,
+                lstsq_residual_max=float(dec.max_residual),
+                device=str(dec.device),
+                **attrs,
+            ),
+        )
+
+
 def decompose_store(
     qk_path,
     out_path,
@@ -1051,77 +1125,27 @@ def decompose_store(
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
-    """decomposition.nc from qk.h5, one (sample, layer) at a time (see docs/data-model.md).
+    """decomposition.nc from qk.h5, one (sample, layer) at a time (see docs/data-model.md); the store path.
 
     Every layer carries its ``layer_type`` (:func:`layer_types`) and ``dummy_distance_used`` (the D of its
     Method A r, r_g and bound: :func:`used_dummy_distance`) as coordinates; ``r_sweep`` is the raw sweep.
 
-    The error of A and the section 5 bound (checked entry by entry) are evaluated on the first
-    ``bound_samples`` samples (0: all); elsewhere their statistics are NaN. Every r statistic covers every
+    The error of A and the section 5 bound (checked entry by entry) are evaluated on the windows with a global
+    index below ``bound_samples`` (0: all); elsewhere their statistics are NaN. Every r statistic covers every
     sample.
     """
     # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
     ds = open_dataset(qk_path, lazy=False)
     _check_store(ds, qk_path)
     dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
-    N, L = ds.sizes["sample"], ds.sizes["layer"]
-    kv_group = ds["kv_group"].values
-    ropes = [layer_rope(ds, layer) for layer in range(L)]
-    T = ds.sizes["token"]
-    types = layer_types(ds)  # (layer,)
-    used = np.array([dec.layer_distance(rope, T) for rope in ropes], dtype=np.int64)  # (layer,)
-    arrays: dict[str, np.ndarray] = {}
-    units = [(s_, l_) for s_ in range(N) for l_ in range(L)]
+    table = DecompositionTable(dec, ds, ds["sample"].values, ds.sizes["token"], bound_samples)
+    units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
     label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
     for s_, l_ in tqdm(units, desc=label, unit="layer", disable=not progress):
         q = ds["q"].isel(sample=s_, layer=l_).values
         k = ds["k"].isel(sample=s_, layer=l_).values
-        res = dec.unit(q, k, kv_group, ropes[l_], with_bound=not bound_samples or s_ < bound_samples)
-        for name, value in res.items():
-            if name not in arrays:
-                arrays[name] = np.full((N, L) + value.shape, np.nan)
-            arrays[name][s_, l_] = value
-    coords = {
-        "sample": ds["sample"].values,
-        "layer": ds["layer"].values,
-        "head": ds["head"].values,
-        "method": list(METHODS),
-        "sink": list(SINKS),
-        "D": np.asarray(dec.dummy_distances, dtype=np.int64),
-        # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
-        "layer_type": ("layer", types),
-        "dummy_distance_used": ("layer", used),
-    }
-    base = ("sample", "layer", "head")
-    dims = {
-        "r": base + ("method", "sink"),
-        "r_f": base + ("sink",),
-        "r_g": base + ("sink",),
-        "r_sweep": base + ("sink", "D"),
-        "err_abs_mean": base + ("sink",),
-        "bound_mean": base + ("sink",),
-        "bound_slack_min": base + ("sink",),
-        "lstsq_residual": base + ("sink",),
-        **{name: base + ("method", "sink") for name in SUMS},
-    }
-    data = {name: (dims[name], arrays[name]) for name in dims}
-    data["r2_f"] = (dims["r_f"], arrays["r_f"] ** 2)
-    data["r2_g"] = (dims["r_g"], arrays["r_g"] ** 2)
-    carried = carried_attrs(ds)
-    out = xr.Dataset(
-        data,
-        coords=coords,
-        attrs=provenance(
-            config_hash=config_hash,
-            dummy_distance=int(dummy_distance),
-            lstsq_tol=float(lstsq_tol),
-            bound_samples=int(min(bound_samples, N) if bound_samples else N),
-            lstsq_residual_max=float(dec.max_residual),
-            device=str(dec.device),
-            source=str(qk_path),
-            **carried,
-        ),
-    )
+        table.add(int(table.samples[s_]), l_, q, k)
+    out = table.dataset({"config_hash": config_hash, "analysis": "store", "source": str(qk_path), **carried_attrs(ds)})
     ds.close()
     write_netcdf(out, out_path)
     return out

@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 from posgen import rope
 from posgen.capture import Capture, load_capturing
 from posgen.corpus import read_windows
+from posgen.fused import Analysis, rope_dataset
 from posgen.models import manifest_attrs
-from posgen.store import QKWriter
+from posgen.store import QKWriter, carried_attrs
 
 
 class SelfCheckError(RuntimeError):
@@ -130,26 +131,41 @@ def extract(
     transparency_tokens: int = 128,
     transparency_rtol: float = 1e-4,
     compression: int = 0,
+    samples: tuple[int, int] | None = None,
+    keep_qk: int | None = None,
+    qk_dtype: str = "float32",
+    analysis: Analysis | None = None,
     config_hash: str = "",
 ) -> dict:
-    """Write ``qk.h5`` for one model variant; returns timing and check figures.
+    """Write ``qk.h5`` for one model variant (one shard of its windows); returns timing and check figures.
 
-    ``check_tokens``: prefix on which every layer is self-checked (0: the whole window);
-    ``transparency_tokens``: tokens of the first window the transparency check runs (0: the whole window).
+    ``samples``: the shard, a range ``(start, stop)`` of window indices (None: every window); ``keep_qk``: q/k of
+    the windows with a global index below it are written (None: every window of the shard; a shard past it
+    writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of every window
+    of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer is
+    self-checked (0: the whole window), on the reference windows and the shard's first window;
+    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
     """
     model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device)
     windows = read_windows(windows_path)
+    n_windows, n_tokens = windows["token_id"].shape
+    start, stop = samples if samples is not None else (0, n_windows)
+    if not 0 <= start < stop <= n_windows:
+        raise ValueError(f"shard {start}-{stop}: outside the {n_windows} windows of {windows_path}")
     token_id = windows["token_id"].values
-    n_samples, n_tokens = token_id.shape
+    shard = np.arange(start, stop)  # global window indices
+    kept = shard[shard < keep_qk] if keep_qk is not None else shard
     check_tokens = min(check_tokens or n_tokens, n_tokens)
     capture = Capture(model, ref_layers, check_tokens=check_tokens)
-    bad = [s for s in ref_samples if not 0 <= s < n_samples]
+    bad = [s for s in ref_samples if not 0 <= s < n_windows]
     if bad:
-        raise ValueError(f"extract.ref_samples: {bad} outside the {n_samples} windows of {windows_path}")
+        raise ValueError(f"extract.ref_samples: {bad} outside the {n_windows} windows of {windows_path}")
     bad = [l for l in ref_layers if not -capture.n_layers <= l < capture.n_layers]
     if bad:
         raise ValueError(f"extract.ref_layers: {bad} outside the model's {capture.n_layers} layers")
     ref_layers = sorted({l % capture.n_layers for l in ref_layers})
+    # every shard self-checks its first window, so that no job goes unchecked
+    check_samples = set(ref_samples) | {start}
     rtol = effective_rtol(check_rtol, dtype)
     device_obj = next(model.parameters()).device
     positions = torch.arange(n_tokens, device=device_obj)[None]
@@ -158,48 +174,54 @@ def extract(
         with torch.inference_mode(), capture:
             # also the pass on which each layer's RoPE layout is detected
             n_check = min(transparency_tokens or n_tokens, n_tokens)
-            first = torch.from_numpy(token_id[0, :n_check])[None].to(device_obj)
+            first = torch.from_numpy(token_id[start, :n_check])[None].to(device_obj)
             transparency, own_attention = transparency_check(
                 model, capture, first, effective_rtol(transparency_rtol, dtype)
             )
-            for sample in tqdm(range(n_samples), desc=f"extract {model_name}/{variant}", unit="window"):
-                start = time.perf_counter()
-                capture.reset(n_tokens, keep_logits=sample in ref_samples)
+            for sample in tqdm(shard.tolist(), desc=f"extract {model_name}/{variant}", unit="window"):
+                t0 = time.perf_counter()
+                capture.reset(n_tokens, keep_logits=sample in check_samples)
                 ids = torch.from_numpy(token_id[sample])[None].to(device_obj)
                 model.base_model(input_ids=ids, position_ids=positions, use_cache=False)
                 q, k = capture.stacked()
                 if writer is None:
                     params = capture.rope()
+                    attrs = {
+                        **manifest_attrs(manifest, model=model_name, variant=variant),
+                        "dtype": dtype,
+                        "device": str(device_obj),
+                        "softcap": params["softcap"],
+                        "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
+                        "capture_point": capture.capture_point,
+                        "attn_implementation": model.config._attn_implementation,
+                        "corpus_source": windows.attrs.get("corpus_source", ""),
+                        "window_seed": int(windows.attrs.get("window_seed", -1)),
+                        "check_rtol": rtol,
+                        "self_check_tokens": check_tokens,
+                        "transparency_rel_error": transparency,
+                        "transparency_tokens": n_check,
+                        "transparency_reference": own_attention,
+                        "config_hash": config_hash,
+                    }
                     writer = QKWriter(
                         out_path,
-                        n_samples=n_samples,
+                        samples=kept,
                         n_layers=capture.n_layers,
                         n_heads=capture.n_heads,
                         n_kv_heads=capture.n_kv_heads,
                         n_tokens=n_tokens,
                         head_dim=capture.head_dim,
-                        ref_samples=list(ref_samples),
+                        # the fused path checks the reference logits in memory and does not store them:
+                        # H T^2 floats per reference layer, 58 of the 106 GB a paper run would keep
+                        ref_samples=list(ref_samples) if analysis is None else [],
                         ref_layers=ref_layers,
                         rope=params,
                         compression=compression,
-                        attrs={
-                            **manifest_attrs(manifest, model=model_name, variant=variant),
-                            "dtype": dtype,
-                            "device": str(device_obj),
-                            "softcap": params["softcap"],
-                            "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
-                            "capture_point": capture.capture_point,
-                            "attn_implementation": model.config._attn_implementation,
-                            "corpus_source": windows.attrs.get("corpus_source", ""),
-                            "window_seed": int(windows.attrs.get("window_seed", -1)),
-                            "check_rtol": rtol,
-                            "self_check_tokens": check_tokens,
-                            "transparency_rel_error": transparency,
-                            "transparency_tokens": n_check,
-                            "transparency_reference": own_attention,
-                            "config_hash": config_hash,
-                        },
+                        qk_dtype=qk_dtype,
+                        attrs=attrs,
                     )
+                    if analysis is not None:
+                        analysis.start(rope_dataset(params, n_tokens, capture.n_kv_heads), shard)
                 logits_ref = None
                 if capture.logits:
                     prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}
@@ -207,12 +229,17 @@ def extract(
                     refs = {layer: capture.logits[layer][0] for layer in ref_layers}
                     worst = max(worst, verify_logits(q, k, params, refs, rtol, layer_errors))
                     logits_ref = np.stack([refs[layer].numpy() for layer in ref_layers])
-                writer.write_sample(sample, q, k, token_id[sample], logits_ref)
+                if writer.holds(sample):
+                    writer.write_sample(sample, q, k, token_id[sample], logits_ref)
+                if analysis is not None:
+                    analysis.add(sample, q, k)
                 if device_obj.type == "cuda":
                     torch.cuda.empty_cache()  # release activations between windows: 8B models run near the limit
-                seconds.append(time.perf_counter() - start)
+                seconds.append(time.perf_counter() - t0)
             writer.file.attrs["self_check_max_rel_error"] = worst
             writer.write_layer_errors(np.array([layer_errors.get(i, np.nan) for i in range(capture.n_layers)]))
+        if analysis is not None:
+            analysis.write({**carried_attrs(attrs), "source": str(windows_path), "self_check_max_rel_error": worst})
         writer.close(ok=True)
     except BaseException:
         if writer is not None:
@@ -222,7 +249,7 @@ def extract(
         "self_check_max_rel_error": worst,
         "transparency_rel_error": transparency,
         "seconds_per_window": seconds,
-        "n_samples": n_samples,
+        "n_samples": len(shard),
     }
     print(json.dumps(report))
     return report

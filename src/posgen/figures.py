@@ -207,16 +207,17 @@ def example_heads(
     from posgen.rope import causal_mask, logits
 
     require(qk, ["q", "k", "inv_freq", "scaling", "attention_scaling", "sliding_window", "kv_group"], "qk.h5")
-    if not 0 <= sample < qk.sizes["sample"]:
-        raise IndexError(f"config.figures.sample: {sample} is not a sample of qk.h5 (it has {qk.sizes['sample']})")
+    if sample not in qk["sample"].values:
+        kept = qk["sample"].values.tolist()
+        raise IndexError(f"config.figures.sample: {sample} is not a window kept in qk.h5 (it keeps {kept})")
     dummy_distance = int(decomposition.attrs["dummy_distance"])
     if "dummy_distance_used" in decomposition.coords:
         used = np.asarray(decomposition["dummy_distance_used"].values, dtype=np.int64)  # (layer,)
     else:  # written before per-layer distances: one D for every layer
         used = np.full(qk.sizes["layer"], dummy_distance, dtype=np.int64)
     heads = select_heads(decomposition)
-    qs = qk["q"].isel(sample=sample)
-    ks = qk["k"].isel(sample=sample)
+    qs = qk["q"].sel(sample=sample).astype(np.float32)  # float32 whatever the storage dtype
+    ks = qk["k"].sel(sample=sample).astype(np.float32)
     n_tok = qs.sizes["token"]
     positions = torch.arange(n_tok)
     kv_group = torch.as_tensor(qk["kv_group"].values)

@@ -64,15 +64,20 @@ def run_perturbations(
     dummy_distance: int,
     jitter: int = JITTER,
     kinds: tuple[str, ...] = KINDS,
+    sample_ids=None,
     progress: bool = True,
 ) -> xr.Dataset:
     """Every (kind, rate) perturbation of the windows ``token_ids`` (N, T), one batched forward pass each.
+
+    ``sample_ids`` are the windows' global indices (default ``0..N-1``): they seed each window's draws, so a
+    shard draws what the unsharded run draws for its windows.
 
     The model must be loaded with a capturing backend (``posgen.capture.backend_for``). Returns the
     perturb.nc dataset (docs/data-model.md) without provenance attrs.
     """
     token_ids = np.asarray(token_ids)
     n_samples, n_tokens = token_ids.shape
+    sample_ids = np.arange(n_samples) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
     if n_tokens < 3:
         raise ValueError(f"perturbation windows need at least 3 tokens, got {n_tokens}")
     starts = [word_starts(tokens) for tokens in token_strings]
@@ -98,7 +103,9 @@ def run_perturbations(
         for ki, ri in tqdm(jobs, desc="perturb", unit="pass", disable=not progress):
             kind, rate = kinds[ki], rates[ri]
             draws = [
-                draw_perturbation(kind, rate, n_tokens, rng_for(seed, kind, rate, s), starts[s], jitter)
+                draw_perturbation(
+                    kind, rate, n_tokens, rng_for(seed, kind, rate, int(sample_ids[s])), starts[s], jitter
+                )
                 for s in range(n_samples)
             ]
             orders = np.stack([d.order for d in draws])
@@ -137,7 +144,7 @@ def run_perturbations(
         coords={
             "kind": list(kinds),
             "rate": rates,
-            "sample": np.arange(n_samples),
+            "sample": sample_ids,
             "token": np.arange(n_tokens),
             **_layer_coords(ref),
         },
@@ -159,6 +166,7 @@ def run_caps(
     *,
     distance_caps: list[int],
     dummy_distance: int,
+    sample_ids=None,
     progress: bool = True,
 ) -> xr.Dataset:
     """Perplexity and f/g change of the windows ``token_ids`` (N, T) with RoPE distances capped at each C.
@@ -168,6 +176,7 @@ def run_caps(
     """
     token_ids = np.asarray(token_ids)
     n_samples, n_tokens = token_ids.shape
+    sample_ids = np.arange(n_samples) if sample_ids is None else np.asarray(sample_ids, dtype=np.int64)
     identity = np.tile(np.arange(n_tokens), (n_samples, 1))
     with capture.Capture(model) as recorder:
         # One uncapped pass first: it also yields the per-layer RoPE table the capped backend needs.
@@ -195,7 +204,7 @@ def run_caps(
         },
         coords={
             "cap": np.asarray(distance_caps, dtype=np.int64),
-            "sample": np.arange(n_samples),
+            "sample": sample_ids,
             **_layer_coords(ref),
         },
         attrs={"dummy_distance": dummy_distance, "sink": "without", "n_tokens": n_tokens},
@@ -219,19 +228,24 @@ def _run_job(
     dtype: str,
     device: str,
     config_hash: str,
+    samples: tuple[int, int] | None = None,
     backend=None,
 ) -> xr.Dataset:
-    """Read the windows, load the model with a capturing ``backend`` (None: the one its config needs), run
-    ``experiment(model, tokenizer, token_ids)``, write its dataset with provenance."""
+    """Read the windows (the shard ``samples = (start, stop)`` of them; None: all), load the model with a
+    capturing ``backend`` (None: the one its config needs), run ``experiment(model, tokenizer, token_ids,
+    sample_ids)``, write its dataset with provenance."""
     from posgen.corpus import read_windows
     from posgen.models import manifest_attrs
     from posgen.store import provenance, write_netcdf
 
     start = time.perf_counter()
     windows = read_windows(windows_path, n_samples, seq_len, section="perturb")
-    token_ids = windows["token_id"].values.astype(np.int64)
+    start_, stop = samples if samples is not None else (0, n_samples)
+    if not 0 <= start_ < stop <= n_samples:
+        raise ValueError(f"shard {start_}-{stop}: outside the {n_samples} windows of perturb.n_samples")
+    token_ids = windows["token_id"].values[start_:stop].astype(np.int64)
     model, tokenizer, manifest = capture.load_capturing(model_dir, variant, dtype=dtype, device=device, backend=backend)
-    ds = experiment(model, tokenizer, token_ids)
+    ds = experiment(model, tokenizer, token_ids, np.arange(start_, stop))
     ds.attrs = provenance(
         **ds.attrs,
         **manifest_attrs(manifest, model=model_name, variant=variant),
@@ -260,14 +274,22 @@ def perturb_job(
     jitter: int = JITTER,
     dtype: str = "float32",
     device: str = "cpu",
+    samples: tuple[int, int] | None = None,
     config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``perturb.nc`` of one model variant (docs/data-model.md)."""
+    """Write ``perturb.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
 
-    def experiment(model, tokenizer, token_ids):
+    def experiment(model, tokenizer, token_ids, sample_ids):
         strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
         ds = run_perturbations(
-            model, token_ids, strings, rates=rates, seed=seed, dummy_distance=dummy_distance, jitter=jitter
+            model,
+            token_ids,
+            strings,
+            rates=rates,
+            seed=seed,
+            dummy_distance=dummy_distance,
+            jitter=jitter,
+            sample_ids=sample_ids,
         )
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
@@ -284,6 +306,7 @@ def perturb_job(
         dtype=dtype,
         device=device,
         config_hash=config_hash,
+        samples=samples,
     )
 
 
@@ -300,12 +323,15 @@ def cap_job(
     dummy_distance: int,
     dtype: str = "float32",
     device: str = "cpu",
+    samples: tuple[int, int] | None = None,
     config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``cap.nc`` of one model variant (docs/data-model.md)."""
+    """Write ``cap.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
 
-    def experiment(model, _tokenizer, token_ids):
-        return run_caps(model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance)
+    def experiment(model, _tokenizer, token_ids, sample_ids):
+        return run_caps(
+            model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance, sample_ids=sample_ids
+        )
 
     return _run_job(
         experiment,
@@ -319,5 +345,6 @@ def cap_job(
         dtype=dtype,
         device=device,
         config_hash=config_hash,
+        samples=samples,
         backend=capture.CAPPED_BACKEND,
     )

@@ -16,6 +16,9 @@ import xarray as xr
 
 import posgen
 
+# storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
+QK_DTYPES = ("float32", "float16")
+
 # attrs of qk.h5 (the model, its weights and the capture) that every output derived from it carries
 CARRIED_ATTRS = (
     "model",
@@ -60,9 +63,11 @@ def provenance(**extra) -> dict:
     return attrs
 
 
-def carried_attrs(ds: xr.Dataset) -> dict:
-    """The :data:`CARRIED_ATTRS` that ``ds`` has, to copy into an output derived from it."""
-    return {key: ds.attrs[key] for key in CARRIED_ATTRS if key in ds.attrs}
+def carried_attrs(ds: xr.Dataset | dict) -> dict:
+    """The :data:`CARRIED_ATTRS` that ``ds`` (a dataset, or qk.h5's attrs) has, to copy into an output derived
+    from it."""
+    attrs = ds if isinstance(ds, dict) else ds.attrs
+    return {key: attrs[key] for key in CARRIED_ATTRS if key in attrs}
 
 
 def require(ds: xr.Dataset | xr.DataArray, names, what: str) -> None:
@@ -226,7 +231,7 @@ class QKWriter:
         self,
         path: str | Path,
         *,
-        n_samples: int,
+        samples,
         n_layers: int,
         n_heads: int,
         n_kv_heads: int,
@@ -237,11 +242,18 @@ class QKWriter:
         rope: dict,
         attrs: dict,
         compression: int = 0,
+        qk_dtype: str = "float32",
     ):
+        if qk_dtype not in QK_DTYPES:
+            raise ValueError(f"extract.qk_dtype: {qk_dtype!r} is not one of {', '.join(QK_DTYPES)}")
         self.path = Path(path)
+        self.samples = np.asarray(samples, dtype=np.int64)  # the windows' global indices, in file order
+        n_samples = len(self.samples)
+        self.qk_dtype = np.dtype(qk_dtype)
         self._atomic = atomic_path(self.path)
         tmp = self._atomic.__enter__()
-        self.ref_samples = list(ref_samples)
+        # only the reference windows this file holds
+        self.ref_samples = [int(s_) for s_ in ref_samples if s_ in set(self.samples.tolist())]
         self.ref_layers = list(ref_layers)
         f = self.file = h5netcdf.File(tmp, "w")
         f.dimensions = {
@@ -258,7 +270,7 @@ class QKWriter:
             "key": n_tokens,
         }
         for dim, values in {
-            "sample": np.arange(n_samples),
+            "sample": self.samples,
             "layer": np.arange(n_layers),
             "head": np.arange(n_heads),
             "kv_head": np.arange(n_kv_heads),
@@ -275,28 +287,22 @@ class QKWriter:
         packed = {"compression": "gzip", "compression_opts": compression, "shuffle": True} if compression else {}
         # HDF5 verifies the Fletcher-32 checksum of every chunk it reads: a changed byte fails loudly
         packed["fletcher32"] = True
+
+        def chunked(name, dims, dtype, chunks):
+            # HDF5 cannot chunk an empty dimension: a file that keeps no window holds its metadata only
+            empty = any(f.dimensions[dim].size == 0 for dim in dims)
+            return f.create_variable(name, dims, dtype, **({} if empty else {"chunks": chunks, **packed}))
+
         # One chunk per (sample, layer): the unit every reader works on.
-        self.q = f.create_variable(
-            "q",
-            ("sample", "layer", "head", "token", "dim"),
-            "f4",
-            chunks=(1, 1, n_heads, n_tokens, head_dim),
-            **packed,
+        self.q = chunked(
+            "q", ("sample", "layer", "head", "token", "dim"), self.qk_dtype, (1, 1, n_heads, n_tokens, head_dim)
         )
-        self.k = f.create_variable(
-            "k",
-            ("sample", "layer", "kv_head", "token", "dim"),
-            "f4",
-            chunks=(1, 1, n_kv_heads, n_tokens, head_dim),
-            **packed,
+        self.k = chunked(
+            "k", ("sample", "layer", "kv_head", "token", "dim"), self.qk_dtype, (1, 1, n_kv_heads, n_tokens, head_dim)
         )
         self.token_id = f.create_variable("token_id", ("sample", "token"), "i8")
-        self.logits_ref = f.create_variable(
-            "logits_ref",
-            ("ref_sample", "ref_layer", "head", "query", "key"),
-            "f4",
-            chunks=(1, 1, 1, n_tokens, n_tokens),
-            **packed,
+        self.logits_ref = chunked(
+            "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4", (1, 1, 1, n_tokens, n_tokens)
         )
         for name, dims, dtype in [
             ("inv_freq", ("layer", "band"), "f4"),
@@ -307,7 +313,7 @@ class QKWriter:
         ]:
             f.create_variable(name, dims, dtype, data=np.asarray(rope[name]))
         self._write_rope_layout(rope, n_layers, head_dim)
-        f.attrs.update(provenance(**attrs))
+        f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         self.written = np.zeros(n_samples, dtype=bool)
 
     def _write_rope_layout(self, rope: dict, n_layers: int, head_dim: int) -> None:
@@ -330,19 +336,38 @@ class QKWriter:
         """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""
         self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=np.asarray(errors, dtype=np.float64))
 
+    def holds(self, sample: int) -> bool:
+        """Whether window ``sample`` (global index) is one this file keeps."""
+        return bool((self.samples == sample).any())
+
     def write_sample(self, sample: int, q: np.ndarray, k: np.ndarray, token_id: np.ndarray, logits_ref=None):
-        """q: (layer, head, token, dim), k: (layer, kv_head, token, dim); logits_ref: (ref_layer, head, q, k)."""
-        self.q[sample] = q
-        self.k[sample] = k
-        self.token_id[sample] = token_id
+        """Window ``sample`` (global index): q (layer, head, token, dim), k (layer, kv_head, token, dim);
+        logits_ref (ref_layer, head, query, key) when it is a reference window."""
+        position = int(np.flatnonzero(self.samples == sample)[0])
+        self.q[position] = self._stored(q, "q", sample)
+        self.k[position] = self._stored(k, "k", sample)
+        self.token_id[position] = token_id
         if sample in self.ref_samples:
             self.logits_ref[self.ref_samples.index(sample)] = logits_ref
-        self.written[sample] = True
+        self.written[position] = True
+
+    def _stored(self, x: np.ndarray, name: str, sample: int) -> np.ndarray:
+        """``x`` in the storage dtype; a value beyond its range fails (it would be stored as inf)."""
+        if self.qk_dtype == np.float32:
+            return x
+        limit = float(np.finfo(self.qk_dtype).max)
+        worst = float(np.abs(x).max())
+        if worst > limit:
+            raise OverflowError(
+                f"extract.qk_dtype: {self.qk_dtype.name} overflows on {name} of window {sample} "
+                f"(|{name}| reaches {worst:.3g} > {limit:.3g}); store float32"
+            )
+        return x.astype(self.qk_dtype)
 
     def close(self, ok: bool = True):
         self.file.close()
         if ok and not self.written.all():
-            missing = np.flatnonzero(~self.written).tolist()
+            missing = self.samples[~self.written].tolist()
             ok = False
             err = RuntimeError(f"{self.path}: samples {missing} were never written")
         else:

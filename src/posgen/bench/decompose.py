@@ -50,7 +50,7 @@ def synthetic_store(
     inv_freq = (rope_theta ** (-np.arange(half) / half)).astype(np.float32)
     with QKWriter(
         path,
-        n_samples=n_samples,
+        samples=range(n_samples),
         n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,

@@ -1,0 +1,92 @@
+"""The fused path: decomposition.nc and bands.nc computed inside the extraction job (docs/method.md, "Fused and
+store paths").
+
+The store path writes every window's pre-RoPE q/k to qk.h5 and the decompose and bands jobs read them back; at
+paper scale that is ~85 GB per (model, variant). Here each window's q/k, still in memory after its forward pass,
+go through the same :class:`~posgen.decompose.DecompositionTable` and :class:`~posgen.bands.BandTable` layer by
+layer, on the analysis device, and are dropped; qk.h5 keeps only the windows asked for (``extract.keep_qk``).
+Both paths run the same code on the same float32 values, so they give the same numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from posgen.bands import BandTable
+from posgen.decompose import LSTSQ_TOL, Decomposer, DecompositionTable
+from posgen.store import write_netcdf
+
+# the per-layer RoPE variables of qk.h5 that the statistics read (docs/data-model.md)
+ROPE_VARIABLES = {
+    "inv_freq": ("layer", "band"),
+    "attention_scaling": ("layer",),
+    "scaling": ("layer",),
+    "sliding_window": ("layer",),
+    "kv_group": ("head",),
+}
+
+
+def rope_dataset(rope: dict, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
+    """qk.h5's per-layer RoPE variables, from :meth:`posgen.capture.Capture.rope`, as the dataset readers expect."""
+    inv_freq = np.asarray(rope["inv_freq"], dtype=np.float32)  # (layer, band)
+    n_layers, n_band = inv_freq.shape
+    n_heads = len(rope["kv_group"])
+    data = {name: (dims, np.asarray(rope[name])) for name, dims in ROPE_VARIABLES.items()}
+    coords = {
+        "layer": np.arange(n_layers),
+        "head": np.arange(n_heads),
+        "kv_head": np.arange(n_kv_heads),
+        "band": np.arange(n_band),
+        "token": np.arange(n_tokens),
+    }
+    return xr.Dataset(data, coords=coords)
+
+
+class Analysis:
+    """What the decompose and bands jobs compute, fed window by window from the extraction (the fused path).
+
+    The arguments are those of :func:`posgen.decompose.decompose_store` and :func:`posgen.bands.band_stats`;
+    ``bound_samples`` counts global window indices, as there.
+    """
+
+    def __init__(
+        self,
+        *,
+        decomposition_path: str | Path,
+        bands_path: str | Path,
+        dummy_distances,
+        dummy_distance: int,
+        device: str = "auto",
+        lstsq_tol: float = LSTSQ_TOL,
+        bound_samples: int = 0,
+        config_hash: str = "",
+    ):
+        self.decomposition_path = Path(decomposition_path)
+        self.bands_path = Path(bands_path)
+        self.decomposer = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
+        self.bound_samples = int(bound_samples)
+        self.config_hash = config_hash
+        self.decomposition: DecompositionTable | None = None
+        self.bands: BandTable | None = None
+
+    def start(self, rope: xr.Dataset, samples) -> None:
+        """Called once the model's RoPE parameters are known (after the first forward pass)."""
+        samples = np.asarray(samples, dtype=np.int64)
+        n_tokens = rope.sizes["token"]
+        self.decomposition = DecompositionTable(self.decomposer, rope, samples, n_tokens, self.bound_samples)
+        self.bands = BandTable(rope, len(samples))
+
+    def add(self, sample: int, q: np.ndarray, k: np.ndarray) -> None:
+        """Window ``sample`` (global index): q (layer, head, token, dim), k (layer, kv_head, token, dim)."""
+        for layer in range(q.shape[0]):
+            self.decomposition.add(sample, layer, q[layer], k[layer])
+            self.bands.add(layer, q[layer], k[layer])
+
+    def write(self, attrs: dict) -> None:
+        """decomposition.nc and bands.nc, each with ``attrs`` (qk.h5's carried attrs) in its provenance."""
+        source = {"config_hash": self.config_hash, "analysis": "fused", **attrs}
+        write_netcdf(self.decomposition.dataset(source), self.decomposition_path)
+        write_netcdf(self.bands.dataset(source), self.bands_path)

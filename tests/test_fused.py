@@ -1,0 +1,154 @@
+"""The fused path (analysis inside extraction) and shards against the store path, on tiny random models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from posgen.bands import band_stats
+from posgen.corpus import cut_windows, load_text
+from posgen.decompose import decompose_store
+from posgen.extract import extract
+from posgen.fused import Analysis
+from posgen.models import acquire, load_model
+from posgen.shards import gather, parse_shard, shard_names, shard_of, shard_ranges
+from posgen.store import QKWriter, open_dataset, write_netcdf
+
+DECOMPOSITION = {"dummy_distances": [0, 8, 100], "dummy_distance": 100, "lstsq_tol": 1e-8, "bound_samples": 2}
+N_WINDOWS = 5
+
+
+def test_shard_ranges_cover_the_windows_once():
+    assert shard_ranges(32, 8) == [(i, i + 4) for i in range(0, 32, 4)]
+    ranges = shard_ranges(5, 2)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 5 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert sorted(b - a for a, b in ranges) == [2, 3]
+    assert shard_names(5, 1) == ["0-5"]
+    assert parse_shard("3-5") == (3, 5)
+    assert shard_of(4, 5, 2) == f"{ranges[1][0]}-5"
+    with pytest.raises(ValueError, match="shards: 6"):
+        shard_ranges(5, 6)
+    with pytest.raises(ValueError, match="not a window range"):
+        parse_shard("5-3")
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def both_paths(request, tiny_source, tmp_path_factory):
+    """One tiny model's windows through the store path (unsharded) and the fused path in two shards."""
+    arch = request.param
+    tmp = tmp_path_factory.mktemp(f"fused-{arch}")
+    acquire(f"local:{tiny_source(arch)}", tmp / "model")
+    _, tokenizer, _ = load_model(tmp / "model")
+    write_netcdf(cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded"), tmp / "windows.h5")
+    common = {"model_name": arch, "variant": "trained", "device": "cpu"}
+    extract(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common)
+    decompose_store(
+        tmp / "store" / "qk.h5", tmp / "store" / "decomposition.nc", device="cpu", progress=False, **DECOMPOSITION
+    )
+    band_stats(tmp / "store" / "qk.h5", tmp / "store" / "bands.nc", progress=False)
+    shards = shard_names(N_WINDOWS, 2)
+    for shard in shards:
+        out = tmp / "fused" / shard
+        analysis = Analysis(
+            decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc", device="cpu", **DECOMPOSITION
+        )
+        extract(
+            tmp / "model",
+            tmp / "windows.h5",
+            out / "qk.h5",
+            samples=parse_shard(shard),
+            keep_qk=1,
+            analysis=analysis,
+            **common,
+        )
+    for name in ("decomposition.nc", "bands.nc"):
+        gather([tmp / "fused" / shard / name for shard in shards], tmp / "fused" / name)
+    return tmp, shards
+
+
+def _assert_same(got: xr.Dataset, want: xr.Dataset, rtol: float) -> None:
+    assert set(got.data_vars) == set(want.data_vars)
+    for name in want.data_vars:
+        assert got[name].dims == want[name].dims, name
+        np.testing.assert_allclose(got[name].values, want[name].values, rtol=rtol, atol=1e-7, err_msg=name)
+    for name in want.coords:
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+
+
+def test_fused_shards_gather_to_the_store_path(both_paths):
+    tmp, shards = both_paths
+    store = open_dataset(tmp / "store" / "decomposition.nc", lazy=False)
+    fused = open_dataset(tmp / "fused" / "decomposition.nc", lazy=False)
+    assert fused.sizes["sample"] == N_WINDOWS and fused["sample"].values.tolist() == list(range(N_WINDOWS))
+    # the error and bound ran on the same windows (global index < bound_samples) in both
+    assert (
+        np.isfinite(fused["err_abs_mean"].isel(sample=1)).all() and np.isnan(fused["err_abs_mean"].isel(sample=2)).all()
+    )
+    _assert_same(fused, store, rtol=1e-6)
+    assert fused.attrs["analysis"] == "fused" and store.attrs["analysis"] == "store"
+    assert fused.attrs["bound_samples"] == store.attrs["bound_samples"] == 2
+    assert fused.attrs["shards"] == ",".join(shards)
+    _assert_same(
+        open_dataset(tmp / "fused" / "bands.nc", lazy=False),
+        open_dataset(tmp / "store" / "bands.nc", lazy=False),
+        rtol=1e-6,
+    )
+
+
+def test_fused_path_keeps_only_the_first_windows(both_paths):
+    tmp, shards = both_paths
+    store = open_dataset(tmp / "store" / "qk.h5", lazy=False)
+    first = open_dataset(tmp / "fused" / shards[0] / "qk.h5", lazy=False)
+    assert first["sample"].values.tolist() == [0]
+    np.testing.assert_array_equal(first["q"].values, store["q"].isel(sample=[0]).values)
+    # the fused path checks the reference logits in memory: none stored, the errors recorded
+    assert first.sizes["ref_sample"] == 0 and store.sizes["ref_sample"] == 1
+    np.testing.assert_allclose(first["self_check_rel_error"].values, store["self_check_rel_error"].values, rtol=1e-6)
+    rest = open_dataset(tmp / "fused" / shards[1] / "qk.h5", lazy=False)
+    assert rest.sizes["sample"] == 0 and rest.sizes["ref_sample"] == 0  # metadata only
+    np.testing.assert_array_equal(rest["inv_freq"].values, store["inv_freq"].values)
+    # the second shard self-checked its own first window
+    assert 0 <= rest.attrs["self_check_max_rel_error"] < 1e-4
+    assert np.isfinite(rest["self_check_rel_error"].values).all()
+
+
+def _writer(path, samples, qk_dtype):
+    return QKWriter(
+        path,
+        samples=samples,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        n_tokens=4,
+        head_dim=4,
+        ref_samples=[0],
+        ref_layers=[0],
+        rope={
+            "inv_freq": np.ones((1, 2), np.float32),
+            "attention_scaling": [1.0],
+            "scaling": [0.5],
+            "sliding_window": [0],
+            "kv_group": [0, 0],
+        },
+        attrs={},
+        qk_dtype=qk_dtype,
+    )
+
+
+def test_float16_storage_round_trips_and_refuses_overflow(tmp_path):
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(1, 2, 4, 4)).astype(np.float32), rng.normal(size=(1, 1, 4, 4)).astype(np.float32)
+    with _writer(tmp_path / "qk.h5", [3, 4], "float16") as w:
+        for sample in (3, 4):
+            w.write_sample(sample, q * sample, k, np.zeros(4, np.int64))
+    ds = open_dataset(tmp_path / "qk.h5", lazy=False)
+    assert ds["q"].dtype == np.float16 and ds.attrs["qk_dtype"] == "float16"
+    assert ds["sample"].values.tolist() == [3, 4] and ds.sizes["ref_sample"] == 0
+    np.testing.assert_allclose(ds["q"].sel(sample=4).values, q * 4, rtol=1e-3)
+    with pytest.raises(OverflowError, match="extract.qk_dtype: float16 overflows on q of window 3"):
+        with _writer(tmp_path / "big.h5", [3], "float16") as w:
+            w.write_sample(3, q * 1e5, k, np.zeros(4, np.int64))
+    assert not (tmp_path / "big.h5").exists()
+    with pytest.raises(ValueError, match="extract.qk_dtype: 'bfloat16'"):
+        _writer(tmp_path / "bf.h5", [0], "bfloat16")
