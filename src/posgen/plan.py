@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +73,7 @@ class Rates:
 
 
 # Calibrated with `python -m posgen.bench scale` on the project's 2-core machine (docs/slurm.md, "Planning a run").
-CPU = Rates(forward=60e9, moments=8e9, factor=8e9, memory=5e9, error=15e9, disk=4e8, start_s=10.0)
+CPU = Rates(forward=56e9, moments=3.5e9, factor=14e9, memory=2.5e8, error=7e9, disk=4e8, start_s=10.0)
 # ASSUMPTIONS for one NVIDIA H100 (80 GB), not yet measured: bfloat16 forward at ~30 % of its 990 TFLOP/s dense
 # peak; float64 products at ~30 % of its 67 TFLOP/s; memory streamed at ~60 % of 3.3 TB/s; the float32 error
 # pass (no TF32) at ~20 % of 67 TFLOP/s; a parallel file system at 1 GB/s; a minute to start a job and build the

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.shapes import PAPER_SHAPES, parameter_count, shape_config
+from posgen.shapes import PAPER_SHAPES, shape_config
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
