@@ -153,9 +153,10 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         **plan.job_resources("perturb", SMOLLM2, cfg, 4, 1, "gpu"),
         "gpu": 2,
     }
-    # bands never asks for a GPU, nor does anything when the config runs on the CPU
+    # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
-    assert "gpu" not in plan.rule_resources("extract", model_dir, entry, "trained", "0-4", {**cfg, "device": "cpu"})
+    on_cpu = plan.rule_resources("extract", model_dir, entry, "trained", "0-4", {**cfg, "device": "cpu"})
+    assert on_cpu == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "cpu"), "gpu": 2}
     # a recorded shape by hub id, before acquisition
     hub = {"name": "l8", "source": "hf:meta-llama/Llama-3.1-8B@d04e592bb4f6aa9cfee91e2e20afa771667e1d4b"}
     assert plan.model_shape_at(tmp_path / "resources" / "models" / "l8", hub) == LLAMA8B

@@ -457,8 +457,8 @@ def rule_resources(
 ) -> dict:
     """Snakemake resources of one job of ``rule`` (what ``rules/resources.smk`` hands Snakemake): the model's
     shape from ``model_dir/config.json`` (else its recorded shape), the windows from ``shard`` ("<start>-<stop>";
-    None: all windows of the rule), ``gpu`` = the entry's ``gpus`` (default 1) on GPU rules unless the config
-    runs on the CPU."""
+    None: all windows of the rule), ``gpu`` = the entry's ``gpus`` (default 1) on GPU rules; the figures are those
+    of a GPU job unless the config's ``device`` is ``cpu``."""
     if rule in ("perturb", "cap"):
         total = cfg["perturb"]["n_samples"]
     else:
@@ -470,7 +470,7 @@ def rule_resources(
         out = dict(UNKNOWN_SHAPE_RESOURCES)
     else:
         out = job_resources(rule, shape, cfg, stop - start, attempt, device, start=start)
-    if rule in GPU_RULES and device == "gpu":
+    if rule in GPU_RULES:  # asked for even when the config runs on the CPU, as the profile's constants were
         out["gpu"] = int(entry.get("gpus", 1))
     return out
 
