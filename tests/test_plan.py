@@ -105,6 +105,7 @@ def test_disk_follows_keep_qk_dtype_and_mode():
     refs = 2 * SMOLLM2.logits_bytes(T)
     store = plan.job_cost("extract", SMOLLM2, small_config(analysis="store"), (0, 8), "gpu")
     assert store.disk_gb * 1e9 == pytest.approx(8 * qk32 + refs)
+    assert store.refs_gb * 1e9 == pytest.approx(refs)
     fused = plan.job_cost("extract", SMOLLM2, small_config(keep_qk=1, qk_dtype="bfloat16"), (0, 8), "gpu")
     results = fused.disk_gb * 1e9 - (qk32 / 2 + refs)
     assert 0 < results < 0.1 * qk32  # the NetCDFs of 8 windows are small next to one window's q/k
@@ -185,4 +186,4 @@ def test_cli_prints_jobs_and_totals(capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("total: 6 jobs, disk") and "CPU-hours" in last
+    assert last.startswith("total: 6 jobs, disk") and "reference logits" in last and "CPU-hours" in last

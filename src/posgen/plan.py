@@ -41,7 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -274,6 +274,7 @@ class Cost:
     host_gb: float
     disk_gb: float
     seconds: float
+    refs_gb: float = 0.0  # of disk_gb: the reference logits of the self-check
 
 
 def config_options(cfg: dict) -> dict:
@@ -377,7 +378,8 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
             host += weights  # loaded on the host first
         else:
             host += device_bytes
-        return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+        cost = _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+        return replace(cost, refs_gb=ref_disk / 1e9)
     if rule == "decompose":
         read_s = n * qk_window / rates.disk
         seconds = rates.start_s + read_s + analysis_seconds(shape, cfg, n, n_bound, rates, bands=False)
@@ -516,6 +518,7 @@ def totals(rows: list[Row]) -> dict:
     return {
         "jobs": len(known),
         "disk_gb": sum(c.disk_gb for c in known),
+        "refs_gb": sum(c.refs_gb for c in known),
         "hours": sum(c.seconds for c in known) / 3600,
         "unknown": sorted({r.model for r in rows if r.cost is None}),
     }
@@ -560,7 +563,10 @@ def main(argv=None) -> None:
                 f"{c.disk_gb:8.3f} {c.seconds / 3600:7.3f}"
             )
     t = totals(rows)
-    print(f"total: {t['jobs']} jobs, disk {t['disk_gb']:.1f} GB, {t['hours']:.1f} {unit}-hours")
+    print(
+        f"total: {t['jobs']} jobs, disk {t['disk_gb']:.1f} GB (of which reference logits {t['refs_gb']:.1f} GB), "
+        f"{t['hours']:.1f} {unit}-hours"
+    )
     if t["unknown"]:
         print(f"unknown shape (not counted): {', '.join(t['unknown'])}")
 
