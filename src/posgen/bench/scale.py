@@ -2,9 +2,9 @@
 few layers, one window of paper length through a plain forward pass, extraction (capture + HDF5) and the
 store-then-decompose decomposition.
 
-Each stage is one function run in its own process, so its peak resident memory is its own; the stages run one
-after another on the same window. Per-layer time is the stage time over the layer count; bytes written are the
-real file sizes. Beside every measured time the bench prints the cost model's prediction (``posgen.plan`` with its
+Each stage is one function (``_stage_*``, returning seconds per window, peak RSS and bytes written) run in its
+own process, so its peak resident memory is its own; the stages run one after another on the same window.
+Per-layer time is the stage time over the layer count; bytes written are the real file sizes. Beside every measured time the bench prints the cost model's prediction (``posgen.plan`` with its
 calibrated CPU rates) and their ratio, per stage and per part of the decomposition, and the rates this run
 implies (the calibration of docs/slurm.md, "Planning a run"). The last tables extrapolate to the full paper config
 with ``posgen.plan``: the store path (float32 q/k of every window) and the fused path (as config.paper.yaml).
@@ -171,11 +171,16 @@ def predictions(shape, cfg: dict, rates) -> dict:
     forward = plan.forward_flops(shape, T) / rates.forward
     refs = len(cfg["extract"]["ref_layers"]) * shape.logits_bytes(T) / n
     parts = plan.analysis_parts(shape, cfg, n, 1, rates)
-    del parts["bands"]
+    bands = parts.pop("bands")
     return {
         "plain forward": forward,
         "extract (capture + HDF5)": plan.CAPTURE_OVERHEAD * forward + (shape.qk_bytes(T) + refs) / rates.disk,
         "decompose (from qk.h5)": sum(parts.values()) / n + shape.qk_bytes(T) / rates.disk,
+        # the fused stage (posgen.extract.extract(..., analysis=...)): capture, decomposition and bands in memory,
+        # q/k of the first window written
+        "fused (extract + analysis)": plan.CAPTURE_OVERHEAD * forward
+        + (sum(parts.values()) + bands) / n
+        + (shape.qk_bytes(T) + refs) / n / rates.disk,
         "parts": {name: value / n for name, value in parts.items()},
     }
 
