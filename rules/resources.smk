@@ -4,10 +4,7 @@
 # limit). Included by the Snakefile before the rules that use it:
 #     resources:
 #         **resources_for("extract"),
-from posgen.plan import rule_resources  # noqa: E402
-
-RESOURCE_NAMES = ("mem_mb", "runtime", "gpu_mem_mb", "disk_mb", "gpu")
-
+from posgen.plan import resource_names, rule_resources  # noqa: E402
 
 def _job_resources(rule, wildcards, input, attempt):
     manifest = input.get("manifest") if hasattr(input, "get") else None
@@ -27,5 +24,4 @@ def resources_for(rule):
 
         return resource
 
-    names = RESOURCE_NAMES if rule in ("extract", "decompose", "perturb", "cap") else RESOURCE_NAMES[:-1]
-    return {name: one(name) for name in names}
+    return {name: one(name) for name in resource_names(rule)}

@@ -149,6 +149,7 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
     (model_dir / "config.json").write_text(json.dumps(SHAPES["smollm2-135m"]))
     got = plan.rule_resources("extract", model_dir, entry, "trained", "0-4", cfg)
     assert got == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "gpu"), "gpu": 2}
+    assert set(got) == set(plan.resource_names("extract"))
     # perturb and cap shard their own windows; the whole rule without a shard wildcard
     assert plan.rule_resources("perturb", model_dir, entry, "trained", None, cfg) == {
         **plan.job_resources("perturb", SMOLLM2, cfg, 4, 1, "gpu"),
@@ -156,6 +157,7 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
     }
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
+    assert "gpu" not in plan.resource_names("bands")
     on_cpu = plan.rule_resources("extract", model_dir, entry, "trained", "0-4", {**cfg, "device": "cpu"})
     assert on_cpu == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "cpu"), "gpu": 2}
     # a recorded shape by hub id, before acquisition

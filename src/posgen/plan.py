@@ -454,6 +454,11 @@ def model_shape_at(model_dir: str | Path, entry: dict, variant: str = "") -> Sha
     return model_shape(entry, model_dir.parent)
 
 
+def resource_names(rule: str) -> tuple[str, ...]:
+    """The resources :func:`rule_resources` sets for ``rule``: ``gpu`` only on the GPU rules."""
+    return ("mem_mb", "runtime", "gpu_mem_mb", "disk_mb") + (("gpu",) if rule in GPU_RULES else ())
+
+
 def rule_resources(
     rule: str, model_dir: str | Path, entry: dict, variant: str, shard: str | None, cfg: dict, attempt: int = 1
 ) -> dict:
