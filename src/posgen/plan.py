@@ -555,7 +555,7 @@ def main(argv=None) -> None:
     )
     if not args.totals:
         print(
-            f"{'model':16s} {'variant':14s} {'job':10s} {'shard':>7s} {unit + ' GB':>7s} {'host GB':>8s} "
+            f"{'model':16s} {'variant':14s} {'job':10s} {'shard':>7s} {'GPU GB':>7s} {'host GB':>8s} "
             f"{'disk GB':>8s} {'hours':>7s}"
         )
         for row in rows:
