@@ -142,3 +142,20 @@ def test_changed_weights_are_refused_before_loading(tiny_source, tmp_path):
         load_model(tmp_path / "m")
     # a random-init variant reads only config and tokenizer: still loads
     load_model(tmp_path / "m", "random-seed0")
+
+
+@pytest.mark.parametrize("variant", ["trained", "random-seed0"])
+def test_device_map_auto_gives_the_same_model(tiny_source, tmp_path, variant):
+    """device_map: auto (accelerate) loads the same weights as a plain load; on a CPU-only machine it stays there."""
+    from posgen.models import input_device
+
+    acquire(f"local:{tiny_source('llama')}", tmp_path / "m")
+    plain, _, _ = load_model(tmp_path / "m", variant)
+    spread, _, _ = load_model(tmp_path / "m", variant, device_map="auto")
+    ids = torch.arange(1, 17)[None]
+    with torch.inference_mode():
+        want = plain(input_ids=ids).logits
+        got = spread(input_ids=ids.to(input_device(spread))).logits.cpu()
+    assert torch.equal(want, got)
+    with pytest.raises(ValueError, match="device_map: 'balanced'"):
+        load_model(tmp_path / "m", variant, device_map="balanced")

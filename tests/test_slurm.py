@@ -31,6 +31,8 @@ from posgen.testing import InjectedFailure, fail_once
 
 PROFILE = ROOT / "profiles" / "slurm"
 FAIL_RULE = "extract"
+# GPU rules whose memory, runtime and GPU count follow the model (rules/resources.smk): the profile pins only CPUs
+MODEL_RULES = {"extract", "decompose", "perturb", "cap"}
 # rules that must run on the submitting host: downloads (compute nodes are often offline), the corpus, and
 # the figures (fig_*) and report tables
 LOCAL_RULES = {"get_model", "windows", "reproduction"}
@@ -137,6 +139,9 @@ def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
     assert "extract" in asks
     assert set(asks) <= rules, f"profiles/slurm set-resources names unknown rules {set(asks) - rules}"
     for rule, res in asks.items():
+        if rule in MODEL_RULES:  # a constant here would override the rule's model-following asks
+            assert set(res) == {"cpus_per_gpu"} and res["cpus_per_gpu"] >= 1, rule
+            continue
         assert res["gpu"] == 1 and res["cpus_per_gpu"] >= 1 and res["mem_mb"] > 0 and res["runtime"] > 0, rule
     required = {r for r in rules if must_be_local(r)}
     assert {"get_model", "windows"} <= required
@@ -145,7 +150,8 @@ def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
 
 
 def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
-    from posgen.config import load, variants
+    from posgen.config import load, model_entry, variants
+    from posgen.plan import rule_resources, shard_ranges
 
     paper = load(ROOT / "config.paper.yaml")
     repos = {m["source"].split("@")[0] for m in paper["models"]}
@@ -179,13 +185,25 @@ def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
     )
     assert dry.returncode == 0, dry.stderr[-3000:]
     blocks = re.findall(r"^rule extract:\n((?:\s{4}.*\n)+)", dry.stdout, re.M)
-    assert len(blocks) == len(paper["models"]) * len(variants(paper)) == 16
+    n_shards = len(shard_ranges(paper["n_samples"], paper.get("shards", 1)))
+    assert len(blocks) == len(paper["models"]) * len(variants(paper)) * n_shards == 16 * n_shards
     asks = gpu_asks()["extract"]
     for block in blocks:
         res = dict(kv.split("=", 1) for kv in re.search(r"resources: (.*)", block)[1].split(", "))
-        assert (res["gpu"], res["cpus_per_gpu"], res["mem_mb"], res["runtime"]) == tuple(
-            str(asks[k]) for k in ("gpu", "cpus_per_gpu", "mem_mb", "runtime")
-        ), block
+        wildcards = dict(kv.split("=", 1) for kv in re.search(r"wildcards: (.*)", block)[1].split(", "))
+        # before get_model has run, the recorded shape of each paper model (posgen.shapes) sizes the job
+        want = rule_resources(
+            "extract",
+            tmp_path / "resources" / "models" / wildcards["model"],
+            model_entry(paper, wildcards["model"]),
+            wildcards["variant"],
+            wildcards.get("shard"),
+            paper,
+        )
+        assert want["gpu"] == 1 and 16_000 < want["gpu_mem_mb"] < 80_000, want  # an 8-9B model on one GPU
+        assert res["cpus_per_gpu"] == str(asks["cpus_per_gpu"]), block
+        for key in ("gpu", "mem_mb", "runtime", "gpu_mem_mb", "disk_mb"):
+            assert res[key] == str(want[key]), (key, block)
 
 
 # -- against the cluster -------------------------------------------------------------------------------------
@@ -329,18 +347,40 @@ def test_every_cluster_job_went_through_sbatch(slurm_run, cluster):
 
 @needs_slurm
 def test_extract_submission_asks_for_gpu_cpus_memory(slurm_run, cluster):
+    from posgen.config import load, model_entry
+    from posgen.plan import rule_resources
+
     r = slurm_run
-    asks = gpu_asks()[FAIL_RULE]
+    cfg = load(r.run.configfile)
+    model = cfg["models"][0]["name"]
+    # the tiny model's asks (its shards all sit at the floors of posgen.plan), first try and retry
+    want = {
+        attempt: rule_resources(
+            "extract",
+            r.run.workdir / "resources" / "models" / model,
+            model_entry(cfg, model),
+            "trained",
+            None,
+            cfg,
+            attempt,
+        )
+        for attempt in (1, 2)
+    }
+    assert want[2]["mem_mb"] > want[1]["mem_mb"] and want[2]["runtime"] > want[1]["runtime"], want
+    asks = {**gpu_asks()[FAIL_RULE], "gpu": want[1]["gpu"]}
     subs = r.sbatch_of_rule("extract")
     starts = [j for local, rule, j in r.starts if rule == "extract" and not local]
     # one per model and variant, plus one per retry
     assert len(set(starts)) >= 2 and len(subs) == len(starts), [s["argv"][:12] for s in subs]
+    attempts = []
     for sub in subs:
         argv = sub["argv"]
         assert _opt(argv, "--gpus") == str(asks["gpu"]) or _opt(argv, "--gres") == f"gpu:{asks['gpu']}", argv
         assert _opt(argv, "--cpus-per-gpu") == str(asks["cpus_per_gpu"]), argv
-        assert _opt(argv, "--mem") == str(asks["mem_mb"]), argv
-        assert _opt(argv, "-t") == str(asks["runtime"]), argv
+        asked = (_opt(argv, "--mem"), _opt(argv, "-t"))
+        attempt = next((a for a, w in want.items() if asked == (str(w["mem_mb"]), str(w["runtime"]))), None)
+        assert attempt is not None, (asked, want)
+        attempts.append(attempt)
         assert _opt(argv, "-p") == PARTITION, argv
         assert _opt(argv, "--wrap").startswith("export HDF5_USE_FILE_LOCKING=FALSE &&"), argv
         # SLURM took the asks as GPU asks and ran the job with them (the CPUs come per GPU)
@@ -348,7 +388,10 @@ def test_extract_submission_asks_for_gpu_cpus_memory(slurm_run, cluster):
         assert info["TresPerJob"] == f"gres:gpu:{asks['gpu']}", info
         assert info["CpusPerTres"] == f"gres:gpu:{asks['cpus_per_gpu']}", info
         assert int(info["NumCPUs"]) == asks["gpu"] * asks["cpus_per_gpu"], info
-        assert info["MinMemoryNode"] in {f"{asks['mem_mb']}M", f"{asks['mem_mb'] / 1024:.2f}G"}, info
+        mem = int(asked[0])
+        assert info["MinMemoryNode"] in {f"{mem}M", f"{mem / 1024:.2f}G"}, info
+    # the injected failure's resubmission asked for more (posgen.plan.RETRY_GROWTH); the rest for the estimate
+    assert sorted(attempts) == [1] * (len(subs) - 1) + [2], attempts
 
 
 @needs_slurm

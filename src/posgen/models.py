@@ -358,12 +358,17 @@ def load_model(
     dtype: str = "float32",
     device: str = "cpu",
     attn_implementation=None,
+    device_map: str | None = None,
 ):
     """Load ``(model, tokenizer, manifest)``: the trained weights, ``random-seed<S>`` fresh weights from the
     same config, or checkpoint ``step<N>`` of a series from ``model_dir/step<N>/`` (with that step's manifest).
 
     ``attn_implementation``: a backend name, or a function of the model config that returns one (so a caller
     can pick it from the config without reading the folder twice); None for transformers' default.
+    ``device_map="auto"`` (a ``models`` entry's ``device_map``) spreads the layers over every visible GPU through
+    accelerate, for a model larger than one GPU; ``device`` is then ignored and inputs belong on the device of
+    the first parameter (:func:`input_device`). Random-init weights are drawn on the CPU exactly as without it,
+    then dispatched.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -379,6 +384,10 @@ def load_model(
     kwargs = {"dtype": getattr(torch, dtype), "trust_remote_code": remote}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if device_map not in (None, "auto"):
+        raise ValueError(f"device_map: {device_map!r} (only 'auto' is supported)")
+    if device_map and seed < 0:
+        kwargs["device_map"] = device_map  # from_pretrained places each layer as it loads (accelerate)
     if seed < 0:
         try:
             model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, **kwargs)
@@ -392,5 +401,22 @@ def load_model(
             ) from None
     else:
         model = init_weights(config, seed, **kwargs)
+        if device_map:
+            model = _dispatch(model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=remote)
+    if device_map:
+        return model.eval(), tokenizer, manifest
     return model.to(resolve_device(device)).eval(), tokenizer, manifest
+
+
+def _dispatch(model):
+    """Spread a model built on the CPU over the visible GPUs, whole decoder layers per device (accelerate)."""
+    from accelerate import dispatch_model, infer_auto_device_map
+
+    placement = infer_auto_device_map(model, no_split_module_classes=model._no_split_modules)
+    return dispatch_model(model, device_map=placement)
+
+
+def input_device(model) -> torch.device:
+    """Where a model's inputs go: the device of its first parameter (the embeddings under ``device_map``)."""
+    return next(model.parameters()).device

@@ -2,10 +2,12 @@
 few layers, one window of paper length through a plain forward pass, extraction (capture + HDF5) and the
 store-then-decompose decomposition.
 
-Each stage runs in its own process, so its peak resident memory is its own; the stages run one after another on
-the same window. Per-layer time is the stage time over the layer count; bytes written are the real file sizes,
-printed beside the analytic size ``L (H + H_kv) T d 4`` of the stored q/k. The last table extrapolates per-layer
-figures to the full paper config (every layer, ``n_samples`` windows, trained + random-init variants).
+Each stage is one function (``_stage_*``, returning seconds per window, peak RSS and bytes written) run in its
+own process, so its peak resident memory is its own; the stages run one after another on the same window.
+Per-layer time is the stage time over the layer count; bytes written are the real file sizes. Beside every measured time the bench prints the cost model's prediction (``posgen.plan`` with its
+calibrated CPU rates) and their ratio, per stage and per part of the decomposition, and the rates this run
+implies (the calibration of docs/slurm.md, "Planning a run"). The last tables extrapolate to the full paper config
+with ``posgen.plan``: the store path (float32 q/k of every window) and the fused path (as config.paper.yaml).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.shapes import PAPER_SHAPES, parameter_count, shape_config
+from posgen.shapes import PAPER_SHAPES, shape_config
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
@@ -90,18 +92,50 @@ def _stage_extract(model_dir: str, windows: str, threads: int, out: str) -> dict
     }
 
 
-def _stage_decompose(qk: str, threads: int, out: str) -> dict:
+DECOMPOSER_PARTS = {"factor": "design", "moments": "moments", "method_b": "method_b", "error": "error_and_bound"}
+
+
+def _stage_decompose(qk: str, threads: int, out: str, dummy_distances: list[int]) -> dict:
     import torch
 
+    from posgen import decompose
     from posgen.decompose import decompose_store
 
     torch.set_num_threads(threads)
+    parts = {name: 0.0 for name in DECOMPOSER_PARTS}
+    built = []
+    # time each part of Decomposer.unit; Method B's normal matrices are built inside method_b on first use
+    original_init = decompose.AdditiveDesign.__init__
+
+    def timed_init(self, *args, **kwargs):
+        start = time.perf_counter()
+        original_init(self, *args, **kwargs)
+        built.append(time.perf_counter() - start)
+
+    def timed(name, method):
+        def wrapper(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                parts[name] += time.perf_counter() - start
+
+        return wrapper
+
+    decompose.AdditiveDesign.__init__ = timed_init
+    for name, attr in DECOMPOSER_PARTS.items():
+        if name != "factor":
+            setattr(decompose.Decomposer, attr, timed(name, getattr(decompose.Decomposer, attr)))
     start = time.perf_counter()
-    ds = decompose_store(qk, out, dummy_distances=[1000], dummy_distance=1000, device="cpu", bound_samples=1)
+    ds = decompose_store(qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device="cpu", bound_samples=1)
+    seconds = time.perf_counter() - start
+    parts["factor"] = sum(built)
+    parts["method_b"] -= parts["factor"]
     return {
-        "seconds": (time.perf_counter() - start) / ds.sizes["sample"],
+        "seconds": seconds / ds.sizes["sample"],
         "peak_rss_gb": _peak_rss_gb(),
         "bytes": Path(out).stat().st_size,
+        "parts": parts,
     }
 
 
@@ -118,15 +152,103 @@ def qk_bytes(config, n_tokens: int) -> int:
     return config.num_hidden_layers * (n_heads + n_kv) * n_tokens * head_dim * 4
 
 
+def bench_config(seq_len: int, n_windows: int, dummy_distances: list[int]) -> dict:
+    """The config the bench's own jobs amount to, as posgen.plan reads it."""
+    return {
+        "seq_len": seq_len,
+        "n_samples": n_windows,
+        "dtype": "float32",
+        "extract": {"ref_samples": [0], "ref_layers": [0, -1], "analysis": "store"},
+        "decomposition": {"dummy_distances": dummy_distances, "dummy_distance": 1000, "bound_samples": 1},
+    }
+
+
+def predictions(shape, cfg: dict, rates) -> dict:
+    """Seconds per window of each stage and of each part of the decomposition, from posgen.plan."""
+    from posgen import plan
+
+    T, n = cfg["seq_len"], cfg["n_samples"]
+    forward = plan.forward_flops(shape, T) / rates.forward
+    refs = len(cfg["extract"]["ref_layers"]) * shape.logits_bytes(T) / n
+    parts = plan.analysis_parts(shape, cfg, n, 1, rates)
+    bands = parts.pop("bands")
+    return {
+        "plain forward": forward,
+        "extract (capture + HDF5)": plan.CAPTURE_OVERHEAD * forward + (shape.qk_bytes(T) + refs) / rates.disk,
+        "decompose (from qk.h5)": sum(parts.values()) / n + shape.qk_bytes(T) / rates.disk,
+        # the fused stage (posgen.extract.extract(..., analysis=...)): capture, decomposition and bands in memory,
+        # q/k of the first window written
+        "fused (extract + analysis)": plan.CAPTURE_OVERHEAD * forward
+        + (sum(parts.values()) + bands) / n
+        + (shape.qk_bytes(T) + refs) / n / rates.disk,
+        "parts": {name: value / n for name, value in parts.items()},
+    }
+
+
+def implied_rates(shape, cfg: dict, stages: dict) -> dict:
+    """The sustained rates this run measured (the calibration of posgen.plan.CPU): work over measured time."""
+    from posgen import plan
+
+    T, n = cfg["seq_len"], cfg["n_samples"]
+    dec = cfg["decomposition"]
+    n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
+    parts = stages["decompose (from qk.h5)"]["parts"]
+    flops_b, read_b = plan.method_b_cost(shape, T)
+    design = sum(2 * plan.design_flops(T, w) for w in shape.windows(T))
+    plain = stages["plain forward"]["seconds"]
+    return {
+        "forward FLOP/s": plan.forward_flops(shape, T) / plain,
+        "capture overhead": stages["extract (capture + HDF5)"]["seconds"] / plain,
+        "moments FLOP/s": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / parts["moments"],
+        "factor FLOP/s": design / parts["factor"],
+        # Method B's solves: the inverse's bytes over the time left after its FLOPs at the moments rate
+        "memory B/s": n
+        * shape.n_layers
+        * read_b
+        / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / plan.CPU.moments),
+        "error FLOP/s": shape.n_layers * plan.error_flops(shape, T) / parts["error"],
+    }
+
+
+def extrapolate(paper_config: Path) -> None:
+    """Totals of the paper config through posgen.plan: the store path and the fused path, CPU and GPU."""
+    import copy
+
+    from posgen import config as posgen_config
+    from posgen import plan
+
+    paper = posgen_config.load(paper_config)
+    store = copy.deepcopy(paper)
+    store["extract"].update(analysis="store", keep_qk="all", qk_dtype="float32")
+    fused = copy.deepcopy(paper)
+    fused["extract"].setdefault("analysis", "fused")
+    opts = plan.config_options(fused)
+    print(
+        f"\nextrapolated to {paper_config.name} ({paper['n_samples']} windows x {paper['seq_len']} tokens, "
+        f"{len(paper['models'])} models x {len(posgen_config.variants(paper))} variants) by posgen.plan:"
+    )
+    print(f"{'path':44s} {'jobs':>5s} {'disk GB':>9s} {'CPU-hours':>10s} {'GPU-hours*':>11s}")
+    for label, cfg in (
+        ("store (float32 q/k of every window)", store),
+        (f"fused (keep_qk {opts['keep_qk']}, {opts['qk_dtype']}, {opts['shards']} shard(s))", fused),
+    ):
+        cpu = plan.totals(plan.plan(cfg, device="cpu"))
+        gpu = plan.totals(plan.plan(cfg, device="gpu"))
+        print(f"{label:44s} {gpu['jobs']:5d} {gpu['disk_gb']:9.1f} {cpu['hours']:10.1f} {gpu['hours']:11.1f}")
+    print("* GPU-hours from ASSUMED H100 rates (posgen.plan.GPU), not measured")
+
+
 def main(argv=None):
+    from posgen import plan
+
     parser = argparse.ArgumentParser(prog="python -m posgen.bench scale", description=__doc__)
     parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(PAPER_SHAPES))
     parser.add_argument("--layers", type=int, default=2, help="truncate the model to its first N layers")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--windows", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--paper-windows", type=int, default=32, help="windows per variant in the paper config")
-    parser.add_argument("--paper-variants", type=int, default=4, help="trained + random-init seeds")
+    parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
+    parser.add_argument("--paper-config", type=Path, default=Path(__file__).resolve().parents[3] / "config.paper.yaml")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -141,56 +263,40 @@ def main(argv=None):
             ),
         }
         stages["decompose (from qk.h5)"] = _in_child(
-            _stage_decompose, str(root / "qk.h5"), args.threads, str(root / "decomposition.nc")
+            _stage_decompose, str(root / "qk.h5"), args.threads, str(root / "decomposition.nc"), args.dummy_distances
         )
 
     config = shape_config(args.shape, args.layers)
+    shape = plan.Shape.from_dict({**PAPER_SHAPES[args.shape], "num_hidden_layers": args.layers})
+    cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
+    predicted = predictions(shape, cfg, plan.CPU)
     print(
         f"{args.shape}: {args.layers} of {PAPER_SHAPES[args.shape]['num_hidden_layers']} layers, "
-        f"{args.windows} window(s) x {args.seq_len} tokens, {args.threads} threads, random weights"
+        f"{args.windows} window(s) x {args.seq_len} tokens, {args.threads} threads, random weights, "
+        f"{len(args.dummy_distances)} dummy distances, error bound on 1 window"
     )
-    print(f"{'stage':26s} {'s/window':>9s} {'s/layer':>8s} {'ratio':>6s} {'peak RSS GB':>12s} {'bytes/window':>13s}")
+    print(
+        f"{'stage':26s} {'s/window':>9s} {'s/layer':>8s} {'x fwd':>6s} {'predicted':>10s} {'meas/pred':>10s} "
+        f"{'peak RSS GB':>12s} {'bytes/window':>13s}"
+    )
     base = stages["plain forward"]["seconds"]
     for name, stage in stages.items():
         per_layer = stage["seconds"] / args.layers
         written = stage["bytes"] / args.windows
         print(
             f"{name:26s} {stage['seconds']:9.2f} {per_layer:8.2f} {stage['seconds'] / base:6.2f} "
+            f"{predicted[name]:10.2f} {stage['seconds'] / predicted[name]:10.2f} "
             f"{stage['peak_rss_gb']:12.2f} {written:13.3e}"
         )
+        for part, measured in stage.get("parts", {}).items():
+            guess = predicted["parts"][part]
+            print(f"  {part:24s} {measured:9.2f} {'':8s} {'':6s} {guess:10.2f} {measured / guess:10.2f}")
     print(f"analytic q/k bytes per window: {qk_bytes(config, args.seq_len):.3e}")
-
-    print(f"\nextrapolated to the paper config ({args.paper_windows} windows x {args.paper_variants} variants):")
-    print(f"{'model':14s} {'params':>7s} {'layers':>6s} {'qk.h5 disk GB':>14s} {'CPU-hours store path':>21s}")
-    store_s_per_layer = (
-        stages["extract (capture + HDF5)"]["seconds"] + stages["decompose (from qk.h5)"]["seconds"]
-    ) / args.layers
-    ref_layer_cost = _layer_cost(config, args.seq_len)
-    total_gb = total_h = 0.0
-    for name in PAPER_SHAPES:
-        full = shape_config(name)
-        units = args.paper_windows * args.paper_variants
-        disk_gb = qk_bytes(full, args.seq_len) * units / 1e9
-        # per-layer cost scales with the layer's FLOPs (projections + attention) relative to the measured shape
-        hours = store_s_per_layer * _layer_cost(full, args.seq_len) / ref_layer_cost * full.num_hidden_layers
-        hours = hours * units / 3600
-        total_gb, total_h = total_gb + disk_gb, total_h + hours
-        print(
-            f"{name:14s} {parameter_count(full) / 1e9:6.2f}B {full.num_hidden_layers:6d} {disk_gb:14.1f} {hours:21.1f}"
-        )
-    print(f"{'total':14s} {'':7s} {'':6s} {total_gb:14.1f} {total_h:21.1f}")
-
-
-def _layer_cost(config, n_tokens: int) -> float:
-    """FLOPs of one decoder layer on one window: q/k/v/o and MLP projections plus causal attention."""
-    n_heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    n_kv = config.num_key_value_heads
-    projections = config.hidden_size * head_dim * (2 * n_heads + 2 * n_kv) + 3 * config.hidden_size * (
-        config.intermediate_size
-    )
-    attention = 2 * n_heads * head_dim * n_tokens  # per query, causal half of QK^T and AV
-    return 2 * n_tokens * (projections + attention)
+    print("rates implied by this run (posgen.plan.CPU holds the calibrated ones):")
+    for name, value in implied_rates(shape, cfg, stages).items():
+        print(f"  {name:18s} {value:10.3g}")
+    if args.paper_config.exists():
+        extrapolate(args.paper_config)
 
 
 if __name__ == "__main__":

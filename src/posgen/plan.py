@@ -1,0 +1,580 @@
+"""What a run will cost before anything is submitted: per job, the device memory, host memory, disk written and
+time, from each model's shape and the config (docs/slurm.md, "Planning a run").
+
+    python -m posgen.plan --configfile config.paper.yaml [--device gpu|cpu]
+
+The same model sizes the SLURM jobs (``job_resources``, read by ``rules/resources.smk``).
+
+Cost model (symbols: T tokens per window, L layers, H query heads, H_kv key heads, d head_dim, P_body the
+non-embedding parameters, nD dummy distances of the sweep plus the headline one, n_z = T + n_delta the unknowns of
+Method B's reduced system, n_delta = T or the sliding window):
+
+* forward pass of one window: ``2 P_body T + 2 L H d T^2`` FLOPs (projections and MLPs, plus causal QK^T and AV).
+  Extraction runs it through the capturing backend, which also copies q/k off the layer: ``CAPTURE_OVERHEAD``.
+* decomposition of one (window, layer), float64 (``masked_moments`` and Method B):
+  moments ``(26 H + 2 H_kv) T d^2 + 2 H T C d (3 + nD) + 2 H T C (3 + nD)^2`` (C = 32 ragged key columns, 96 for a
+  sliding window), Method B ``2 sinks x 2 solves x 2 H n_z^2`` plus its FFTs ``10 (H + H_kv) d 2T log2(2T)``
+  and its bytes, the cached inverse ``n_z^2 8`` read once per solve;
+  once per job and mask, the factorisation of Method B's normal matrix ``2 T n_z^2 + n_z^3`` (two sinks).
+* error of A and section 5 bound on the ``bound_samples`` windows, float32, per (window, layer):
+  ``(4 d + 3 d / 2 + 8) H T^2`` (two sinks, T^2 / 2 entries each; 8 elementwise operations per entry).
+* feature bands: a few passes over q/k (negligible next to the above).
+* bytes: q/k of a kept window ``L (H + H_kv) T d b`` with b the bytes of ``extract.qk_dtype``, reference logits
+  ``H T^2 4`` per (reference window, reference layer), decomposition.nc ``(44 + 2 nD) 8`` bytes per
+  (window, layer, head), bands.nc ``6 (H + H_kv) d / 2 8`` bytes per (window, layer).
+* time = each part's FLOPs over the device's sustained rate for that kind of work (:class:`Rates`: forward
+  pass, float64 moments, factorisation, memory streaming, float32 error pass, disk bytes) plus a start-up per job (interpreter, imports,
+  reading the weights).
+* memory: device = weights in ``dtype`` + one window's activations + the analysis working set of one layer
+  (Method B's cached factors ``2 n_z^2 8`` per mask and sink, the moments' query Grams ``4 H T d^2 / 32 8``, the
+  error pass's row blocks); host = the weights while they load (on a GPU job), one window's float32 q/k, the
+  reference logits, and on a CPU job everything the device would hold.
+
+``CPU`` rates are calibrated on this project's 2-core machine (``python -m posgen.bench scale``, which prints
+predicted against measured per stage); ``GPU`` rates are ASSUMPTIONS for one H100 until measured there.
+Shapes come from the acquired ``resources/models/<name>/config.json`` when present, else from the recorded shapes
+of :mod:`posgen.shapes` (by name or hub id); a model with neither is listed as unknown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from posgen.shapes import SHAPES
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap")
+GPU_RULES = ("extract", "decompose", "perturb", "cap")  # bands reads q/k on the CPU
+RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
+CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
+RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
+MEM_MARGIN = 1.25  # safety margin on every memory ask
+MIN_MEM_MB = 2000
+MIN_RUNTIME_MIN = 10
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Sustained rates of one job's device (per job: 2 threads on the CPU, one GPU)."""
+
+    forward: float  # FLOP/s of the model's forward pass in the run's dtype
+    moments: float  # FLOP/s of the float64 moment products (many small batched products)
+    factor: float  # FLOP/s of Method B's dense float64 factorisation (one large product, Cholesky, inverse)
+    memory: float  # bytes/s streamed from memory (Method B's solves read its cached inverse)
+    error: float  # FLOP/s of the float32 error-and-bound pass, its elementwise work included
+    disk: float  # bytes/s written or read (HDF5, NetCDF, weights)
+    start_s: float  # per job: interpreter, imports, CUDA context
+
+
+# Calibrated with `python -m posgen.bench scale` on the project's 2-core machine (docs/slurm.md, "Planning a run").
+CPU = Rates(forward=56e9, moments=3.5e9, factor=14e9, memory=2.5e8, error=7e9, disk=4e8, start_s=10.0)
+# ASSUMPTIONS for one NVIDIA H100 (80 GB), not yet measured: bfloat16 forward at ~30 % of its 990 TFLOP/s dense
+# peak; float64 products at ~30 % of its 67 TFLOP/s; memory streamed at ~60 % of 3.3 TB/s; the float32 error
+# pass (no TF32) at ~20 % of 67 TFLOP/s; a parallel file system at 1 GB/s; a minute to start a job and build the
+# CUDA context.
+GPU = Rates(forward=300e12, moments=20e12, factor=20e12, memory=2e12, error=12e12, disk=1e9, start_s=60.0)
+RATES = {"cpu": CPU, "gpu": GPU}
+
+
+# --------------------------------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the cost model reads from a model config (``config.json`` keys; parameter counts analytic)."""
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    tied: bool
+    qkv_bias: bool = False
+    sliding_window: int = 0  # 0: every layer global
+    n_sliding: int = 0  # layers with the sliding window
+    softcap: bool = False
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "Shape":
+        """From a ``config.json`` dict (a multimodal config's ``text_config`` wins)."""
+        c = {**config, **config.get("text_config", {})}
+        try:
+            n_heads = int(c["num_attention_heads"])
+            hidden = int(c["hidden_size"])
+            n_layers = int(c["num_hidden_layers"])
+            intermediate = int(c["intermediate_size"])
+            vocab = int(c["vocab_size"])
+        except KeyError as err:
+            raise KeyError(f"model config: no {err.args[0]!r} (not a decoder config this plan can read)") from None
+        window = int(c.get("sliding_window") or 0)
+        types = c.get("layer_types")
+        if types:
+            n_sliding = sum(t == "sliding_attention" for t in types[:n_layers])
+        elif c.get("model_type") == "gemma2":
+            n_sliding = (n_layers + 1) // 2  # alternating local/global, local first
+        elif c.get("model_type") in ("gemma3", "gemma3_text"):
+            pattern = int(c.get("sliding_window_pattern", 6))  # every pattern-th layer is global
+            n_sliding = n_layers - n_layers // pattern
+        elif c.get("model_type") in ("qwen2", "qwen3") and not c.get("use_sliding_window", False):
+            n_sliding = 0
+        else:
+            n_sliding = n_layers if window else 0
+        return cls(
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
+            head_dim=int(c.get("head_dim") or hidden // n_heads),
+            hidden=hidden,
+            intermediate=intermediate,
+            vocab=vocab,
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
+            sliding_window=window if n_sliding else 0,
+            n_sliding=n_sliding,
+            softcap=bool(c.get("attn_logit_softcapping")),
+        )
+
+    @property
+    def n_body(self) -> int:
+        """Parameters of the decoder layers (attention, gated MLP, norms): what every token multiplies."""
+        H, Hkv, d, D = self.n_heads, self.n_kv_heads, self.head_dim, self.hidden
+        attention = D * d * (2 * H + 2 * Hkv) + (H + 2 * Hkv) * d * self.qkv_bias
+        return self.n_layers * (attention + 3 * D * self.intermediate + 4 * D)
+
+    @property
+    def n_params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
+        return self.n_body + embeddings + self.hidden
+
+    def windows(self, n_tokens: int) -> list[int]:
+        """The distinct attention masks of the analysis: 0 (global) and the sliding window if it is < T."""
+        out = [0] if self.n_sliding < self.n_layers else []
+        if self.n_sliding and 0 < self.sliding_window < n_tokens:
+            out.append(self.sliding_window)
+        elif self.n_sliding:
+            out = [0]
+        return out
+
+    def qk_bytes(self, n_tokens: int, dtype: str = "float32") -> int:
+        """One window's pre-RoPE q/k of every layer in ``dtype``."""
+        return self.n_layers * (self.n_heads + self.n_kv_heads) * n_tokens * self.head_dim * DTYPE_BYTES[dtype]
+
+    def logits_bytes(self, n_tokens: int) -> int:
+        """One layer's float32 attention logits of one window."""
+        return self.n_heads * n_tokens * n_tokens * 4
+
+
+def model_shape(entry: dict, models_dir: str | Path = "resources/models") -> Shape | None:
+    """The shape of a config's model entry: its acquired config.json, else a recorded shape, else None."""
+    acquired = Path(models_dir) / entry["name"] / "config.json"
+    if acquired.exists():
+        return Shape.from_dict(json.loads(acquired.read_text()))
+    source = entry.get("source", "")
+    names = [entry["name"], source.partition(":")[2]]
+    names.append(names[1].split("@")[0].split("/")[-1].lower())  # hf:meta-llama/Llama-3.1-8B@... -> llama-3.1-8b
+    for name in names:
+        if name in SHAPES:
+            return Shape.from_dict(SHAPES[name])
+    return None
+
+
+# ----------------------------------------------------------------------------------------------- FLOPs
+
+
+def forward_flops(shape: Shape, n_tokens: int) -> float:
+    """One window through the decoder layers: projections and MLPs plus causal QK^T and AV."""
+    T = n_tokens
+    return 2 * shape.n_body * T + 2 * shape.n_layers * shape.n_heads * shape.head_dim * T * T
+
+
+def _n_delta(n_tokens: int, window: int) -> int:
+    return window or n_tokens
+
+
+def design_flops(n_tokens: int, window: int) -> float:
+    """Method B's normal matrix for one mask and sink: the coupling product plus Cholesky and its inverse."""
+    n_z = n_tokens + _n_delta(n_tokens, window)
+    return 2 * n_tokens * n_z**2 + n_z**3
+
+
+def moments_flops(shape: Shape, n_tokens: int, n_distances: int, window: int = 0) -> float:
+    """masked_moments of one (window, layer), float64: Gram matrices and key-side products, ragged columns."""
+    H, Hkv, d, T = shape.n_heads, shape.n_kv_heads, shape.head_dim, n_tokens
+    C = RAGGED_COLUMNS * (3 if window else 1)
+    k = 3 + n_distances  # key sets [x | f | phi] and every g_D
+    return (26 * H + 2 * Hkv) * T * d * d + 2 * H * T * C * d * k + 2 * H * T * C * k * k
+
+
+def method_b_cost(shape: Shape, n_tokens: int, window: int = 0) -> tuple[float, float]:
+    """(FLOPs, bytes read) of Method B on one (window, layer): two solves per sink against the cached inverse
+    (every head at once: the inverse is read once per solve) and the FFT sums."""
+    T = n_tokens
+    n_z = T + _n_delta(T, window)
+    fft = 10 * (shape.n_heads + shape.n_kv_heads) * shape.head_dim * 2 * T * math.log2(2 * T)
+    return 2 * 2 * 2 * shape.n_heads * n_z**2 + fft, 2 * 2 * n_z**2 * 8
+
+
+def error_flops(shape: Shape, n_tokens: int, window: int = 0) -> float:
+    """The error-and-bound pass of one (window, layer): the error product ``4 d``, the bound's slow and fast
+    bands ``~3 d / 2`` and about 8 elementwise operations per counted entry (two sinks)."""
+    T, H, d = n_tokens, shape.n_heads, shape.head_dim
+    pairs = T * min(T, window) if window else T * T / 2  # counted entries of one head, per sink
+    return (4 * d + 1.5 * d + 8) * H * 2 * pairs
+
+
+def _layer_windows(shape: Shape, n_tokens: int) -> list[tuple[int, int]]:
+    """(effective window, number of layers) over the layers."""
+    window = shape.sliding_window if 0 < shape.sliding_window < n_tokens else 0
+    if not window:
+        return [(0, shape.n_layers)]
+    return [(0, shape.n_layers - shape.n_sliding), (window, shape.n_sliding)]
+
+
+def analysis_parts(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates: Rates) -> dict:
+    """Seconds of the decomposition of ``n_windows`` windows (``n_bound`` of them with the error bound) by part:
+    ``factor`` (Method B's normal matrices, once per job), ``moments``, ``method_b``, ``error``; and ``bands``."""
+    T = cfg["seq_len"]
+    dec = cfg["decomposition"]
+    n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
+    parts = {"factor": sum(2 * design_flops(T, w) for w in shape.windows(T)) / rates.factor}
+    parts["moments"] = parts["method_b"] = parts["error"] = 0.0
+    for window, n_layers in _layer_windows(shape, T):
+        parts["moments"] += n_windows * n_layers * moments_flops(shape, T, n_distances, window) / rates.moments
+        flops, read = method_b_cost(shape, T, window)
+        parts["method_b"] += n_windows * n_layers * (flops / rates.moments + read / rates.memory)
+        parts["error"] += n_bound * n_layers * error_flops(shape, T, window) / rates.error
+    # feature bands: a few elementwise passes over the window's q/k
+    parts["bands"] = n_windows * 8 * shape.qk_bytes(T) / 4 / rates.error
+    return parts
+
+
+def analysis_seconds(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates: Rates, bands: bool = True) -> float:
+    """Decomposition (and feature bands) of ``n_windows`` windows, ``n_bound`` of them with the error bound."""
+    parts = analysis_parts(shape, cfg, n_windows, n_bound, rates)
+    return sum(v for k, v in parts.items() if bands or k != "bands")
+
+
+# --------------------------------------------------------------------------------------------- the jobs
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One job's expected figures."""
+
+    rule: str
+    device_gb: float  # device memory (0 for a CPU-only rule)
+    host_gb: float
+    disk_gb: float
+    seconds: float
+    refs_gb: float = 0.0  # of disk_gb: the reference logits of the self-check
+
+
+def config_options(cfg: dict) -> dict:
+    """The scale options of docs/slurm.md with their defaults (keys may be absent from older configs)."""
+    extract = cfg.get("extract", {})
+    keep = extract.get("keep_qk", 1)
+    analysis = extract.get("analysis", "fused")
+    if analysis not in ("fused", "store"):
+        raise ValueError(f"extract.analysis: {analysis!r} (fused | store)")
+    qk_dtype = extract.get("qk_dtype", "float32")
+    if qk_dtype not in DTYPE_BYTES:
+        raise ValueError(f"extract.qk_dtype: {qk_dtype!r} ({' | '.join(DTYPE_BYTES)})")
+    if analysis == "store" or keep == "all":
+        keep = cfg["n_samples"]
+    return {
+        "shards": int(cfg.get("shards", 1)),
+        "analysis": analysis,
+        "keep_qk": int(keep),
+        "qk_dtype": qk_dtype,
+        "ref_samples": list(extract.get("ref_samples", [0])),
+        "ref_layers": list(extract.get("ref_layers", [0, -1])),
+    }
+
+
+def shard_ranges(n_samples: int, shards: int) -> list[tuple[int, int]]:
+    """Contiguous (start, stop) window ranges of ``shards`` jobs (numpy.array_split; empty shards dropped)."""
+    parts = np.array_split(np.arange(n_samples), max(1, min(shards, n_samples)))
+    return [(int(p[0]), int(p[-1]) + 1) for p in parts if len(p)]
+
+
+def parse_shard(shard: str) -> tuple[int, int]:
+    """``"<start>-<stop>"`` (the ``{shard}`` wildcard) -> (start, stop)."""
+    start, _, stop = shard.partition("-")
+    if not (start.isdigit() and stop.isdigit() and int(start) < int(stop)):
+        raise ValueError(f"shard {shard!r}: expected '<start>-<stop>' with start < stop")
+    return int(start), int(stop)
+
+
+def _weights_bytes(shape: Shape, dtype: str) -> int:
+    return shape.n_params * DTYPE_BYTES[dtype]
+
+
+def _activation_bytes(shape: Shape, n_tokens: int, dtype: str, n_windows: int = 1) -> int:
+    """Hidden and MLP states of the forward pass (a few live at once) and, where the model soft-caps, the
+    eager attention matrix of one layer."""
+    b = DTYPE_BYTES[dtype]
+    states = n_windows * n_tokens * (6 * shape.hidden + 3 * shape.intermediate) * b
+    if shape.softcap:
+        states += n_windows * 3 * shape.logits_bytes(n_tokens)
+    return states
+
+
+def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
+    """Working set of one layer's analysis: Method B's cached factors, the moments' Grams, the error blocks."""
+    T, H, d = n_tokens, shape.n_heads, shape.head_dim
+    designs = sum(2 * 2 * (T + _n_delta(T, w)) ** 2 * 8 for w in shape.windows(T))
+    building = 3 * (2 * T) ** 2 * 8  # the dense normal matrix, its factor and inverse while one is built
+    h = H // shape.n_kv_heads
+    grams = 3 * (T // RAGGED_COLUMNS + 1) * h * (2 * d) ** 2 * 8  # one KV head's query Grams and sums
+    operands = (H + shape.n_kv_heads) * T * d * 8 * 8  # rotated q/k, keys [x | f | phi | g] in float64
+    block = 2**28 if device == "gpu" else 2**20
+    return designs + building + grams + operands + 8 * block * 4
+
+
+def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], device: str = "gpu") -> Cost:
+    """Expected figures of one ``rule`` job over the windows ``samples = (start, stop)`` (perturb and cap: over
+    their own ``perturb.n_samples`` windows)."""
+    opts = config_options(cfg)
+    rates = RATES[device]
+    start, stop = samples
+    n = stop - start
+    T = cfg["seq_len"]
+    dtype = cfg["dtype"] if device == "gpu" else "float32"
+    weights = _weights_bytes(shape, dtype)
+    dec = cfg["decomposition"]
+    bound = dec["bound_samples"] or cfg["n_samples"]
+    n_bound = max(0, min(stop, bound) - start)
+    n_ref_layers = len(opts["ref_layers"])
+    refs = [s for s in opts["ref_samples"] if start <= s < stop]
+    analysis_mem = _analysis_memory(shape, T, device)
+    qk_window = shape.qk_bytes(T)  # float32 as captured
+    n_results = (44 + 2 * len(dec["dummy_distances"])) * 8 * shape.n_layers * shape.n_heads
+    n_results += 6 * (shape.n_heads + shape.n_kv_heads) * shape.head_dim // 2 * 8 * shape.n_layers
+    forward_s = n * CAPTURE_OVERHEAD * forward_flops(shape, T) / rates.forward
+    load_s = rates.start_s + weights / rates.disk
+    on_gpu = device == "gpu" and rule in GPU_RULES
+
+    if rule == "extract":
+        fused = opts["analysis"] == "fused"
+        kept = range(start, min(stop, opts["keep_qk"])) if fused else range(start, stop)
+        qk_disk = len(kept) * shape.qk_bytes(T, opts["qk_dtype"])
+        ref_disk = sum(n_ref_layers * shape.logits_bytes(T) for s in refs if s in kept)
+        disk = qk_disk + ref_disk + (n * n_results if fused else 0)
+        seconds = load_s + forward_s + disk / rates.disk
+        activations = _activation_bytes(shape, T, dtype) + qk_window + shape.logits_bytes(T) * n_ref_layers
+        device_bytes = weights + activations + (analysis_mem if fused else 0)
+        if fused:
+            seconds += analysis_seconds(shape, cfg, n, n_bound, rates)
+        host = qk_window + (n_ref_layers * shape.logits_bytes(T) if refs else 0)
+        if on_gpu:
+            host += weights  # loaded on the host first
+        else:
+            host += device_bytes
+        cost = _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+        return replace(cost, refs_gb=ref_disk / 1e9)
+    if rule == "decompose":
+        read_s = n * qk_window / rates.disk
+        seconds = rates.start_s + read_s + analysis_seconds(shape, cfg, n, n_bound, rates, bands=False)
+        device_bytes = analysis_mem + qk_window // shape.n_layers
+        host = qk_window // shape.n_layers * 2 + (0 if on_gpu else device_bytes)
+        return _cost(rule, device_bytes if on_gpu else 0, host, n * n_results, seconds)
+    if rule == "bands":
+        seconds = rates.start_s + n * qk_window / rates.disk + n * 8 * shape.qk_bytes(T) / 4 / rates.error
+        return _cost(rule, 0, 2 * qk_window // shape.n_layers, n * n_results / 10, seconds)
+    if rule in ("perturb", "cap"):
+        p = cfg["perturb"]
+        Tp = p["seq_len"]
+        if rule == "perturb":
+            passes = 1 + 6 * sum(1 for r in p["rates"] if r > 0)  # six perturbation kinds (posgen.draws.KINDS)
+        else:
+            passes = 1 + len(p["caps"])
+        # every pass: the full model (lm_head included) and Method A's f and g of every layer (two T x T
+        # products per head)
+        lm_head = 2 * shape.vocab * shape.hidden * Tp
+        terms = 4 * shape.n_layers * shape.n_heads * Tp * Tp * shape.head_dim
+        seconds = load_s + passes * n * (forward_flops(shape, Tp) + lm_head + terms) / rates.forward
+        fg = 4 * n * shape.n_layers * shape.logits_bytes(Tp)  # f and g of the reference and of one pass
+        logits = n * Tp * shape.vocab * 4
+        device_bytes = weights + _activation_bytes(shape, Tp, dtype, n) + fg + logits
+        host = (weights if on_gpu else device_bytes) + n * shape.qk_bytes(Tp) * 2
+        disk = passes * n * (shape.n_layers * 16 + 2 * Tp * 8)
+        return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+    raise ValueError(f"rule {rule!r}: the plan knows {', '.join(HEAVY_RULES)}")
+
+
+def _cost(rule: str, device_bytes: float, host_bytes: float, disk_bytes: float, seconds: float) -> Cost:
+    return Cost(rule, device_bytes / 1e9, host_bytes / 1e9, disk_bytes / 1e9, seconds)
+
+
+def job_resources(
+    rule: str,
+    shape: Shape,
+    cfg: dict,
+    n_windows: int,
+    attempt: int = 1,
+    device: str = "gpu",
+    start: int = 0,
+) -> dict:
+    """Snakemake resources of one job over ``n_windows`` windows from ``start``: ``mem_mb`` (host), ``runtime``
+    (minutes), ``gpu_mem_mb`` (0 off the GPU) and ``disk_mb``; memory and runtime grow by ``RETRY_GROWTH`` per
+    retry (``attempt`` 2, 3, ...), after an out-of-memory or time-limit failure."""
+    if n_windows < 1 or attempt < 1:
+        raise ValueError(f"job_resources: n_windows {n_windows} and attempt {attempt} must be >= 1")
+    cost = job_cost(rule, shape, cfg, (start, start + n_windows), device)
+    grow = RETRY_GROWTH ** (attempt - 1)
+    return {
+        "mem_mb": math.ceil(max(MIN_MEM_MB, cost.host_gb * 1e3 * MEM_MARGIN) * grow),
+        # twice the estimate: the rates are sustained averages, a slow node or file system must not kill the job
+        "runtime": math.ceil(max(MIN_RUNTIME_MIN, 2 * cost.seconds / 60) * grow),
+        "gpu_mem_mb": math.ceil(cost.device_gb * 1e3 * MEM_MARGIN * grow),
+        "disk_mb": math.ceil(cost.disk_gb * 1e3 * MEM_MARGIN) + 1,
+    }
+
+
+# Before a model is acquired (a dry run, the DAG's first pass) its shape may be unknown: these asks stand in;
+# Snakemake evaluates the resources again once the job's input exists, just before it runs.
+UNKNOWN_SHAPE_RESOURCES = {"mem_mb": 64000, "runtime": 240, "gpu_mem_mb": 80000, "disk_mb": 100000}
+
+
+def model_shape_at(model_dir: str | Path, entry: dict, variant: str = "") -> Shape | None:
+    """The shape of an acquired model folder (a checkpoint series keeps its config in ``<variant>/``), else of its
+    config entry (:func:`model_shape`)."""
+    model_dir = Path(model_dir)
+    for folder in (model_dir, model_dir / variant):
+        if (folder / "config.json").is_file():
+            return Shape.from_dict(json.loads((folder / "config.json").read_text()))
+    return model_shape(entry, model_dir.parent)
+
+
+def resource_names(rule: str) -> tuple[str, ...]:
+    """The resources :func:`rule_resources` sets for ``rule``: ``gpu`` only on the GPU rules."""
+    return ("mem_mb", "runtime", "gpu_mem_mb", "disk_mb") + (("gpu",) if rule in GPU_RULES else ())
+
+
+def rule_resources(
+    rule: str, model_dir: str | Path, entry: dict, variant: str, shard: str | None, cfg: dict, attempt: int = 1
+) -> dict:
+    """Snakemake resources of one job of ``rule`` (what ``rules/resources.smk`` hands Snakemake): the model's
+    shape from ``model_dir/config.json`` (else its recorded shape), the windows from ``shard`` ("<start>-<stop>";
+    None: all windows of the rule), ``gpu`` = the entry's ``gpus`` (default 1) on GPU rules; the figures are those
+    of a GPU job unless the config's ``device`` is ``cpu``."""
+    if rule in ("perturb", "cap"):
+        total = cfg["perturb"]["n_samples"]
+    else:
+        total = cfg["n_samples"]
+    start, stop = parse_shard(shard) if shard else (0, total)
+    device = "cpu" if cfg.get("device") == "cpu" else "gpu"
+    shape = model_shape_at(model_dir, entry, variant)
+    if shape is None:
+        out = dict(UNKNOWN_SHAPE_RESOURCES)
+    else:
+        out = job_resources(rule, shape, cfg, stop - start, attempt, device, start=start)
+    if rule in GPU_RULES:  # asked for even when the config runs on the CPU, as the profile's constants were
+        out["gpu"] = int(entry.get("gpus", 1))
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    variant: str
+    shard: str
+    cost: Cost | None  # None: shape unknown
+
+
+def planned_rules(cfg: dict) -> tuple[str, ...]:
+    if config_options(cfg)["analysis"] == "fused":
+        return ("extract", "perturb", "cap")
+    return ("extract", "decompose", "bands", "perturb", "cap")
+
+
+def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str = "gpu") -> list[Row]:
+    """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap) per
+    (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
+    from posgen.config import variants
+
+    opts = config_options(cfg)
+    shards = shard_ranges(cfg["n_samples"], opts["shards"])
+    perturb_shards = shard_ranges(cfg["perturb"]["n_samples"], opts["shards"])
+    rows = []
+    for entry in cfg["models"]:
+        shape = model_shape(entry, models_dir)
+        for variant in variants(cfg, entry["name"]):
+            if shape is None:
+                rows.append(Row(entry["name"], variant, "-", None))
+                continue
+            for rule in planned_rules(cfg):
+                for start, stop in perturb_shards if rule in ("perturb", "cap") else shards:
+                    cost = job_cost(rule, shape, cfg, (start, stop), device)
+                    rows.append(Row(entry["name"], variant, f"{start}-{stop}", cost))
+    return rows
+
+
+def totals(rows: list[Row]) -> dict:
+    known = [r.cost for r in rows if r.cost is not None]
+    return {
+        "jobs": len(known),
+        "disk_gb": sum(c.disk_gb for c in known),
+        "refs_gb": sum(c.refs_gb for c in known),
+        "hours": sum(c.seconds for c in known) / 3600,
+        "unknown": sorted({r.model for r in rows if r.cost is None}),
+    }
+
+
+def main(argv=None) -> None:
+    from posgen import config as posgen_config
+
+    parser = argparse.ArgumentParser(prog="python -m posgen.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--configfile", default="config.yaml")
+    parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
+    parser.add_argument("--models-dir", default="resources/models")
+    parser.add_argument("--totals", action="store_true", help="print the totals only")
+    args = parser.parse_args(argv)
+    try:
+        cfg = posgen_config.load(args.configfile)
+    except posgen_config.ConfigError as err:
+        raise SystemExit(f"posgen.plan: {err}") from None
+    try:
+        rows = plan(cfg, models_dir=args.models_dir, device=args.device)
+    except (KeyError, ValueError) as err:
+        raise SystemExit(f"posgen.plan: {err.args[0]}") from None
+    opts = config_options(cfg)
+    unit = "GPU" if args.device == "gpu" else "CPU"
+    rates = "calibrated on the 2-core bench machine" if args.device == "cpu" else "ASSUMED H100 rates, unmeasured"
+    print(
+        f"plan for {args.configfile} on {args.device} ({rates}): {cfg['n_samples']} windows x {cfg['seq_len']} tokens, "
+        f"{opts['shards']} shard(s), analysis {opts['analysis']}, keep_qk {opts['keep_qk']} in {opts['qk_dtype']}"
+    )
+    if not args.totals:
+        print(
+            f"{'model':16s} {'variant':14s} {'job':10s} {'shard':>7s} {'GPU GB':>7s} {'host GB':>8s} "
+            f"{'disk GB':>8s} {'hours':>7s}"
+        )
+        for row in rows:
+            if row.cost is None:
+                print(f"{row.model:16s} {row.variant:14s} shape unknown (no config.json yet, not a recorded shape)")
+                continue
+            c = row.cost
+            print(
+                f"{row.model:16s} {row.variant:14s} {c.rule:10s} {row.shard:>7s} {c.device_gb:7.1f} {c.host_gb:8.1f} "
+                f"{c.disk_gb:8.3f} {c.seconds / 3600:7.3f}"
+            )
+    t = totals(rows)
+    print(
+        f"total: {t['jobs']} jobs, disk {t['disk_gb']:.1f} GB (of which reference logits {t['refs_gb']:.1f} GB), "
+        f"{t['hours']:.1f} {unit}-hours"
+    )
+    if t["unknown"]:
+        print(f"unknown shape (not counted): {', '.join(t['unknown'])}")
+
+
+if __name__ == "__main__":
+    main()

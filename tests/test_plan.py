@@ -1,0 +1,191 @@
+"""posgen.plan: shapes, the bytes of the cost model against a real extraction, resources that follow the model."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from posgen import plan  # noqa: E402
+from posgen.config import load  # noqa: E402
+from posgen.shapes import SHAPES, parameter_count, shape_config  # noqa: E402
+
+SMOLLM2 = plan.Shape.from_dict(SHAPES["smollm2-135m"])
+LLAMA8B = plan.Shape.from_dict(SHAPES["llama-3.1-8b"])
+
+
+def small_config(**extract) -> dict:
+    return {
+        "models": [{"name": "smollm2-135m", "source": "embedded:smollm2-135m"}],
+        "n_samples": 8,
+        "seq_len": 1200,
+        "random_init_seeds": [0],
+        "dtype": "float32",
+        "device": "auto",
+        "extract": {"ref_samples": [0], "ref_layers": [0, -1], **extract},
+        "decomposition": {"dummy_distances": [0, 250, 500, 1000, 2000], "dummy_distance": 1000, "bound_samples": 2},
+        "perturb": {"n_samples": 4, "seq_len": 256, "rates": [0, 0.01, 0.1], "caps": [8, 32]},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_analytic_parameter_count_matches_the_built_model(name):
+    # the plan counts parameters from config.json alone (no transformers in the Snakefile's resource callables)
+    exact = parameter_count(shape_config(name))
+    assert plan.Shape.from_dict(SHAPES[name]).n_params == pytest.approx(exact, rel=1e-3)
+
+
+def test_shape_reads_sliding_layers():
+    gemma2 = plan.Shape.from_dict(SHAPES["gemma-2-9b"])
+    assert (gemma2.n_sliding, gemma2.sliding_window, gemma2.softcap) == (21, 4096, True)
+    assert gemma2.windows(4096) == [0]  # a 4096 window covers a 4096-token sequence: one mask
+    assert gemma2.windows(8192) == [0, 4096]
+    assert plan.Shape.from_dict(SHAPES["qwen2.5-7b"]).n_sliding == 0
+    gemma3 = plan.Shape.from_dict(SHAPES["gemma3-270m"])
+    assert gemma3.windows(1200) == [0, 512] and gemma3.n_sliding == 15  # 5 local : 1 global, transformers' default
+
+
+def test_forward_flops_of_llama_8b():
+    # 2 P_body T: P_body is the 8.03B parameters less the two 128256 x 4096 embedding matrices and the final norm
+    body = 8_030_261_248 - 2 * 128256 * 4096 - 4096
+    assert LLAMA8B.n_body == pytest.approx(body, rel=1e-4)
+    T = 4096
+    expected = 2 * body * T + 2 * 32 * 32 * 128 * T * T
+    assert plan.forward_flops(LLAMA8B, T) == pytest.approx(expected, rel=1e-4)
+
+
+def test_shard_ranges_split_like_array_split():
+    assert plan.shard_ranges(32, 8) == [(4 * i, 4 * i + 4) for i in range(8)]
+    assert plan.shard_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert plan.shard_ranges(2, 8) == [(0, 1), (1, 2)]  # never an empty shard
+    assert plan.parse_shard("16-32") == (16, 32)
+    with pytest.raises(ValueError, match="'8-4'"):
+        plan.parse_shard("8-4")
+
+
+def test_job_resources_are_sane_and_monotone(tiny_source):
+    cfg = small_config()
+    tiny = plan.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
+    for rule in plan.HEAVY_RULES:
+        for device in ("cpu", "gpu"):
+            small = plan.job_resources(rule, tiny, cfg, 4, 1, device)
+            big = plan.job_resources(rule, SMOLLM2, cfg, 4, 1, device)
+            assert set(small) == {"mem_mb", "runtime", "gpu_mem_mb", "disk_mb"}
+            assert all(isinstance(v, int) and v >= 0 for v in small.values()), (rule, small)
+            assert big["mem_mb"] >= small["mem_mb"] and big["runtime"] >= small["runtime"], (rule, device)
+            retry = plan.job_resources(rule, SMOLLM2, cfg, 4, 2, device)
+            assert retry["mem_mb"] > big["mem_mb"] and retry["runtime"] > big["runtime"], (rule, device)
+            assert plan.job_resources(rule, SMOLLM2, cfg, 4, 3, device)["mem_mb"] > retry["mem_mb"]
+    # an 8B model in bfloat16 on the GPU: its 16 GB of weights and more, and a bigger shard runs longer
+    paper = {**small_config(), "dtype": "bfloat16", "seq_len": 4096, "n_samples": 32}
+    one = plan.job_resources("extract", LLAMA8B, paper, 1, 1, "gpu")
+    four = plan.job_resources("extract", LLAMA8B, paper, 4, 1, "gpu")
+    assert 16_000 < one["gpu_mem_mb"] < 80_000, one
+    assert four["gpu_mem_mb"] == one["gpu_mem_mb"]  # one window at a time
+    for rule in plan.HEAVY_RULES:  # the estimate; the runtime ask has a 10-minute floor
+        for device in ("cpu", "gpu"):
+            four = plan.job_cost(rule, LLAMA8B, paper, (0, 4), device).seconds
+            assert four > plan.job_cost(rule, LLAMA8B, paper, (0, 1), device).seconds, (rule, device)
+    shard = plan.job_resources("extract", LLAMA8B, paper, 4, 1, "cpu")
+    assert shard["runtime"] > plan.job_resources("extract", LLAMA8B, paper, 1, 1, "cpu")["runtime"]
+    # on the CPU nothing goes to a GPU
+    assert plan.job_resources("extract", LLAMA8B, paper, 1, 1, "cpu")["gpu_mem_mb"] == 0
+
+
+def test_disk_follows_keep_qk_dtype_and_mode():
+    T = 1200
+    qk32 = SMOLLM2.qk_bytes(T)
+    refs = 2 * SMOLLM2.logits_bytes(T)
+    store = plan.job_cost("extract", SMOLLM2, small_config(analysis="store"), (0, 8), "gpu")
+    assert store.disk_gb * 1e9 == pytest.approx(8 * qk32 + refs)
+    assert store.refs_gb * 1e9 == pytest.approx(refs)
+    fused = plan.job_cost("extract", SMOLLM2, small_config(keep_qk=1, qk_dtype="bfloat16"), (0, 8), "gpu")
+    results = fused.disk_gb * 1e9 - (qk32 / 2 + refs)
+    assert 0 < results < 0.1 * qk32  # the NetCDFs of 8 windows are small next to one window's q/k
+    # a shard past the kept windows writes only its NetCDFs, and no reference logits
+    later = plan.job_cost("extract", SMOLLM2, small_config(keep_qk=1), (4, 8), "gpu")
+    assert later.disk_gb * 1e9 == pytest.approx(results / 2)
+    with pytest.raises(ValueError, match="extract.analysis"):
+        plan.config_options(small_config(analysis="later"))
+
+
+def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
+    """The bytes the plan predicts for a store-mode extraction are the bytes qk.h5 takes (within 5 %)."""
+    import xarray as xr
+
+    from posgen.corpus import write_windows
+    from posgen.extract import extract
+    from posgen.models import acquire
+
+    model_dir = tmp_path / "model"
+    acquire(f"local:{tiny_source('llama')}", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    n, T = 3, 256
+    ids = np.random.default_rng(0).integers(0, config["vocab_size"], size=(n, T))
+    windows = tmp_path / "windows.h5"
+    coords = {"sample": np.arange(n), "token": np.arange(T)}
+    write_windows(xr.Dataset({"token_id": (("sample", "token"), ids)}, coords=coords), windows)
+    out = tmp_path / "qk.h5"
+    extract(model_dir, windows, out, model_name="tiny", variant="trained", transparency_tokens=16, check_tokens=16)
+    cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
+    cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
+    assert out.stat().st_size == pytest.approx(cost.disk_gb * 1e9, rel=0.05)
+
+
+def test_rule_resources_read_the_acquired_config(tmp_path):
+    cfg = small_config()
+    entry = {"name": "mine", "source": "hf:someone/unknown-model", "gpus": 2}
+    model_dir = tmp_path / "resources" / "models" / "mine"
+    model_dir.mkdir(parents=True)
+    # not acquired yet, not a recorded shape: the stand-in asks until Snakemake evaluates again
+    assert plan.rule_resources("extract", model_dir, entry, "trained", "0-4", cfg)["mem_mb"] == 64000
+    (model_dir / "config.json").write_text(json.dumps(SHAPES["smollm2-135m"]))
+    got = plan.rule_resources("extract", model_dir, entry, "trained", "0-4", cfg)
+    assert got == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "gpu"), "gpu": 2}
+    assert set(got) == set(plan.resource_names("extract"))
+    # perturb and cap shard their own windows; the whole rule without a shard wildcard
+    assert plan.rule_resources("perturb", model_dir, entry, "trained", None, cfg) == {
+        **plan.job_resources("perturb", SMOLLM2, cfg, 4, 1, "gpu"),
+        "gpu": 2,
+    }
+    # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
+    assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
+    assert "gpu" not in plan.resource_names("bands")
+    on_cpu = plan.rule_resources("extract", model_dir, entry, "trained", "0-4", {**cfg, "device": "cpu"})
+    assert on_cpu == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "cpu"), "gpu": 2}
+    # a recorded shape by hub id, before acquisition
+    hub = {"name": "l8", "source": "hf:meta-llama/Llama-3.1-8B@d04e592bb4f6aa9cfee91e2e20afa771667e1d4b"}
+    assert plan.model_shape_at(tmp_path / "resources" / "models" / "l8", hub) == LLAMA8B
+
+
+def test_paper_plan_rows_and_totals():
+    paper = load(ROOT / "config.paper.yaml")
+    store = copy.deepcopy(paper)
+    store["extract"].update(analysis="store", keep_qk="all", qk_dtype="float32")
+    store["shards"] = 8
+    rows = plan.plan(store, models_dir=ROOT / "no-models", device="gpu")
+    # 4 models x 4 variants x 8 shards x (extract, decompose, bands) + x 4 perturb windows in 4 shards x (perturb, cap)
+    assert len(rows) == 16 * (8 * 3 + 4 * 2)
+    total = plan.totals(rows)
+    # every window's float32 q/k of every layer, the whole config: the ~1.5 TB of docs/slurm.md
+    qk = sum(4 * 32 * plan.Shape.from_dict(SHAPES[m["name"]]).qk_bytes(4096) for m in paper["models"])
+    assert qk / 1e9 < total["disk_gb"] < 1.1 * qk / 1e9
+    assert 1200 < total["disk_gb"] < 1800
+    fused = copy.deepcopy(paper)
+    fused["extract"].update(analysis="fused", keep_qk=1, qk_dtype="bfloat16")
+    assert plan.totals(plan.plan(fused, models_dir=ROOT / "no-models"))["disk_gb"] < total["disk_gb"] / 10
+
+
+def test_cli_prints_jobs_and_totals(capsys):
+    plan.main(["--configfile", str(ROOT / "config.yaml"), "--device", "cpu", "--models-dir", "no-models"])
+    out = capsys.readouterr().out
+    assert "smollm2-135m" in out and "extract" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("total: 6 jobs, disk") and "reference logits" in last and "CPU-hours" in last
