@@ -25,6 +25,7 @@ report: "report/workflow.rst"
 
 
 include: "rules/common.smk"
+include: "rules/resources.smk"
 include: "rules/models.smk"
 include: "rules/corpus.smk"
 include: "rules/extract.smk"

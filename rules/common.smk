@@ -116,6 +116,15 @@ def shard_files(wildcards):
     return expand(f"{SHARD_DIR}/{{table}}.nc", shard=shards, **wildcards)
 
 
+def entry_key(key, default=""):
+    """A params function: ``key`` of the job's own `models` entry (e.g. device_map)."""
+
+    def value(wildcards):
+        return model_entry(config, wildcards.model).get(key, default)
+
+    return value
+
+
 def hash_of(leaves, per_model=True):
     """A params function: the job's config hash over ``leaves`` plus (``per_model``) its model's entry."""
 

@@ -15,8 +15,7 @@ if not FUSED:
             "../envs/posgen.yaml"
         threads: 2
         resources:
-            mem_mb=4000,
-            runtime=120,
+            **resources_for("decompose"),
         params:
             dummy_distances=config["decomposition"]["dummy_distances"],
             dummy_distance=config["decomposition"]["dummy_distance"],
@@ -40,8 +39,7 @@ if not FUSED:
             "../envs/posgen.yaml"
         threads: 1
         resources:
-            mem_mb=2000,
-            runtime=30,
+            **resources_for("bands"),
         params:
             config_hash=hash_of(BANDS_LEAVES),
         script:

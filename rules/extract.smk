@@ -30,12 +30,12 @@ rule extract:
         "../envs/posgen.yaml"
     threads: 2
     resources:
-        mem_mb=8000,
-        runtime=60,
+        **resources_for("extract"),
     params:
         **FUSED_PARAMS,
         dtype=config["dtype"],
         device=config["device"],
+        device_map=entry_key("device_map"),
         ref_samples=config["extract"]["ref_samples"],
         ref_layers=config["extract"]["ref_layers"],
         check_rtol=config["extract"]["check_rtol"],

@@ -17,8 +17,7 @@ rule perturb:
         "../envs/posgen.yaml"
     threads: 2
     resources:
-        mem_mb=6000,
-        runtime=60,
+        **resources_for("perturb"),
     params:
         n_samples=config["perturb"]["n_samples"],
         seq_len=config["perturb"]["seq_len"],
@@ -28,6 +27,7 @@ rule perturb:
         dummy_distance=config["decomposition"]["dummy_distance"],
         dtype=config["dtype"],
         device=config["device"],
+        device_map=entry_key("device_map"),
         config_hash=hash_of(PERTURB_LEAVES),
     script:
         "../workflow_scripts/perturb.py"
@@ -47,8 +47,7 @@ rule cap:
         "../envs/posgen.yaml"
     threads: 2
     resources:
-        mem_mb=6000,
-        runtime=30,
+        **resources_for("cap"),
     params:
         n_samples=config["perturb"]["n_samples"],
         seq_len=config["perturb"]["seq_len"],
@@ -56,6 +55,7 @@ rule cap:
         dummy_distance=config["decomposition"]["dummy_distance"],
         dtype=config["dtype"],
         device=config["device"],
+        device_map=entry_key("device_map"),
         config_hash=hash_of(CAP_LEAVES),
     script:
         "../workflow_scripts/cap.py"

@@ -6,6 +6,7 @@
 #         **resources_for("extract"),
 from posgen.plan import resource_names, rule_resources  # noqa: E402
 
+
 def _job_resources(rule, wildcards, input, attempt):
     manifest = input.get("manifest") if hasattr(input, "get") else None
     model_dir = Path(manifest).parent if manifest else Path("resources/models") / wildcards.model

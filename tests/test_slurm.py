@@ -370,8 +370,13 @@ def test_extract_submission_asks_for_gpu_cpus_memory(slurm_run, cluster):
     asks = {**gpu_asks()[FAIL_RULE], "gpu": want[1]["gpu"]}
     subs = r.sbatch_of_rule("extract")
     starts = [j for local, rule, j in r.starts if rule == "extract" and not local]
-    # one per model and variant, plus one per retry
-    assert len(set(starts)) >= 2 and len(subs) == len(starts), [s["argv"][:12] for s in subs]
+    # one per model, variant and shard, plus one per retry
+    assert len(set(starts)) >= 4 and len(subs) == len(starts), [s["argv"][:12] for s in subs]
+    # each shard of each variant was its own SLURM job (the comment names the job's wildcards)
+    comments = {_opt(sub["argv"], "--comment") for sub in subs}
+    for variant in ("trained", "random-seed0"):
+        for shard in ("0-2", "2-3"):
+            assert any(f"_{variant}_" in c and f"_{shard}" in c for c in comments), comments
     attempts = []
     for sub in subs:
         argv = sub["argv"]

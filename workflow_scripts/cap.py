@@ -19,6 +19,7 @@ cap_job(
     dummy_distance=p.dummy_distance,
     dtype=p.dtype,
     device=p.device,
+    device_map=p.device_map or None,
     samples=parse_shard(snakemake.wildcards.shard),
     config_hash=p.config_hash,
 )

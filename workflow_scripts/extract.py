@@ -32,6 +32,7 @@ extract(
     variant=snakemake.wildcards.variant,
     dtype=p.dtype,
     device=p.device,
+    device_map=p.device_map or None,
     ref_samples=p.ref_samples,
     ref_layers=p.ref_layers,
     check_rtol=p.check_rtol,

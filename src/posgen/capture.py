@@ -166,15 +166,28 @@ def backend_for(config) -> str:
 
 
 def load_capturing(
-    model_dir, variant: str = "trained", *, dtype: str = "float32", device: str = "cpu", backend: str | None = None
+    model_dir,
+    variant: str = "trained",
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    backend: str | None = None,
+    device_map: str | None = None,
 ):
     """``(model, tokenizer, manifest)`` of a checkpoint folder, loaded with a capturing backend: ``backend``, or
-    the one its config needs (:func:`backend_for`)."""
+    the one its config needs (:func:`backend_for`); ``device_map`` as in :func:`posgen.models.load_model`."""
     from posgen.models import load_model
 
     if backend is not None and backend not in CAPTURING_BACKENDS:
         raise ValueError(f"backend {backend!r}: not a capturing backend ({', '.join(CAPTURING_BACKENDS)})")
-    return load_model(model_dir, variant, dtype=dtype, device=device, attn_implementation=backend or backend_for)
+    return load_model(
+        model_dir,
+        variant,
+        dtype=dtype,
+        device=device,
+        attn_implementation=backend or backend_for,
+        device_map=device_map,
+    )
 
 
 def _is_attention(m) -> bool:

@@ -135,6 +135,7 @@ def extract(
     keep_qk: int | None = None,
     qk_dtype: str = "float32",
     analysis: Analysis | None = None,
+    device_map: str | None = None,
     config_hash: str = "",
 ) -> dict:
     """Write ``qk.h5`` for one model variant (one shard of its windows); returns timing and check figures.
@@ -144,9 +145,10 @@ def extract(
     writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of every window
     of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer is
     self-checked (0: the whole window), on the reference windows and the shard's first window;
-    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
+    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window);
+    ``device_map="auto"``: the model spread over the node's GPUs (:func:`posgen.models.load_model`).
     """
-    model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device)
+    model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device, device_map=device_map)
     windows = read_windows(windows_path)
     n_windows, n_tokens = windows["token_id"].shape
     start, stop = samples if samples is not None else (0, n_windows)

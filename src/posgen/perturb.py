@@ -230,6 +230,7 @@ def _run_job(
     config_hash: str,
     samples: tuple[int, int] | None = None,
     backend=None,
+    device_map: str | None = None,
 ) -> xr.Dataset:
     """Read the windows (the shard ``samples = (start, stop)`` of them; None: all), load the model with a
     capturing ``backend`` (None: the one its config needs), run ``experiment(model, tokenizer, token_ids,
@@ -244,7 +245,9 @@ def _run_job(
     if not 0 <= start_ < stop <= n_samples:
         raise ValueError(f"shard {start_}-{stop}: outside the {n_samples} windows of perturb.n_samples")
     token_ids = windows["token_id"].values[start_:stop].astype(np.int64)
-    model, tokenizer, manifest = capture.load_capturing(model_dir, variant, dtype=dtype, device=device, backend=backend)
+    model, tokenizer, manifest = capture.load_capturing(
+        model_dir, variant, dtype=dtype, device=device, backend=backend, device_map=device_map
+    )
     ds = experiment(model, tokenizer, token_ids, np.arange(start_, stop))
     ds.attrs = provenance(
         **ds.attrs,
@@ -275,6 +278,7 @@ def perturb_job(
     dtype: str = "float32",
     device: str = "cpu",
     samples: tuple[int, int] | None = None,
+    device_map: str | None = None,
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``perturb.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
@@ -307,6 +311,7 @@ def perturb_job(
         device=device,
         config_hash=config_hash,
         samples=samples,
+        device_map=device_map,
     )
 
 
@@ -324,6 +329,7 @@ def cap_job(
     dtype: str = "float32",
     device: str = "cpu",
     samples: tuple[int, int] | None = None,
+    device_map: str | None = None,
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``cap.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
@@ -347,4 +353,5 @@ def cap_job(
         config_hash=config_hash,
         samples=samples,
         backend=capture.CAPPED_BACKEND,
+        device_map=device_map,
     )

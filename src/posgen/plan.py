@@ -44,9 +44,8 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
 from posgen.shapes import SHAPES
+from posgen.shards import parse_shard, shard_ranges
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap")
@@ -299,20 +298,6 @@ def config_options(cfg: dict) -> dict:
     }
 
 
-def shard_ranges(n_samples: int, shards: int) -> list[tuple[int, int]]:
-    """Contiguous (start, stop) window ranges of ``shards`` jobs (numpy.array_split; empty shards dropped)."""
-    parts = np.array_split(np.arange(n_samples), max(1, min(shards, n_samples)))
-    return [(int(p[0]), int(p[-1]) + 1) for p in parts if len(p)]
-
-
-def parse_shard(shard: str) -> tuple[int, int]:
-    """``"<start>-<stop>"`` (the ``{shard}`` wildcard) -> (start, stop)."""
-    start, _, stop = shard.partition("-")
-    if not (start.isdigit() and stop.isdigit() and int(start) < int(stop)):
-        raise ValueError(f"shard {shard!r}: expected '<start>-<stop>' with start < stop")
-    return int(start), int(stop)
-
-
 def _weights_bytes(shape: Shape, dtype: str) -> int:
     return shape.n_params * DTYPE_BYTES[dtype]
 
@@ -353,7 +338,8 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
     bound = dec["bound_samples"] or cfg["n_samples"]
     n_bound = max(0, min(stop, bound) - start)
     n_ref_layers = len(opts["ref_layers"])
-    refs = [s for s in opts["ref_samples"] if start <= s < stop]
+    # windows whose reference logits are held for the self-check: the reference windows and the shard's first
+    refs = [s for s in sorted(set(opts["ref_samples"]) | {start}) if start <= s < stop]
     analysis_mem = _analysis_memory(shape, T, device)
     qk_window = shape.qk_bytes(T)  # float32 as captured
     n_results = (44 + 2 * len(dec["dummy_distances"])) * 8 * shape.n_layers * shape.n_heads
@@ -366,7 +352,9 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         fused = opts["analysis"] == "fused"
         kept = range(start, min(stop, opts["keep_qk"])) if fused else range(start, stop)
         qk_disk = len(kept) * shape.qk_bytes(T, opts["qk_dtype"])
-        ref_disk = sum(n_ref_layers * shape.logits_bytes(T) for s in refs if s in kept)
+        # the fused path checks them in memory; the store path keeps the reference windows' (posgen.extract)
+        stored_refs = [] if fused else [s for s in opts["ref_samples"] if s in kept]
+        ref_disk = len(stored_refs) * n_ref_layers * shape.logits_bytes(T)
         disk = qk_disk + ref_disk + (n * n_results if fused else 0)
         seconds = load_s + forward_s + disk / rates.disk
         activations = _activation_bytes(shape, T, dtype) + qk_window + shape.logits_bytes(T) * n_ref_layers
@@ -503,7 +491,7 @@ def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str 
 
     opts = config_options(cfg)
     shards = shard_ranges(cfg["n_samples"], opts["shards"])
-    perturb_shards = shard_ranges(cfg["perturb"]["n_samples"], opts["shards"])
+    perturb_shards = shard_ranges(cfg["perturb"]["n_samples"], min(opts["shards"], cfg["perturb"]["n_samples"]))
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)

@@ -27,8 +27,8 @@ def shard_ranges(n_samples: int, n_shards: int) -> list[tuple[int, int]]:
     """``n_shards`` contiguous ranges covering ``range(n_samples)``, sizes differing by at most one."""
     if not 1 <= n_shards <= n_samples:
         raise ValueError(f"shards: {n_shards} must be between 1 and the {n_samples} windows")
-    bounds = np.linspace(0, n_samples, n_shards + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+    parts = np.array_split(np.arange(n_samples), n_shards)  # the first n_samples % n_shards get one more
+    return [(int(part[0]), int(part[-1]) + 1) for part in parts]
 
 
 def shard_names(n_samples: int, n_shards: int) -> list[str]:
