@@ -124,8 +124,11 @@ with SnakemakeApi(OutputSettings()) as api:
 
 
 def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
-    """set-resources silently ignores unknown rule names, so check them against the workflow itself."""
-    (tmp_path / "config.yaml").write_text((ROOT / "config.yaml").read_text())
+    """set-resources silently ignores unknown rule names, so check them against the workflow itself (on the store
+    path, which has every rule: the fused path has no decompose and bands jobs)."""
+    default = (ROOT / "config.yaml").read_text()
+    assert "  analysis: fused\n" in default
+    (tmp_path / "config.yaml").write_text(default.replace("  analysis: fused\n", "  analysis: store\n"))
     proc = subprocess.run(
         [sys.executable, "-c", _RULES_PY, str(ROOT / "Snakefile"), str(tmp_path)],
         capture_output=True,

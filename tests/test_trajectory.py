@@ -50,6 +50,7 @@ def _with_trajectory(config: dict, *entries, rates=(0, 0.05, 0.2)) -> dict:
     lack the default sensitivity rates)."""
     config = copy.deepcopy(config)
     config["perturb"]["rates"] = list(rates)
+    config["shards"] = 1  # shards are tests/test_workflow.py's; one job per step keeps this run short
     config["trajectory"] = {"models": list(entries)}
     return validate(config, check_paths=False)  # the trajectory rules under test, not the fake model folder
 

@@ -1,7 +1,10 @@
-"""Capture overhead: plain forward vs capture (no HDF5) vs full extraction (with HDF5), same model and windows.
+"""Capture overhead: plain forward vs capture (no HDF5) vs full extraction (with HDF5) vs the fused extraction
+(capture + decomposition + band statistics in memory, docs/method.md "Fused and store paths") vs the store path
+(extraction, then the decompose and bands jobs reading qk.h5), same model and windows.
 
 Each configuration runs over the same windows, in alternating rounds so that machine noise hits all of them;
-the median seconds per window of each is reported with the ratios to the plain forward pass.
+the median seconds per window of each is reported with the ratios to the plain forward pass. The analysis uses
+the decomposition settings of the workflow's config.yaml (dummy distances, bound samples).
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from pathlib import Path
 
 import torch
 
+from posgen.bands import band_stats
 from posgen.capture import Capture, load_capturing
+from posgen.config import load
 from posgen.corpus import cut_windows, load_text
+from posgen.decompose import decompose_store
 from posgen.extract import extract, verify_logits
+from posgen.fused import Analysis
 from posgen.models import acquire, load_model
 from posgen.store import write_netcdf
 
@@ -57,7 +64,12 @@ def main(argv=None):
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=1200)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--configfile", type=Path, default=Path(__file__).resolve().parents[3] / "config.yaml")
     args = parser.parse_args(argv)
+    decomposition = load(args.configfile)["decomposition"]
+    settings = {name: decomposition[name] for name in ("dummy_distances", "dummy_distance", "lstsq_tol")}
+    # the error and bound on the first window, as the default config's bound_samples does on its first ones
+    settings["bound_samples"] = 1
 
     model_dir = Path(args.model_dir)
     if not (model_dir / "manifest.json").exists():
@@ -71,6 +83,8 @@ def main(argv=None):
         "capture, no HDF5": [],
         "capture + HDF5 (gzip 1)": [],
         "capture + HDF5 (no gzip)": [],
+        "fused (keep_qk 0)": [],
+        "store: + decompose + bands": [],
     }
     with tempfile.TemporaryDirectory() as tmp:
         windows_path = Path(tmp) / "windows.h5"
@@ -89,6 +103,28 @@ def main(argv=None):
                     compression=level,
                 )
                 results[name] += report["seconds_per_window"]
+            # the store path: the no-gzip extraction's windows plus the two jobs reading its qk.h5, per window
+            start = time.perf_counter()
+            decompose_store(Path(tmp) / "qk.h5", Path(tmp) / "dec.nc", device="cpu", progress=False, **settings)
+            band_stats(Path(tmp) / "qk.h5", Path(tmp) / "bands.nc", progress=False)
+            per_window = (time.perf_counter() - start) / len(ids)
+            results["store: + decompose + bands"] += [t + per_window for t in report["seconds_per_window"]]
+            analysis = Analysis(
+                decomposition_path=Path(tmp) / "fused-dec.nc",
+                bands_path=Path(tmp) / "fused-bands.nc",
+                device="cpu",
+                **settings,
+            )
+            report = extract(
+                model_dir,
+                windows_path,
+                Path(tmp) / "fused-qk.h5",
+                model_name="bench",
+                variant="trained",
+                keep_qk=0,
+                analysis=analysis,
+            )
+            results["fused (keep_qk 0)"] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
     print(
         f"model {model_dir.name}, {args.windows} windows x {args.seq_len} tokens, {args.rounds} rounds, "
