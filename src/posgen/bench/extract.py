@@ -132,7 +132,7 @@ def main(argv=None):
     )
     for name, times in results.items():
         med = statistics.median(times)
-        print(f"{name:24s} {med:8.3f} s/window   ratio {med / base:5.2f}x")
+        print(f"{name:28s} {med:8.3f} s/window   ratio {med / base:5.2f}x")
 
 
 if __name__ == "__main__":
