@@ -73,6 +73,13 @@ DECOMPOSE_LEAVES = [
 BANDS_LEAVES = []
 # the fused extraction also reads what the decompose and bands jobs read
 FUSED_LEAVES = EXTRACT_LEAVES + DECOMPOSE_LEAVES + BANDS_LEAVES if FUSED else EXTRACT_LEAVES
+# the decomposition's params, the same in rule decompose (store path) and rule extract (fused path)
+DECOMPOSITION_PARAMS = {
+    "dummy_distances": config["decomposition"]["dummy_distances"],
+    "dummy_distance": config["decomposition"]["dummy_distance"],
+    "lstsq_tol": config["decomposition"]["lstsq_tol"],
+    "bound_samples": config["decomposition"]["bound_samples"],
+}
 INTERVAL_LEAVES = ["intervals.bootstrap", "intervals.seed"]
 PERTURB_LEAVES = [
     "perturb.n_samples",

@@ -17,10 +17,7 @@ if not FUSED:
         resources:
             **resources_for("decompose"),
         params:
-            dummy_distances=config["decomposition"]["dummy_distances"],
-            dummy_distance=config["decomposition"]["dummy_distance"],
-            lstsq_tol=config["decomposition"]["lstsq_tol"],
-            bound_samples=config["decomposition"]["bound_samples"],
+            **DECOMPOSITION_PARAMS,
             device=config["device"],
             config_hash=hash_of(DECOMPOSE_LEAVES),
         script:

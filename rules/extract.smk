@@ -3,16 +3,7 @@
 # window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
 
 FUSED_OUTPUT = {"decomposition": f"{SHARD_DIR}/decomposition.nc", "bands": f"{SHARD_DIR}/bands.nc"} if FUSED else {}
-FUSED_PARAMS = (
-    {
-        "dummy_distances": config["decomposition"]["dummy_distances"],
-        "dummy_distance": config["decomposition"]["dummy_distance"],
-        "lstsq_tol": config["decomposition"]["lstsq_tol"],
-        "bound_samples": config["decomposition"]["bound_samples"],
-    }
-    if FUSED
-    else {}
-)
+FUSED_PARAMS = DECOMPOSITION_PARAMS if FUSED else {}
 
 
 rule extract:

@@ -17,24 +17,14 @@ import xarray as xr
 
 from posgen.bands import BandTable
 from posgen.decompose import LSTSQ_TOL, Decomposer, DecompositionTable
-from posgen.store import write_netcdf
-
-# the per-layer RoPE variables of qk.h5 that the statistics read (docs/data-model.md)
-ROPE_VARIABLES = {
-    "inv_freq": ("layer", "band"),
-    "attention_scaling": ("layer",),
-    "scaling": ("layer",),
-    "sliding_window": ("layer",),
-    "kv_group": ("head",),
-}
+from posgen.store import ROPE_VARIABLES, write_netcdf
 
 
 def rope_dataset(rope: dict, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
     """qk.h5's per-layer RoPE variables, from :meth:`posgen.capture.Capture.rope`, as the dataset readers expect."""
-    inv_freq = np.asarray(rope["inv_freq"], dtype=np.float32)  # (layer, band)
-    n_layers, n_band = inv_freq.shape
-    n_heads = len(rope["kv_group"])
-    data = {name: (dims, np.asarray(rope[name])) for name, dims in ROPE_VARIABLES.items()}
+    data = {name: (dims, np.asarray(rope[name], dtype=dtype)) for name, (dims, dtype) in ROPE_VARIABLES.items()}
+    n_layers, n_band = data["inv_freq"][1].shape
+    n_heads = len(data["kv_group"][1])
     coords = {
         "layer": np.arange(n_layers),
         "head": np.arange(n_heads),

@@ -16,6 +16,15 @@ import xarray as xr
 
 import posgen
 
+# the per-layer RoPE variables of qk.h5 (dims, dtype) that the statistics read (docs/data-model.md)
+ROPE_VARIABLES = {
+    "inv_freq": (("layer", "band"), "f4"),
+    "attention_scaling": (("layer",), "f8"),
+    "scaling": (("layer",), "f8"),
+    "sliding_window": (("layer",), "i8"),
+    "kv_group": (("head",), "i8"),
+}
+
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
 QK_DTYPES = ("float32", "float16")
 
@@ -304,14 +313,8 @@ class QKWriter:
         self.logits_ref = chunked(
             "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4", (1, 1, 1, n_tokens, n_tokens)
         )
-        for name, dims, dtype in [
-            ("inv_freq", ("layer", "band"), "f4"),
-            ("attention_scaling", ("layer",), "f8"),
-            ("scaling", ("layer",), "f8"),
-            ("sliding_window", ("layer",), "i8"),
-            ("kv_group", ("head",), "i8"),
-        ]:
-            f.create_variable(name, dims, dtype, data=np.asarray(rope[name]))
+        for name, (dims, dtype) in ROPE_VARIABLES.items():
+            f.create_variable(name, dims, dtype, data=np.asarray(rope[name], dtype=dtype))
         self._write_rope_layout(rope, n_layers, head_dim)
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         self.written = np.zeros(n_samples, dtype=bool)

@@ -172,14 +172,6 @@ def _in_child(function, *args) -> dict:
         return pool.apply(function, args)
 
 
-def qk_bytes(config, n_tokens: int) -> int:
-    """Bytes of one window's pre-RoPE q/k of every layer, float32."""
-    n_heads = config.num_attention_heads
-    n_kv = config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
-    return config.num_hidden_layers * (n_heads + n_kv) * n_tokens * head_dim * 4
-
-
 def bench_config(seq_len: int, n_windows: int, dummy_distances: list[int]) -> dict:
     """The config the bench's own jobs amount to, as posgen.plan reads it."""
     return {
@@ -295,7 +287,6 @@ def main(argv=None):
             _stage_fused, str(model_dir), str(windows), args.threads, str(root / "fused"), args.dummy_distances
         )
 
-    config = shape_config(args.shape, args.layers)
     shape = plan.Shape.from_dict({**PAPER_SHAPES[args.shape], "num_hidden_layers": args.layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
     predicted = predictions(shape, cfg, plan.CPU)
@@ -320,7 +311,7 @@ def main(argv=None):
         for part, measured in stage.get("parts", {}).items():
             guess = predicted["parts"][part]
             print(f"  {part:24s} {measured:9.2f} {'':8s} {'':6s} {guess:10.2f} {measured / guess:10.2f}")
-    print(f"analytic q/k bytes per window: {qk_bytes(config, args.seq_len):.3e}")
+    print(f"analytic q/k bytes per window: {shape.qk_bytes(args.seq_len):.3e}")
     print("rates implied by this run (posgen.plan.CPU holds the calibrated ones):")
     for name, value in implied_rates(shape, cfg, stages).items():
         print(f"  {name:18s} {value:10.3g}")
