@@ -137,6 +137,22 @@ def test_sdpa_backend_refuses_sinks_instead_of_dropping_them(workspace):
         model(input_ids=torch.arange(8)[None])
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt-oss"])
+def test_plain_backend_loads_every_family_and_matches_the_capturing_one(workspace, arch):
+    """The benches' plain forward pass: SDPA where it can, eager for soft-capping (Gemma-2) and sinks (GPT-OSS),
+    which SDPA refuses or drops; its logits are the capturing backend's."""
+    from posgen.capture import load_capturing
+
+    model_dir = _model(workspace, arch)
+    plain, _, _ = load_model(model_dir, attn_implementation=families.plain_backend)
+    assert plain.config._attn_implementation == ("sdpa" if arch == "llama" else "eager")
+    captured, _, _ = load_capturing(model_dir)
+    ids = torch.arange(3, 27)[None]
+    with torch.inference_mode():
+        expected = captured(input_ids=ids).logits
+        torch.testing.assert_close(plain(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------------------------------------
 # The canonical layout itself
 

@@ -67,6 +67,11 @@ def needs_eager_attention(config) -> bool:
     return bool(getattr(text, "attn_logit_softcapping", None)) or text.model_type in EAGER_ATTENTION
 
 
+def plain_backend(config) -> str:
+    """The attention backend of a plain (not capturing) forward pass: SDPA unless the model needs eager."""
+    return "eager" if needs_eager_attention(config) else "sdpa"
+
+
 # --------------------------------------------------------------------------------------------------------
 # Canonical layout
 

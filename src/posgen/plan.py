@@ -64,15 +64,17 @@ class Rates:
 
     forward: float  # FLOP/s of the model's forward pass in the run's dtype
     moments: float  # FLOP/s of the float64 moment products (many small batched products)
-    factor: float  # FLOP/s of Method B's dense float64 factorisation (one large product, Cholesky, inverse)
+    factor: float  # FLOP/s of large dense float64 products: Method B's factorisation and its solves
     memory: float  # bytes/s streamed from memory (Method B's solves read its cached inverse)
     error: float  # FLOP/s of the float32 error-and-bound pass, its elementwise work included
     disk: float  # bytes/s written or read (HDF5, NetCDF, weights)
     start_s: float  # per job: interpreter, imports, CUDA context
 
 
-# Calibrated with `python -m posgen.bench scale` on the project's 2-core machine (docs/slurm.md, "Planning a run").
-CPU = Rates(forward=56e9, moments=3.5e9, factor=14e9, memory=2.5e8, error=7e9, disk=4e8, start_s=10.0)
+# Calibrated with `python -m posgen.bench scale` on the project's 2-core machine (docs/slurm.md, "Planning a run"):
+# each compute rate is the geometric mean of a busy 1-thread run and a quiet 2-thread run (2.0-2.6x apart), so a
+# job on either side of that range is predicted within a factor of 2.
+CPU = Rates(forward=84e9, moments=4.6e9, factor=24e9, memory=2e9, error=9.8e9, disk=4e8, start_s=10.0)
 # ASSUMPTIONS for one NVIDIA H100 (80 GB), not yet measured: bfloat16 forward at ~30 % of its 990 TFLOP/s dense
 # peak; float64 products at ~30 % of its 67 TFLOP/s; memory streamed at ~60 % of 3.3 TB/s; the float32 error
 # pass (no TF32) at ~20 % of 67 TFLOP/s; a parallel file system at 1 GB/s; a minute to start a job and build the
@@ -248,7 +250,7 @@ def analysis_parts(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates:
     for window, n_layers in _layer_windows(shape, T):
         parts["moments"] += n_windows * n_layers * moments_flops(shape, T, n_distances, window) / rates.moments
         flops, read = method_b_cost(shape, T, window)
-        parts["method_b"] += n_windows * n_layers * (flops / rates.moments + read / rates.memory)
+        parts["method_b"] += n_windows * n_layers * (flops / rates.factor + read / rates.memory)
         parts["error"] += n_bound * n_layers * error_flops(shape, T, window) / rates.error
     # feature bands: a few elementwise passes over the window's q/k
     parts["bands"] = n_windows * 8 * shape.qk_bytes(T) / 4 / rates.error

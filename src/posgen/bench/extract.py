@@ -23,6 +23,7 @@ from posgen.config import load
 from posgen.corpus import cut_windows, load_text
 from posgen.decompose import decompose_store
 from posgen.extract import extract, verify_logits
+from posgen.families import plain_backend
 from posgen.fused import Analysis
 from posgen.models import acquire, load_model
 from posgen.store import write_netcdf
@@ -74,7 +75,7 @@ def main(argv=None):
     model_dir = Path(args.model_dir)
     if not (model_dir / "manifest.json").exists():
         acquire(args.source, model_dir)
-    plain, tokenizer, _ = load_model(model_dir, attn_implementation="sdpa")
+    plain, tokenizer, _ = load_model(model_dir, attn_implementation=plain_backend)
     captured, _, _ = load_capturing(model_dir)
     windows = cut_windows(load_text("embedded"), tokenizer, args.windows, args.seq_len, 0, "embedded")
     ids = windows["token_id"].values

@@ -60,10 +60,11 @@ def _stage_forward(model_dir: str, windows: str, threads: int) -> dict:
     import torch
 
     from posgen.corpus import read_windows
+    from posgen.families import plain_backend
     from posgen.models import load_model
 
     torch.set_num_threads(threads)
-    model, _, _ = load_model(model_dir, VARIANT, attn_implementation="sdpa")
+    model, _, _ = load_model(model_dir, VARIANT, attn_implementation=plain_backend)
     ids = torch.from_numpy(read_windows(windows)["token_id"].values)
     positions = torch.arange(ids.shape[1])[None]
     seconds = []
@@ -219,11 +220,11 @@ def implied_rates(shape, cfg: dict, stages: dict) -> dict:
         "capture overhead": stages["extract (capture + HDF5)"]["seconds"] / plain,
         "moments FLOP/s": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / parts["moments"],
         "factor FLOP/s": design / parts["factor"],
-        # Method B's solves: the inverse's bytes over the time left after its FLOPs at the moments rate
+        # Method B's solves: the inverse's bytes over the time left after its FLOPs at the factorisation rate
         "memory B/s": n
         * shape.n_layers
         * read_b
-        / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / plan.CPU.moments),
+        / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / plan.CPU.factor),
         "error FLOP/s": shape.n_layers * plan.error_flops(shape, T) / parts["error"],
     }
 
