@@ -138,7 +138,7 @@ def test_sdpa_backend_refuses_sinks_instead_of_dropping_them(workspace):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2", "gpt-oss"])
-def test_plain_backend_loads_every_family_and_matches_the_capturing_one(workspace, arch):
+def test_plain_backend_loads_sdpa_soft_capped_and_sink_families_and_matches_the_capturing_one(workspace, arch):
     """The benches' plain forward pass: SDPA where it can, eager for soft-capping (Gemma-2) and sinks (GPT-OSS),
     which SDPA refuses or drops; its logits are the capturing backend's."""
     from posgen.capture import load_capturing
