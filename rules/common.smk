@@ -34,6 +34,12 @@ VARIANTS = variants(config)
 TRAJECTORY_MODELS = trajectory_models(config)
 TARGETS = []
 
+# CPU threads of each model job (extract, decompose, perturb, cap, llm_heads). One: a model job is parallel
+# across jobs (variants, shards), and on a 2-core machine two 1-thread jobs side by side finish 23 % sooner than
+# the same jobs one after another with 2 threads (docs/results.md, "make run"). GPU jobs ask for their CPUs
+# apart (profiles/slurm); a workstation running one big model locally raises it with `--set-threads extract=8`.
+MODEL_THREADS = 1
+
 # Shards (config `shards`, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split into
 # contiguous ranges `<start>-<stop>`, one job each; rule gather merges them along `sample`. The fused path
 # (extract.analysis) computes decomposition.nc and bands.nc inside each extraction job.

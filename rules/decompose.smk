@@ -13,7 +13,7 @@ if not FUSED:
             "benchmarks/decompose/{model}/{variant}/{shard}.tsv"
         conda:
             "../envs/posgen.yaml"
-        threads: 2
+        threads: MODEL_THREADS
         resources:
             **resources_for("decompose"),
         params:

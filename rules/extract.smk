@@ -19,7 +19,7 @@ rule extract:
         "benchmarks/extract/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
-    threads: 2
+    threads: MODEL_THREADS
     resources:
         **resources_for("extract"),
     params:

@@ -18,7 +18,7 @@ rule llm_heads:
         "benchmarks/llm_heads/{model}/{variant}.tsv"
     conda:
         "../envs/posgen.yaml"
-    threads: 2
+    threads: MODEL_THREADS
     resources:
         mem_mb=6000,
         runtime=60,

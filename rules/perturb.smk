@@ -15,7 +15,7 @@ rule perturb:
         "benchmarks/perturb/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
-    threads: 2
+    threads: MODEL_THREADS
     resources:
         **resources_for("perturb"),
     params:
@@ -45,7 +45,7 @@ rule cap:
         "benchmarks/cap/{model}/{variant}/{shard}.tsv"
     conda:
         "../envs/posgen.yaml"
-    threads: 2
+    threads: MODEL_THREADS
     resources:
         **resources_for("cap"),
     params:
