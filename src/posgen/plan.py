@@ -60,7 +60,7 @@ MIN_RUNTIME_MIN = 10
 
 @dataclass(frozen=True)
 class Rates:
-    """Sustained rates of one job's device (per job: 2 threads on the CPU, one GPU)."""
+    """Sustained rates of one job's device (per job: 1-2 threads on the CPU, one GPU)."""
 
     forward: float  # FLOP/s of the model's forward pass in the run's dtype
     moments: float  # FLOP/s of the float64 moment products (many small batched products)
@@ -387,10 +387,14 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         else:
             passes = 1 + len(p["caps"])
         # every pass: the full model (lm_head included) and Method A's f and g of every layer (two T x T
-        # products per head)
+        # products per head), then their change: the matched pairs gathered and correlated, about 8 passes
+        # over the (layer, head, T, T) float32 terms per window (1.1 s per pass of 4 x 256 tokens on SmolLM2)
         lm_head = 2 * shape.vocab * shape.hidden * Tp
         terms = 4 * shape.n_layers * shape.n_heads * Tp * Tp * shape.head_dim
-        seconds = load_s + passes * n * (forward_flops(shape, Tp) + lm_head + terms) / rates.forward
+        terms_traffic = 8 * shape.n_layers * shape.logits_bytes(Tp)
+        seconds = load_s + passes * n * (
+            (forward_flops(shape, Tp) + lm_head + terms) / rates.forward + terms_traffic / rates.memory
+        )
         fg = 4 * n * shape.n_layers * shape.logits_bytes(Tp)  # f and g of the reference and of one pass
         logits = n * Tp * shape.vocab * 4
         device_bytes = weights + _activation_bytes(shape, Tp, dtype, n) + fg + logits
