@@ -39,6 +39,9 @@ TARGETS = []
 # the same jobs one after another with 2 threads (docs/results.md, "make run"). GPU jobs ask for their CPUs
 # apart (profiles/slurm); a workstation running one big model locally raises it with `--set-threads extract=8`.
 MODEL_THREADS = 1
+# Which ready model job starts first when cores are short (Snakemake `priority`): the longest first, so that a run
+# ends on short jobs, not on a 2-minute perturbation beside an idle core (docs/results.md, "make run").
+MODEL_PRIORITY = {"perturb": 4, "extract": 3, "llm_heads": 2, "cap": 1}
 
 # Shards (config `shards`, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split into
 # contiguous ranges `<start>-<stop>`, one job each; rule gather merges them along `sample`. The fused path

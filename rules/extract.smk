@@ -17,6 +17,7 @@ rule extract:
         "logs/extract/{model}/{variant}/{shard}.log",
     benchmark:
         "benchmarks/extract/{model}/{variant}/{shard}.tsv"
+    priority: MODEL_PRIORITY["extract"]
     conda:
         "../envs/posgen.yaml"
     threads: MODEL_THREADS

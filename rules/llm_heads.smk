@@ -16,6 +16,7 @@ rule llm_heads:
         "logs/llm_heads/{model}/{variant}.log",
     benchmark:
         "benchmarks/llm_heads/{model}/{variant}.tsv"
+    priority: MODEL_PRIORITY["llm_heads"]
     conda:
         "../envs/posgen.yaml"
     threads: MODEL_THREADS

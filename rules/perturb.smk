@@ -13,6 +13,7 @@ rule perturb:
         "logs/perturb/{model}/{variant}/{shard}.log",
     benchmark:
         "benchmarks/perturb/{model}/{variant}/{shard}.tsv"
+    priority: MODEL_PRIORITY["perturb"]
     conda:
         "../envs/posgen.yaml"
     threads: MODEL_THREADS
@@ -43,6 +44,7 @@ rule cap:
         "logs/cap/{model}/{variant}/{shard}.log",
     benchmark:
         "benchmarks/cap/{model}/{variant}/{shard}.tsv"
+    priority: MODEL_PRIORITY["cap"]
     conda:
         "../envs/posgen.yaml"
     threads: MODEL_THREADS

@@ -182,3 +182,23 @@ def test_cli_prints_jobs_and_totals(capsys):
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("total: 6 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+
+
+def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(tmp_path, capsys):
+    """`posgen.bench scale`, the command of the GPU run (docs/slurm.md), on a small shape on the CPU: the stages
+    asked for only, per-window times of every window, and the fused stage writing only its NetCDFs."""
+    from posgen.bench import scale
+
+    argv = ["--shape", "smollm2-135m", "--layers", "1", "--seq-len", "96", "--windows", "2", "--threads", "1"]
+    argv += ["--paper-config", str(tmp_path / "none.yaml")]
+    stages = scale.main(argv + ["--stages", "forward", "extract", "fused"])
+    assert list(stages) == ["plain forward", "extract (capture + HDF5)", "fused (extract + analysis)"]
+    assert all(len(stage["per_window"]) == 2 and stage["peak_gpu_gb"] == 0 for stage in stages.values())
+    n_q, n_kv, d = SMOLLM2.n_heads, SMOLLM2.n_kv_heads, SMOLLM2.head_dim
+    qk_bytes = 2 * 96 * (n_q + n_kv) * d * 4  # two windows' float32 q/k of the one layer
+    assert stages["extract (capture + HDF5)"]["bytes"] > qk_bytes
+    assert 0 < stages["fused (extract + analysis)"]["bytes"] < qk_bytes  # NetCDFs and a metadata-only qk.h5
+    assert "1 of 30 layers, 2 window(s) x 96 tokens, cpu, float32" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        scale.main(argv + ["--stages", "decompose"])
+    assert "decompose reads the qk.h5 that extract writes" in capsys.readouterr().err

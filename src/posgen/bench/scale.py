@@ -1,6 +1,8 @@
-"""Paper-scale shapes on the CPU: a paper model's exact config (posgen.shapes), random weights, truncated to a
-few layers, one window of paper length through a plain forward pass, extraction (capture + HDF5), the
-store-then-decompose decomposition, and the fused path (extraction with the analysis in memory, no q/k written).
+"""Paper-scale shapes: a paper model's exact config (posgen.shapes), random weights, truncated to a few layers on
+the CPU (``--layers 0``: full depth, for a GPU), windows of paper length through a plain forward pass, extraction
+(capture + HDF5), the store-then-decompose decomposition, and the fused path (extraction with the analysis in
+memory, no q/k written). ``--device cuda`` runs every stage on the GPU and reports its peak GPU memory;
+``--stages`` picks the stages (a full-depth 8B model on one GPU: ``forward fused``).
 
 Each stage is one function (``_stage_*``, returning seconds per window, peak RSS and bytes written) run in its
 own process, so its peak resident memory is its own; the stages run one after another on the same window.
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.shapes import PAPER_SHAPES, shape_config
+from posgen.shapes import SHAPES, shape_config
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
@@ -31,8 +33,22 @@ def _peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def _model_dir(root: Path, shape: str, n_layers: int) -> Path:
-    """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none)."""
+def _peak_gpu_gb(device: str) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()  # kernels run asynchronously: a timer stops only after they are done
+
+
+def _model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
+    """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none);
+    ``n_layers`` None keeps the full depth."""
     from posgen.tiny import _tokenizer
 
     model_dir = root / shape
@@ -56,7 +72,7 @@ def _windows(path: Path, vocab: int, n_windows: int, seq_len: int) -> None:
     write_windows(xr.Dataset({"token_id": (("sample", "token"), ids)}, coords=coords), path)
 
 
-def _stage_forward(model_dir: str, windows: str, threads: int) -> dict:
+def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtype: str) -> dict:
     import torch
 
     from posgen.corpus import read_windows
@@ -64,36 +80,50 @@ def _stage_forward(model_dir: str, windows: str, threads: int) -> dict:
     from posgen.models import load_model
 
     torch.set_num_threads(threads)
-    model, _, _ = load_model(model_dir, VARIANT, attn_implementation=plain_backend)
-    ids = torch.from_numpy(read_windows(windows)["token_id"].values)
-    positions = torch.arange(ids.shape[1])[None]
+    model, _, _ = load_model(model_dir, VARIANT, dtype=dtype, device=device, attn_implementation=plain_backend)
+    ids = torch.from_numpy(read_windows(windows)["token_id"].values).to(device)
+    positions = torch.arange(ids.shape[1], device=device)[None]
     seconds = []
     with torch.inference_mode():
         model.base_model(input_ids=ids[:1, :64], position_ids=positions[:, :64], use_cache=False)  # warm-up
         for row in ids:
+            _synchronize(device)
             start = time.perf_counter()
             model.base_model(input_ids=row[None], position_ids=positions, use_cache=False)
+            _synchronize(device)
             seconds.append(time.perf_counter() - start)
-    return {"seconds": float(np.median(seconds)), "peak_rss_gb": _peak_rss_gb(), "bytes": 0}
+    return {
+        "seconds": float(np.median(seconds)),
+        "per_window": seconds,
+        "peak_rss_gb": _peak_rss_gb(),
+        "peak_gpu_gb": _peak_gpu_gb(device),
+        "bytes": 0,
+    }
 
 
-def _stage_extract(model_dir: str, windows: str, threads: int, out: str) -> dict:
+def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str) -> dict:
     import torch
 
     from posgen.extract import extract
 
     torch.set_num_threads(threads)
-    report = extract(model_dir, windows, out, model_name="bench", variant=VARIANT, ref_layers=(0, -1))
+    report = extract(
+        model_dir, windows, out, model_name="bench", variant=VARIANT, dtype=dtype, device=device, ref_layers=(0, -1)
+    )
     seconds = report["seconds_per_window"]
     return {
         # the first window also runs the self-check and opens the file
         "seconds": float(np.median(seconds[1:] if len(seconds) > 1 else seconds)),
+        "per_window": seconds,
         "peak_rss_gb": _peak_rss_gb(),
+        "peak_gpu_gb": _peak_gpu_gb(device),
         "bytes": Path(out).stat().st_size,
     }
 
 
-def _stage_fused(model_dir: str, windows: str, threads: int, out: str, dummy_distances: list[int]) -> dict:
+def _stage_fused(
+    model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str, dummy_distances: list[int]
+) -> dict:
     import torch
 
     from posgen.extract import extract
@@ -107,16 +137,26 @@ def _stage_fused(model_dir: str, windows: str, threads: int, out: str, dummy_dis
         bands_path=out / "bands.nc",
         dummy_distances=dummy_distances,
         dummy_distance=1000,
-        device="cpu",
+        device=device,
         bound_samples=1,
     )
     report = extract(
-        model_dir, windows, out / "qk.h5", model_name="bench", variant=VARIANT, keep_qk=0, analysis=analysis
+        model_dir,
+        windows,
+        out / "qk.h5",
+        model_name="bench",
+        variant=VARIANT,
+        dtype=dtype,
+        device=device,
+        keep_qk=0,
+        analysis=analysis,
     )
     seconds = report["seconds_per_window"]
     return {
         "seconds": float(np.mean(seconds)),  # every window: the first also runs the error and bound, as in decompose
+        "per_window": seconds,
         "peak_rss_gb": _peak_rss_gb(),
+        "peak_gpu_gb": _peak_gpu_gb(device),
         "bytes": sum(f.stat().st_size for f in out.iterdir()),
     }
 
@@ -124,7 +164,7 @@ def _stage_fused(model_dir: str, windows: str, threads: int, out: str, dummy_dis
 DECOMPOSER_PARTS = {"factor": "design", "moments": "moments", "method_b": "method_b", "error": "error_and_bound"}
 
 
-def _stage_decompose(qk: str, threads: int, out: str, dummy_distances: list[int]) -> dict:
+def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distances: list[int]) -> dict:
     import torch
 
     from posgen import decompose
@@ -156,13 +196,15 @@ def _stage_decompose(qk: str, threads: int, out: str, dummy_distances: list[int]
         if name != "factor":
             setattr(decompose.Decomposer, attr, timed(name, getattr(decompose.Decomposer, attr)))
     start = time.perf_counter()
-    ds = decompose_store(qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device="cpu", bound_samples=1)
+    ds = decompose_store(qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device=device, bound_samples=1)
+    _synchronize(device)
     seconds = time.perf_counter() - start
     parts["factor"] = sum(built)
     parts["method_b"] -= parts["factor"]
     return {
         "seconds": seconds / ds.sizes["sample"],
         "peak_rss_gb": _peak_rss_gb(),
+        "peak_gpu_gb": _peak_gpu_gb(device),
         "bytes": Path(out).stat().st_size,
         "parts": parts,
     }
@@ -257,67 +299,96 @@ def extrapolate(paper_config: Path) -> None:
     print("* GPU-hours from ASSUMED H100 rates (posgen.plan.GPU), not measured")
 
 
+STAGES = ("forward", "extract", "decompose", "fused")
+STAGE_NAMES = {
+    "forward": "plain forward",
+    "extract": "extract (capture + HDF5)",
+    "decompose": "decompose (from qk.h5)",
+    "fused": "fused (extract + analysis)",
+}
+
+
 def main(argv=None):
     from posgen import plan
+    from posgen.models import resolve_device
 
     parser = argparse.ArgumentParser(prog="python -m posgen.bench scale", description=__doc__)
-    parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(PAPER_SHAPES))
-    parser.add_argument("--layers", type=int, default=2, help="truncate the model to its first N layers")
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--layers", type=int, default=2, help="truncate the model to its first N layers (0: all)")
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--windows", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    parser.add_argument("--dtype", default="float32", help="of the model (config.paper.yaml: bfloat16)")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES, help="decompose needs extract")
     parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
     parser.add_argument("--paper-config", type=Path, default=Path(__file__).resolve().parents[3] / "config.paper.yaml")
     args = parser.parse_args(argv)
+    if "decompose" in args.stages and "extract" not in args.stages:
+        parser.error("--stages: decompose reads the qk.h5 that extract writes")
+    device = resolve_device(args.device).type
+    depth = SHAPES[args.shape]["num_hidden_layers"]
+    n_layers = args.layers or depth
 
+    stages = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model_dir = _model_dir(root, args.shape, args.layers)
+        model_dir = _model_dir(root, args.shape, args.layers or None)
         windows = root / "windows.h5"
         _windows(windows, 512, args.windows, args.seq_len)
-        stages = {
-            "plain forward": _in_child(_stage_forward, str(model_dir), str(windows), args.threads),
-            "extract (capture + HDF5)": _in_child(
-                _stage_extract, str(model_dir), str(windows), args.threads, str(root / "qk.h5")
+        common = (str(model_dir), str(windows), args.threads, device, args.dtype)
+        calls = {
+            "forward": lambda: _in_child(_stage_forward, *common),
+            "extract": lambda: _in_child(_stage_extract, *common, str(root / "qk.h5")),
+            "decompose": lambda: _in_child(
+                _stage_decompose,
+                str(root / "qk.h5"),
+                args.threads,
+                device,
+                str(root / "decomposition.nc"),
+                args.dummy_distances,
             ),
+            "fused": lambda: _in_child(_stage_fused, *common, str(root / "fused"), args.dummy_distances),
         }
-        stages["decompose (from qk.h5)"] = _in_child(
-            _stage_decompose, str(root / "qk.h5"), args.threads, str(root / "decomposition.nc"), args.dummy_distances
-        )
-        stages["fused (extract + analysis)"] = _in_child(
-            _stage_fused, str(model_dir), str(windows), args.threads, str(root / "fused"), args.dummy_distances
-        )
+        for stage in STAGES:
+            if stage in args.stages:
+                stages[STAGE_NAMES[stage]] = calls[stage]()
 
-    shape = plan.Shape.from_dict({**PAPER_SHAPES[args.shape], "num_hidden_layers": args.layers})
+    shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
-    predicted = predictions(shape, cfg, plan.CPU)
+    rates = plan.GPU if device == "cuda" else plan.CPU
+    predicted = predictions(shape, cfg, rates)
     print(
-        f"{args.shape}: {args.layers} of {PAPER_SHAPES[args.shape]['num_hidden_layers']} layers, "
-        f"{args.windows} window(s) x {args.seq_len} tokens, {args.threads} threads, random weights, "
-        f"{len(args.dummy_distances)} dummy distances, error bound on 1 window"
+        f"{args.shape}: {n_layers} of {depth} layers, {args.windows} window(s) x {args.seq_len} tokens, "
+        f"{device}, {args.dtype}, {args.threads} threads, random weights, {len(args.dummy_distances)} dummy "
+        f"distances, error bound on 1 window; predictions from posgen.plan.{'GPU' if device == 'cuda' else 'CPU'}"
     )
     print(
         f"{'stage':26s} {'s/window':>9s} {'s/layer':>8s} {'x fwd':>6s} {'predicted':>10s} {'meas/pred':>10s} "
-        f"{'peak RSS GB':>12s} {'bytes/window':>13s}"
+        f"{'peak RSS GB':>12s} {'peak GPU GB':>12s} {'bytes/window':>13s}"
     )
-    base = stages["plain forward"]["seconds"]
+    base = stages.get(STAGE_NAMES["forward"], {}).get("seconds", float("nan"))
     for name, stage in stages.items():
-        per_layer = stage["seconds"] / args.layers
+        per_layer = stage["seconds"] / n_layers
         written = stage["bytes"] / args.windows
         print(
-            f"{name:26s} {stage['seconds']:9.2f} {per_layer:8.2f} {stage['seconds'] / base:6.2f} "
+            f"{name:26s} {stage['seconds']:9.2f} {per_layer:8.3f} {stage['seconds'] / base:6.2f} "
             f"{predicted[name]:10.2f} {stage['seconds'] / predicted[name]:10.2f} "
-            f"{stage['peak_rss_gb']:12.2f} {written:13.3e}"
+            f"{stage['peak_rss_gb']:12.2f} {stage['peak_gpu_gb']:12.2f} {written:13.3e}"
         )
+        if "per_window" in stage and args.windows > 1:
+            print(f"  {'per window':24s} " + " ".join(f"{t:.2f}" for t in stage["per_window"]))
         for part, measured in stage.get("parts", {}).items():
             guess = predicted["parts"][part]
             print(f"  {part:24s} {measured:9.2f} {'':8s} {'':6s} {guess:10.2f} {measured / guess:10.2f}")
     print(f"analytic q/k bytes per window: {shape.qk_bytes(args.seq_len):.3e}")
-    print("rates implied by this run (posgen.plan.CPU holds the calibrated ones):")
-    for name, value in implied_rates(shape, cfg, stages).items():
-        print(f"  {name:18s} {value:10.3g}")
+    if set(STAGE_NAMES.values()) <= set(stages):
+        print(f"rates implied by this run (posgen.plan.{'GPU' if device == 'cuda' else 'CPU'} holds the ones used):")
+        for name, value in implied_rates(shape, cfg, stages).items():
+            print(f"  {name:18s} {value:10.3g}")
     if args.paper_config.exists():
         extrapolate(args.paper_config)
+    return stages
 
 
 if __name__ == "__main__":
