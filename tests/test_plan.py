@@ -194,8 +194,8 @@ def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(t
     stages = scale.main(argv + ["--stages", "forward", "extract", "fused"])
     assert list(stages) == ["plain forward", "extract (capture + HDF5)", "fused (extract + analysis)"]
     assert all(len(stage["per_window"]) == 2 and stage["peak_gpu_gb"] == 0 for stage in stages.values())
-    n_q, n_kv, d = SMOLLM2.n_heads, SMOLLM2.n_kv_heads, SMOLLM2.head_dim
-    qk_bytes = 2 * 96 * (n_q + n_kv) * d * 4  # two windows' float32 q/k of the one layer
+    one_layer = plan.Shape.from_dict({**SHAPES["smollm2-135m"], "num_hidden_layers": 1})
+    qk_bytes = 2 * one_layer.qk_bytes(96)  # two windows' float32 q/k of the one layer
     assert stages["extract (capture + HDF5)"]["bytes"] > qk_bytes
     assert 0 < stages["fused (extract + analysis)"]["bytes"] < qk_bytes  # NetCDFs and a metadata-only qk.h5
     assert "1 of 30 layers, 2 window(s) x 96 tokens, cpu, float32" in capsys.readouterr().out

@@ -29,14 +29,14 @@ from posgen.shapes import SHAPES, shape_config
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
 
-def _peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
-
-
-def _peak_gpu_gb(device: str) -> float:
+def _peaks(device: str) -> dict:
+    """This process's peak resident host memory and peak GPU memory (0 on the CPU), GB."""
     import torch
 
-    return torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0
+    return {
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
+        "peak_gpu_gb": torch.cuda.max_memory_allocated() / 1e9 if device == "cuda" else 0.0,
+    }
 
 
 def _synchronize(device: str) -> None:
@@ -95,8 +95,7 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     return {
         "seconds": float(np.median(seconds)),
         "per_window": seconds,
-        "peak_rss_gb": _peak_rss_gb(),
-        "peak_gpu_gb": _peak_gpu_gb(device),
+        **_peaks(device),
         "bytes": 0,
     }
 
@@ -115,8 +114,7 @@ def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtyp
         # the first window also runs the self-check and opens the file
         "seconds": float(np.median(seconds[1:] if len(seconds) > 1 else seconds)),
         "per_window": seconds,
-        "peak_rss_gb": _peak_rss_gb(),
-        "peak_gpu_gb": _peak_gpu_gb(device),
+        **_peaks(device),
         "bytes": Path(out).stat().st_size,
     }
 
@@ -155,8 +153,7 @@ def _stage_fused(
     return {
         "seconds": float(np.mean(seconds)),  # every window: the first also runs the error and bound, as in decompose
         "per_window": seconds,
-        "peak_rss_gb": _peak_rss_gb(),
-        "peak_gpu_gb": _peak_gpu_gb(device),
+        **_peaks(device),
         "bytes": sum(f.stat().st_size for f in out.iterdir()),
     }
 
@@ -203,8 +200,7 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
     parts["method_b"] -= parts["factor"]
     return {
         "seconds": seconds / ds.sizes["sample"],
-        "peak_rss_gb": _peak_rss_gb(),
-        "peak_gpu_gb": _peak_gpu_gb(device),
+        **_peaks(device),
         "bytes": Path(out).stat().st_size,
         "parts": parts,
     }
@@ -246,8 +242,9 @@ def predictions(shape, cfg: dict, rates) -> dict:
     }
 
 
-def implied_rates(shape, cfg: dict, stages: dict) -> dict:
-    """The sustained rates this run measured (the calibration of posgen.plan.CPU): work over measured time."""
+def implied_rates(shape, cfg: dict, stages: dict, rates) -> dict:
+    """The sustained rates this run measured (the calibration of ``rates``, posgen.plan.CPU or GPU): work over
+    measured time."""
     from posgen import plan
 
     T, n = cfg["seq_len"], cfg["n_samples"]
@@ -266,7 +263,7 @@ def implied_rates(shape, cfg: dict, stages: dict) -> dict:
         "memory B/s": n
         * shape.n_layers
         * read_b
-        / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / plan.CPU.factor),
+        / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / rates.factor),
         "error FLOP/s": shape.n_layers * plan.error_flops(shape, T) / parts["error"],
     }
 
@@ -356,12 +353,13 @@ def main(argv=None):
 
     shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
-    rates = plan.GPU if device == "cuda" else plan.CPU
+    plan_device = "gpu" if device == "cuda" else "cpu"  # posgen.plan's name for the kind of device
+    rates = plan.RATES[plan_device]
     predicted = predictions(shape, cfg, rates)
     print(
         f"{args.shape}: {n_layers} of {depth} layers, {args.windows} window(s) x {args.seq_len} tokens, "
         f"{device}, {args.dtype}, {args.threads} threads, random weights, {len(args.dummy_distances)} dummy "
-        f"distances, error bound on 1 window; predictions from posgen.plan.{'GPU' if device == 'cuda' else 'CPU'}"
+        f"distances, error bound on 1 window; predictions from posgen.plan.{plan_device.upper()}"
     )
     print(
         f"{'stage':26s} {'s/window':>9s} {'s/layer':>8s} {'x fwd':>6s} {'predicted':>10s} {'meas/pred':>10s} "
@@ -383,8 +381,8 @@ def main(argv=None):
             print(f"  {part:24s} {measured:9.2f} {'':8s} {'':6s} {guess:10.2f} {measured / guess:10.2f}")
     print(f"analytic q/k bytes per window: {shape.qk_bytes(args.seq_len):.3e}")
     if set(STAGE_NAMES.values()) <= set(stages):
-        print(f"rates implied by this run (posgen.plan.{'GPU' if device == 'cuda' else 'CPU'} holds the ones used):")
-        for name, value in implied_rates(shape, cfg, stages).items():
+        print(f"rates implied by this run (posgen.plan.{plan_device.upper()} holds the ones used):")
+        for name, value in implied_rates(shape, cfg, stages, rates).items():
             print(f"  {name:18s} {value:10.3g}")
     if args.paper_config.exists():
         extrapolate(args.paper_config)
