@@ -35,6 +35,7 @@ include: "rules/synthetic.smk"
 include: "rules/llm_heads.smk"
 include: "rules/figures.smk"
 include: "rules/trajectory.smk"
+include: "rules/deposit_study.smk"
 
 
 rule all:

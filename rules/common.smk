@@ -15,7 +15,7 @@ from posgen.config import (  # noqa: E402
     variants,
 )
 from posgen.shards import shard_names, shard_of  # noqa: E402
-from posgen.figure_table import FIGURES as FIGURE_TABLE, TRAJECTORY_FIGURES  # noqa: E402
+from posgen.figure_table import FIGURES as FIGURE_TABLE, STUDY_FIGURES, TRAJECTORY_FIGURES  # noqa: E402
 from posgen.trajectory import heatmap_variants  # noqa: E402
 
 try:

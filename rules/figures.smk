@@ -66,7 +66,8 @@ localrules:
 rule reproduction:
     input:
         summary=rules.summary_table.output.csv,
-        synthetic_summary=rules.synthetic_summary.output.csv,
+        synthetic_summary="results/synthetic/summary.csv",
+        study_summary=study_summary_if_built,
     output:
         csv=report(
             "results/reproduction.csv",

@@ -1,20 +1,61 @@
-# The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks,
-# one training job per (task, pe, seed); per-task ablation and Toeplitz jobs; gathered NetCDFs and a summary.
+# The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
+# named experiments (posgen.synthetic.experiments), one training and one analysis job per (experiment, task, pe,
+# seed); gathered NetCDFs and a summary per collection: `run` (what `all` builds) and `deposit_study` (target).
+
+from posgen.config import config_hash as _hash_of_options
+from posgen.synthetic.experiments import COLLECTIONS, classifiers, pe_labels, resolve, train_options
 
 SYN = config["synthetic"]
-SYN_TASKS, SYN_PES, SYN_SEEDS = SYN["tasks"], SYN["pes"], SYN["seeds"]
 SYN_DATA_KEYS = ["data_seed", "vocab_size", "test_fraction", "distance", "count"]
-SYN_MODEL_KEYS = ["model", "train", "faithful", "rope_heads", "rope_base"]
-# config leaves each step reads (its config_hash covers exactly these; see rules/common.smk)
+SYN_DATA = canonical({key: SYN[key] for key in SYN_DATA_KEYS})
 SYN_DATA_LEAVES = [f"synthetic.{key}" for key in SYN_DATA_KEYS]
-SYN_TRAIN_LEAVES = SYN_DATA_LEAVES + [f"synthetic.{key}" for key in SYN_MODEL_KEYS] + ["device"]
-SYN_ALL_LEAVES = SYN_TRAIN_LEAVES + ["synthetic.tasks", "synthetic.pes", "synthetic.seeds"]
-SYN_CLASSIFIERS = [(pe, seed) for pe in SYN_PES for seed in SYN_SEEDS]  # expand order of pe, seed below
-SYN_CONSTRAINTS = {
-    "task": "|".join(SYN_TASKS),
-    "pe": "|".join(re.escape(pe) for pe in SYN_PES),
-    "seed": r"\d+",
-}
+# every experiment named by a collection, with its resolved settings
+SYN_EXPERIMENTS = {name: resolve(SYN, name) for which in COLLECTIONS for name in SYN[which]}
+SYN_TASKS = sorted({task for options in SYN_EXPERIMENTS.values() for task in options["tasks"]})
+SYN_PES = sorted({pe for options in SYN_EXPERIMENTS.values() for pe in pe_labels(options)})
+SYN_CLASSIFIER_DIR = "results/synthetic/{experiment}/{task}/{pe}/seed{seed}"
+SYN_PARTS = ["training", "ablation", "toeplitz", "probe"]
+
+
+wildcard_constraints:
+    experiment="|".join(re.escape(name) for name in SYN_EXPERIMENTS) or "none",
+    task="|".join(SYN_TASKS),
+    pe="|".join(re.escape(pe) for pe in SYN_PES),
+    seed=r"\d+",
+
+
+def syn_train_options(wildcards):
+    return train_options(SYN_EXPERIMENTS[wildcards.experiment])
+
+
+def syn_analysis_options(wildcards):
+    options = SYN_EXPERIMENTS[wildcards.experiment]
+    return {key: options[key] for key in ("ablation_samples", "toeplitz_samples")}
+
+
+def syn_hash(*parts):
+    """A params function: the hash of the data settings and the experiment's ``parts`` (train, analysis)."""
+
+    def job_config_hash(wildcards):
+        picked = {"data": SYN_DATA, "device": config["device"]}
+        for part in parts:
+            picked[part.__name__] = part(wildcards)
+        return _hash_of_options(picked)
+
+    return job_config_hash
+
+
+def syn_classifier_files(which, name):
+    """Per-classifier files ``name`` of every experiment of collection ``which``."""
+    return [
+        f"{SYN_CLASSIFIER_DIR}/{name}".format(experiment=experiment, task=task, pe=pe, seed=seed)
+        for experiment in SYN[which]
+        for task, pe, seed in classifiers(SYN_EXPERIMENTS[experiment])
+    ]
+
+
+def syn_keys(which):
+    return [[experiment, *key] for experiment in SYN[which] for key in classifiers(SYN_EXPERIMENTS[experiment])]
 
 
 rule synthetic_tasks:
@@ -24,8 +65,6 @@ rule synthetic_tasks:
         "logs/synthetic/tasks/{task}.log",
     benchmark:
         "benchmarks/synthetic/tasks/{task}.tsv"
-    wildcard_constraints:
-        **SYN_CONSTRAINTS,
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -33,7 +72,7 @@ rule synthetic_tasks:
         mem_mb=2000,
         runtime=10,
     params:
-        options=canonical({key: SYN[key] for key in SYN_DATA_KEYS}),
+        options=SYN_DATA,
         config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
     script:
         "../workflow_scripts/synthetic_tasks.py"
@@ -43,40 +82,38 @@ rule synthetic_train:
     input:
         data=rules.synthetic_tasks.output.data,
     output:
-        checkpoint="results/synthetic/{task}/{pe}/seed{seed}/model.pt",
-        curves="results/synthetic/{task}/{pe}/seed{seed}/train.nc",
+        checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
+        curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
     log:
-        "logs/synthetic/train/{task}/{pe}/seed{seed}.log",
+        "logs/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.log",
     benchmark:
-        "benchmarks/synthetic/train/{task}/{pe}/seed{seed}.tsv"
-    wildcard_constraints:
-        **SYN_CONSTRAINTS,
+        "benchmarks/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 1
     resources:
         mem_mb=2000,
-        runtime=30,
+        runtime=60,
     params:
-        options=canonical({key: SYN[key] for key in SYN_MODEL_KEYS}),
+        options=syn_train_options,
         device=config["device"],
-        config_hash=hash_of(SYN_TRAIN_LEAVES, per_model=False),
+        config_hash=syn_hash(syn_train_options),
     script:
         "../workflow_scripts/synthetic_train.py"
 
 
-rule synthetic_ablate:
+rule synthetic_analyse:
     input:
         data=rules.synthetic_tasks.output.data,
-        checkpoints=expand(rules.synthetic_train.output.checkpoint, pe=SYN_PES, seed=SYN_SEEDS, allow_missing=True),
+        checkpoint=rules.synthetic_train.output.checkpoint,
     output:
-        ablation="results/synthetic/{task}/ablation.nc",
+        ablation=f"{SYN_CLASSIFIER_DIR}/ablation.nc",
+        toeplitz=f"{SYN_CLASSIFIER_DIR}/toeplitz.nc",
+        probe=f"{SYN_CLASSIFIER_DIR}/probe.nc",
     log:
-        "logs/synthetic/ablate/{task}.log",
+        "logs/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.log",
     benchmark:
-        "benchmarks/synthetic/ablate/{task}.tsv"
-    wildcard_constraints:
-        **SYN_CONSTRAINTS,
+        "benchmarks/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -84,86 +121,76 @@ rule synthetic_ablate:
         mem_mb=2000,
         runtime=30,
     params:
-        classifiers=SYN_CLASSIFIERS,
+        options=syn_analysis_options,
         device=config["device"],
-        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
+        config_hash=syn_hash(syn_train_options, syn_analysis_options),
     script:
-        "../workflow_scripts/synthetic_ablate.py"
+        "../workflow_scripts/synthetic_analyse.py"
 
 
-rule synthetic_toeplitz:
-    input:
-        data=rules.synthetic_tasks.output.data,
-        checkpoints=expand(rules.synthetic_train.output.checkpoint, pe=SYN_PES, seed=SYN_SEEDS, allow_missing=True),
-    output:
-        toeplitz="results/synthetic/{task}/toeplitz.nc",
-    log:
-        "logs/synthetic/toeplitz/{task}.log",
-    benchmark:
-        "benchmarks/synthetic/toeplitz/{task}.tsv"
-    wildcard_constraints:
-        **SYN_CONSTRAINTS,
-    conda:
-        "../envs/posgen.yaml"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=30,
-    params:
-        classifiers=SYN_CLASSIFIERS,
-        n_samples=SYN["toeplitz_samples"],
-        device=config["device"],
-        config_hash=hash_of(SYN_ALL_LEAVES + ["synthetic.toeplitz_samples"], per_model=False),
-    script:
-        "../workflow_scripts/synthetic_toeplitz.py"
+for which, folder in COLLECTIONS.items():
+
+    rule:
+        name:
+            f"synthetic_gather_{which}"
+        input:
+            tasks=expand(rules.synthetic_tasks.output.data, task=SYN_TASKS),
+            training=syn_classifier_files(which, "train.nc"),
+            ablation=syn_classifier_files(which, "ablation.nc"),
+            toeplitz=syn_classifier_files(which, "toeplitz.nc"),
+            probe=syn_classifier_files(which, "probe.nc"),
+        output:
+            **{part: f"{folder}/{part}.nc" for part in SYN_PARTS},
+            baselines=f"{folder}/baselines.nc",
+        log:
+            f"logs/synthetic/gather_{which}.log",
+        benchmark:
+            f"benchmarks/synthetic/gather_{which}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=10,
+        params:
+            classifiers=syn_keys(which),
+            config_hash=_hash_of_options({"data": SYN_DATA, "keys": syn_keys(which)}),
+        script:
+            "../workflow_scripts/synthetic_gather.py"
+
+    rule:
+        name:
+            f"synthetic_summary_{which}"
+        input:
+            **{part: f"{folder}/{part}.nc" for part in SYN_PARTS + ["baselines"]},
+        output:
+            csv=f"{folder}/summary.csv",
+            deposit=f"{folder}/deposit.csv",
+        log:
+            f"logs/synthetic/summary_{which}.log",
+        benchmark:
+            f"benchmarks/synthetic/summary_{which}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=10,
+        params:
+            intervals=config["intervals"],
+        script:
+            "../workflow_scripts/synthetic_summary.py"
 
 
-rule synthetic_gather:
-    input:
-        ablation=expand(rules.synthetic_ablate.output.ablation, task=SYN_TASKS),
-        toeplitz=expand(rules.synthetic_toeplitz.output.toeplitz, task=SYN_TASKS),
-        curves=expand(rules.synthetic_train.output.curves, task=SYN_TASKS, pe=SYN_PES, seed=SYN_SEEDS),
-    output:
-        ablation="results/synthetic/ablation.nc",
-        toeplitz="results/synthetic/toeplitz.nc",
-        training="results/synthetic/training.nc",
-    log:
-        "logs/synthetic/gather.log",
-    benchmark:
-        "benchmarks/synthetic/gather.tsv"
-    conda:
-        "../envs/posgen.yaml"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
-    params:
-        classifiers=[(task, pe, seed) for task in SYN_TASKS for pe in SYN_PES for seed in SYN_SEEDS],
-        config_hash=hash_of(SYN_ALL_LEAVES, per_model=False),
-    script:
-        "../workflow_scripts/synthetic_gather.py"
+SYN_RUN_OUTPUTS = [f"results/synthetic/{part}.nc" for part in SYN_PARTS] + ["results/synthetic/summary.csv"]
+SYN_STUDY = "results/synthetic/deposit_study"
+TARGETS.extend(SYN_RUN_OUTPUTS)
 
 
-rule synthetic_summary:
-    input:
-        **rules.synthetic_gather.output,
-    output:
-        csv="results/synthetic/summary.csv",
-    log:
-        "logs/synthetic/summary.log",
-    benchmark:
-        "benchmarks/synthetic/summary.tsv"
-    conda:
-        "../envs/posgen.yaml"
-    threads: 1
-    resources:
-        mem_mb=2000,
-        runtime=10,
-    params:
-        intervals=config["intervals"],
-    script:
-        "../workflow_scripts/synthetic_summary.py"
-
-
-TARGETS.extend(rules.synthetic_gather.output)
-TARGETS.extend(rules.synthetic_summary.output)
+def study_summary_if_built(wildcards):
+    """The deposit study's summary for the reproduction table: when this run builds the study (target
+    `deposit_study`) or an earlier run did; `make run` on a fresh clone neither waits for it nor builds it."""
+    path = f"{SYN_STUDY}/summary.csv"
+    if "deposit_study" in workflow.dag_settings.targets or Path(path).exists():
+        return [path]
+    return []

@@ -14,7 +14,7 @@ from conftest import TINY_SYNTHETIC
 from posgen.decompose import AdditiveDesign, toeplitz_shares
 from posgen.stats import deposit_index, top_gap
 from posgen.store import open_dataset
-from posgen.synthetic.analysis import ablate
+from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.figures import reproduction_markdown, reproduction_rows
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe
@@ -119,7 +119,7 @@ def test_t5_and_alibi_biases_are_exactly_toeplitz():
     slopes = 2.0 ** (-8 * torch.arange(1, 5) / 4)  # 1/4, 1/16, 1/64, 1/256
     torch.testing.assert_close(alibi[:, 0, 3], -3 * slopes, rtol=0, atol=0)
     faithful = make_pe("alibi", Dims(2, 4, 16, 10, faithful=True)).bias(0, 10)
-    torch.testing.assert_close(faithful[:, 0, 1], -torch.exp(-torch.arange(4) / 16.0))
+    torch.testing.assert_close(faithful[:, 0, 1], -torch.exp(-torch.arange(4) / 4.0))  # the authors' exp(-h/H)
     shares = toeplitz_shares(torch.cat([bias, alibi]), causal=False)
     torch.testing.assert_close(shares[0], torch.ones(8, dtype=torch.float64))
 
@@ -186,7 +186,7 @@ def test_ablate_reports_each_heads_accuracy():
         m.layers[0].value.weight[4:] = 0
         m.layers[0].value.bias[4:] = 0
     labels = m(tokens).argmax(-1)  # the model is right on every sample
-    base, ablated = ablate(m, tokens, labels, batch_size=16)
+    base, ablated = single_head_accuracy(m, tokens, labels, [0], batch_size=16)
     assert base == 1.0 and ablated.shape == (1, 2) and ablated[0, 1] == 1.0
 
 
@@ -291,11 +291,12 @@ def synthetic_run(tiny_workflow):
 def test_tiny_synthetic_run(synthetic_run):
     root = synthetic_run.workdir / "results/synthetic"
     ablation = open_dataset(root / "ablation.nc", lazy=False)
-    assert dict(ablation["drop"].sizes) == {"task": 2, "pe": 4, "seed": 2, "layer": 2, "head": 2}
+    sizes = {"experiment": 1, "task": 2, "pe": 4, "seed": 2, "layer": 2, "head": 2}
+    assert dict(ablation["drop"].sizes) == sizes
     assert sorted(ablation["pe"].values.tolist()) == sorted(TINY_SYNTHETIC["pes"])
     np.testing.assert_allclose(ablation["drop"], ablation["base_accuracy"] - ablation["ablated_accuracy"])
     toeplitz = open_dataset(root / "toeplitz.nc", lazy=False)
-    assert dict(toeplitz["toeplitz_share"].sizes) == {"task": 2, "pe": 4, "seed": 2, "layer": 2, "head": 2}
+    assert dict(toeplitz["toeplitz_share"].sizes) == sizes
     # ALiBi adds an exact Toeplitz term; NoPE logits hold no position at all
     share = toeplitz["toeplitz_share"]
     assert ((share >= -1e-9) & (share <= toeplitz["additive_share"] + 1e-9)).all()
@@ -303,10 +304,16 @@ def test_tiny_synthetic_run(synthetic_run):
     assert training.sizes["step"] == 2 and training.attrs["config_hash"]
     summary = pd.read_csv(root / "summary.csv")
     assert len(summary) == 8 and summary["test_accuracy"].between(0, 1).all()
-    log = (synthetic_run.workdir / "logs/synthetic/train/distance/rope/seed1.log").read_text()
-    assert "train distance/rope/seed1: 100%" in log
+    assert (summary["experiment"] == "clean").all()
+    # every accuracy sits beside the task's position-free baselines
+    assert summary[["baseline_majority", "baseline_length", "baseline_bag"]].notna().all().all()
+    assert (summary.loc[summary["task"] == "count", "baseline_bag"] == 1.0).all()
+    log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance/rope/seed1.log").read_text()
+    assert "train clean/distance/rope/seed1: 100%" in log
     rows = reproduction_rows(summary)
-    assert "| distance | nope | fails |" in reproduction_markdown(rows)
+    assert "| clean | distance | nope | fails |" in reproduction_markdown(rows)
+    reproduction = (synthetic_run.workdir / "results/reproduction.md").read_text()
+    assert "## Verdict per claim" in reproduction and "results/synthetic/summary.csv" in reproduction
     proc = synthetic_run.snakemake("--cores", "1", "--dry-run", "results/synthetic/summary.csv")
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
@@ -328,6 +335,7 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
         "synthetic_ablation": n_tasks * n_pes,
         "synthetic_deposit": n_tasks,
         "synthetic_toeplitz": n_tasks,
+        "synthetic_probe": n_tasks,
     }
     assert {name for name in TABLE if name.startswith("synthetic_")} == set(panels)
     for name, n_panels in panels.items():
@@ -344,8 +352,8 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
 
 
 def test_seed_interval_of_two_seeds():
-    from posgen.synthetic import figures
+    from posgen.stats import seed_interval
 
     # two seeds: a real interval around the mean
-    mean, lo, hi = figures.seed_interval([0.2, 0.4], n_boot=200)
+    mean, lo, hi = seed_interval([0.2, 0.4], n_boot=200)
     assert mean == pytest.approx(0.3) and 0.2 <= lo <= mean <= hi <= 0.4

@@ -3,11 +3,15 @@ from _common import setup
 setup(snakemake)
 from posgen.figures import write_reproduction  # noqa: E402
 
+study = snakemake.input.study_summary  # the deposit study's summary, or nothing when no run has built it
+study = [study] if isinstance(study, str) else list(study)
+
 write_reproduction(
     snakemake.input.summary,
     snakemake.output.csv,
     snakemake.output.md,
     snakemake.input.synthetic_summary,
     snakemake.output.synthetic_csv,
+    study_summary_csv=study[0] if study else None,
     config_hash=snakemake.params.config_hash,
 )

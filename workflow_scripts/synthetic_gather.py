@@ -1,9 +1,10 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.synthetic.analysis import gather, gather_training  # noqa: E402
+from posgen.synthetic.analysis import gather, gather_baselines, gather_training  # noqa: E402
 
 i, o, p = snakemake.input, snakemake.output, snakemake.params
-gather(list(i.ablation), o.ablation, config_hash=p.config_hash)
-gather(list(i.toeplitz), o.toeplitz, config_hash=p.config_hash)
-gather_training(list(i.curves), p.classifiers, o.training, config_hash=p.config_hash)
+for part in ("ablation", "toeplitz", "probe"):
+    gather(list(i[part]), o[part], config_hash=p.config_hash)
+gather_training(list(i.training), p.classifiers, o.training, config_hash=p.config_hash)
+gather_baselines(list(i.tasks), o.baselines, config_hash=p.config_hash)

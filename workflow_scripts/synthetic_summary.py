@@ -1,9 +1,13 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.synthetic.analysis import write_summary  # noqa: E402
+from posgen.synthetic.summary import write_summary  # noqa: E402
 
-i, p = snakemake.input, snakemake.params
+p = snakemake.params
 write_summary(
-    i.training, i.ablation, i.toeplitz, snakemake.output.csv, n_boot=p.intervals["bootstrap"], seed=p.intervals["seed"]
+    dict(snakemake.input.items()),
+    snakemake.output.csv,
+    snakemake.output.deposit,
+    n_boot=p.intervals["bootstrap"],
+    seed=p.intervals["seed"],
 )

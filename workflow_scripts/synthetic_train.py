@@ -11,6 +11,7 @@ train_job(
     pe=w.pe,
     seed=int(w.seed),
     options=p.options,
+    experiment=w.experiment,
     device=p.device,
     config_hash=p.config_hash,
 )

@@ -87,6 +87,7 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")
     _check_cross_keys(config)
+    _check_experiments(config["synthetic"], schema)
     if check_paths:
         for i, entry in enumerate(config["models"]):
             _check_model_source(entry, f"config.models[{i}].source")
@@ -135,6 +136,30 @@ def _check_cross_keys(config: dict) -> None:
         raise ConfigError(f"config.synthetic.model.d_model: {width} is not a multiple of n_heads {n_heads}")
 
 
+def _check_experiments(synthetic: dict, schema) -> None:
+    """Each experiment's resolved settings must satisfy the schema of the keys it overrides."""
+    import jsonschema
+    import yaml
+
+    from posgen.synthetic.experiments import ExperimentError, check, resolve
+
+    properties = yaml.safe_load(Path(schema).read_text())["properties"]["synthetic"]["properties"]
+    try:
+        for name, overrides in synthetic["experiments"].items():
+            options = resolve(synthetic, name)
+            for key in overrides:
+                try:
+                    jsonschema.validate(options[key], properties[key])
+                except jsonschema.ValidationError as err:
+                    where = ".".join(str(p) for p in err.absolute_path)
+                    raise ConfigError(
+                        f"config.synthetic.experiments.{name}.{key}{'.' + where if where else ''}: {err.message}"
+                    ) from None
+        check(synthetic)
+    except ExperimentError as err:
+        raise ConfigError(str(err)) from None
+
+
 def _check_model_source(entry: dict, key: str) -> None:
     """A ``local:`` folder must exist and hold config.json and weights (else get_model would fail later)."""
     source = entry["source"]
@@ -168,11 +193,14 @@ def _check_corpus_source(source: str) -> None:
 
 
 class StrictLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing duplicate keys (plain YAML silently keeps the last value)."""
+    """PyYAML's safe loader, refusing duplicate keys (plain YAML silently keeps the last value); merge keys
+    (``<<: *anchor``) are allowed, and the mapping's own keys override the merged ones."""
 
     def construct_mapping(self, node, deep=False):
         seen = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden here
+                continue
             key = self.construct_object(key_node, deep=True)
             # YTE templates repeat conditional keys (`?if`, `?else`) by design
             if isinstance(key, str) and key.startswith("?"):

@@ -88,6 +88,7 @@ _EXAMPLES = "results/{model}/{variant}/examples.nc"
 _DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
 _PERTURB = "results/{model}/{variant}/perturb.nc"
 _ABLATION = "results/synthetic/ablation.nc"
+_STUDY = "results/synthetic/deposit_study"
 
 FIGURES = {
     row.name: row
@@ -123,6 +124,9 @@ FIGURES = {
             {"toeplitz": "results/synthetic/toeplitz.nc"},
             scope=GLOBAL,
         ),
+        _row(
+            "synthetic_probe", "13b. PE x task: position probe", {"probe": "results/synthetic/probe.nc"}, scope=GLOBAL
+        ),
     ]
 }
 
@@ -134,5 +138,16 @@ TRAJECTORY_FIGURES = {
     for row in [
         _row("trajectory", "15. Training trajectory", {"trajectory": "results/{model}/trajectory.nc"}),
         _row("trajectory_r_heatmap", "16. Training trajectory: r over layer x head", {"decomposition": _DECOMPOSITION}),
+    ]
+}
+
+# The deposit study (rules/deposit_study.smk): built by the `deposit_study` target only, never by `all`.
+STUDY_FIGURES = {
+    row.name: row
+    for row in [
+        _row(
+            "deposit_study", "17. Deposit study: top vs second drop", {"deposit": f"{_STUDY}/deposit.csv"}, scope=GLOBAL
+        ),
+        _row("deposit_study_probe", "18. Deposit study: position probe", {"probe": f"{_STUDY}/probe.nc"}, scope=GLOBAL),
     ]
 }

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from posgen.config import VARIANT_TRAINED, init_seed  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE  # noqa: E402
-from posgen.figure_table import TRAJECTORY_FIGURES  # noqa: E402
+from posgen.figure_table import STUDY_FIGURES, TRAJECTORY_FIGURES  # noqa: E402
 from posgen.stats import bootstrap_mean, pearson  # noqa: E402
 from posgen.store import atomic_path, require  # noqa: E402
 
@@ -893,10 +893,11 @@ def registry() -> dict[str, Spec]:
     reverse) fails the first figure job, and the tests.
     """
     from posgen.synthetic.figures import FIGURES as SYNTHETIC_FIGURES
+    from posgen.synthetic.study_figures import FIGURES as STUDY_SPECS
     from posgen.trajectory.figures import FIGURES as TRAJECTORY_SPECS
 
-    specs = {**FIGURES, **SYNTHETIC_FIGURES, **TRAJECTORY_SPECS}
-    table = {**FIGURE_TABLE, **TRAJECTORY_FIGURES}
+    specs = {**FIGURES, **SYNTHETIC_FIGURES, **TRAJECTORY_SPECS, **STUDY_SPECS}
+    table = {**FIGURE_TABLE, **TRAJECTORY_FIGURES, **STUDY_FIGURES}
     if set(specs) != set(table):
         differ = sorted(set(specs) ^ set(table))
         raise KeyError(f"figure specs and posgen.figure_table differ in {', '.join(differ)}")
@@ -924,7 +925,7 @@ def render(
     spec = specs[name]
     inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
     data = spec.loader(inputs, list(variants or []))
-    row = {**FIGURE_TABLE, **TRAJECTORY_FIGURES}[name]
+    row = {**FIGURE_TABLE, **TRAJECTORY_FIGURES, **STUDY_FIGURES}[name]
     fig = spec.func(data, n_boot=n_boot, seed=seed) if row.bootstrap else spec.func(data)
     save_figure(fig, png, pdf, provenance=_stable_provenance(figure=name, **attrs))
 
@@ -935,14 +936,18 @@ def write_reproduction(
     md: str | Path,
     synthetic_summary_csv: str | Path | None = None,
     synthetic_csv: str | Path | None = None,
+    study_summary_csv: str | Path | None = None,
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv; with the second family's summary, its rows
-    (the second paper's numbers beside ours) go to ``synthetic_csv`` and a second section of the Markdown."""
+    (the second paper's numbers beside ours) go to ``synthetic_csv`` and a second section of the Markdown, with
+    a verdict per claim (posgen.synthetic.verdicts) from the deposit study's summary when given, else from the
+    run's."""
     from posgen.synthetic.figures import reproduction_markdown as synthetic_markdown
     from posgen.synthetic.figures import reproduction_rows
+    from posgen.synthetic.verdicts import verdict_markdown, verdicts
 
-    paths = [Path(p) for p in (summary_csv, synthetic_summary_csv) if p is not None]
+    paths = [Path(p) for p in (summary_csv, synthetic_summary_csv, study_summary_csv) if p is not None]
     for path in paths:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file")
@@ -953,10 +958,12 @@ def write_reproduction(
         table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     text = reproduction_markdown(table, provenance=keep)
     if synthetic_summary_csv is not None:
-        rows = reproduction_rows(pd.read_csv(synthetic_summary_csv))
+        summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
+        rows = reproduction_rows(pd.concat(summaries, ignore_index=True))
         with atomic_path(synthetic_csv) as tmp:
             rows.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
-        text += "\n" + synthetic_markdown(rows)
+        source = study_summary_csv or synthetic_summary_csv
+        text += "\n" + synthetic_markdown(rows) + "\n" + verdict_markdown(verdicts(summaries[-1]), str(source))
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table

@@ -5,8 +5,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -14,8 +12,9 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from posgen.figures import PAGE_WIDTH, Spec, _by_variant, _integer_ticks, _styled, _symmetric_limit, variant_colors
-from posgen.stats import bootstrap_indices, interval, spearman
+from posgen.stats import seed_interval, spearman
 from posgen.store import require
+from posgen.synthetic.study_figures import fig_position_probe
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -36,21 +35,6 @@ PAPER_DEPOSIT = {  # (task, pe): layer-0 largest single-head drop in points, as 
     ("distance", "nope"): (None, "absent"),
     ("count", "rope+sinusoidal"): (None, "absent"),
 }
-
-
-def seed_interval(values, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over seeds and its 95 % percentile bootstrap interval (NaN interval with a single seed)."""
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if len(values) == 0:
-        return np.nan, np.nan, np.nan
-    if len(values) == 1:
-        return float(values[0]), np.nan, np.nan
-    idx = bootstrap_indices(len(values), n_boot, seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean, lo, hi = interval(lambda v: np.mean(v, axis=0), values, idx)
-    return float(mean), float(lo), float(hi)
 
 
 @_styled
@@ -142,7 +126,8 @@ def fig_toeplitz(toeplitz: xr.Dataset) -> Figure:
 
 
 def reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """The second paper's reported numbers beside ours, one row per (task, pe) of ``summary.csv``."""
+    """The second paper's reported numbers beside ours, one row per (experiment, task, pe) of ``summary.csv``,
+    with the position-free baselines of the task."""
     rows = []
     for _, row in summary.iterrows():
         key = (row["task"], row["pe"])
@@ -150,6 +135,7 @@ def reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
         paper_drop, drop_note = PAPER_DEPOSIT.get(key, (None, ""))
         rows.append(
             {
+                "experiment": row["experiment"],
                 "task": row["task"],
                 "pe": row["pe"],
                 "paper_accuracy": np.nan if paper_acc is None else paper_acc,
@@ -157,55 +143,52 @@ def reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
                 "accuracy": 100 * row["test_accuracy"],
                 "accuracy_lo": 100 * row["test_accuracy_lo"],
                 "accuracy_hi": 100 * row["test_accuracy_hi"],
+                "mae": row["test_mae"],
+                "within_one": 100 * row["test_within_one"],
+                **{f"baseline_{b}": 100 * row[f"baseline_{b}"] for b in ("majority", "length", "bag")},
                 "n_seeds": row["n_seeds"],
                 "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop,
                 "paper_deposit_note": drop_note,
-                "layer0_max_drop": 100 * row["layer0_max_drop"],
-                "layer0_top_gap": 100 * row["layer0_top_gap"],
+                "layer0_top_drop": 100 * row["layer0_top_drop"],
+                "layer0_second_drop": 100 * row["layer0_second_drop"],
                 "layer0_deposit_index": row["layer0_deposit_index"],
             }
         )
     return pd.DataFrame(rows)
 
 
+def _num(value, fmt="{:.1f}"):
+    return "-" if not np.isfinite(value) else fmt.format(value)
+
+
+def _paper(value, note) -> str:
+    return " ".join(x for x in [_num(value) if np.isfinite(value) else "", note] if x) or "-"
+
+
 def reproduction_markdown(rows: pd.DataFrame) -> str:
     """Markdown of :func:`reproduction_rows` (accuracies and drops in percentage points)."""
-
-    def num(value, fmt="{:.1f}"):
-        return "-" if not np.isfinite(value) else fmt.format(value)
-
     lines = [
         "# Reproduction of arXiv 2505.13027 (positional encodings on synthetic tasks)",
         "",
-        "Test accuracy (%) and the layer-0 single-head ablation (largest drop and its gap to the second, in "
-        "points; deposit index = max drop / sum of positive drops). Paper numbers from secondary notes; their "
-        "'rope' is our rope+sinusoidal. Our intervals: 95 % bootstrap over seeds (none with one seed).",
+        "Test accuracy (%), mean absolute error (label units) and within-one accuracy (%), beside the task's "
+        "position-free baselines (majority class, best length-only rule, best trigger-count rule; "
+        "docs/method.md section 8.2), and the layer-0 single-head ablation (top and second drop in points; "
+        "deposit index = top / sum of positive drops, '-' when the top drop is under 5 points). Paper numbers "
+        "from secondary notes; their 'rope' is our rope+sinusoidal. Intervals: 95 % bootstrap over seeds.",
         "",
-        "| task | PE | paper acc. | ours acc. [95 % CI] | paper layer-0 drop | ours layer-0 drop | gap | deposit idx |",
-        "|---|---|---|---:|---|---:|---:|---:|",
+        "| experiment | task | PE | paper acc. | ours acc. [95 % CI] | MAE | within 1 | majority / length / bag | "
+        "paper layer-0 drop | ours top / second drop | deposit idx |",
+        "|---|---|---|---|---:|---:|---:|---|---|---:|---:|",
     ]
     for _, r in rows.iterrows():
-        paper = (
-            " ".join(
-                x for x in [num(r["paper_accuracy"]) if np.isfinite(r["paper_accuracy"]) else "", r["paper_note"]] if x
-            )
-            or "-"
-        )
-        ci = f" [{num(r['accuracy_lo'])}, {num(r['accuracy_hi'])}]" if np.isfinite(r["accuracy_lo"]) else ""
-        paper_drop = (
-            " ".join(
-                x
-                for x in [
-                    num(r["paper_layer0_max_drop"]) if np.isfinite(r["paper_layer0_max_drop"]) else "",
-                    r["paper_deposit_note"],
-                ]
-                if x
-            )
-            or "-"
-        )
+        ci = f" [{_num(r['accuracy_lo'])}, {_num(r['accuracy_hi'])}]" if np.isfinite(r["accuracy_lo"]) else ""
+        base = " / ".join(_num(r[f"baseline_{b}"]) for b in ("majority", "length", "bag"))
         lines.append(
-            f"| {r['task']} | {r['pe']} | {paper} | {num(r['accuracy'])}{ci} | {paper_drop} | "
-            f"{num(r['layer0_max_drop'])} | {num(r['layer0_top_gap'])} | {num(r['layer0_deposit_index'], '{:.2f}')} |"
+            f"| {r['experiment']} | {r['task']} | {r['pe']} | {_paper(r['paper_accuracy'], r['paper_note'])} | "
+            f"{_num(r['accuracy'])}{ci} | {_num(r['mae'], '{:.2f}')} | {_num(r['within_one'])} | {base} | "
+            f"{_paper(r['paper_layer0_max_drop'], r['paper_deposit_note'])} | "
+            f"{_num(r['layer0_top_drop'])} / {_num(r['layer0_second_drop'])} | "
+            f"{_num(r['layer0_deposit_index'], '{:.2f}')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -281,13 +264,33 @@ def _open(path) -> xr.Dataset:
     return open_dataset(path, lazy=False)
 
 
+def by_pe(ds: xr.Dataset) -> xr.Dataset:
+    """The ``experiment`` dim folded into ``pe`` for the per-PE figures: dropped when there is one experiment,
+    else every PE label prefixed with its experiment (``faithful/rope``)."""
+    if "experiment" not in ds.dims:
+        return ds
+    if ds.sizes["experiment"] == 1:
+        return ds.isel(experiment=0, drop=True)
+    parts = [
+        ds.sel(experiment=e, drop=True).assign_coords(pe=[f"{e}/{pe}" for pe in ds["pe"].values])
+        for e in ds["experiment"].values
+    ]
+    return xr.concat(parts, "pe")
+
+
 def _load(role: str):
     """Loader of a figure drawn from one gathered file (inputs: role -> [path])."""
-    return lambda inputs, variants: _open(inputs[role][0])
+    return lambda inputs, variants: by_pe(_open(inputs[role][0]))
+
+
+def _load_probe(inputs, variants) -> pd.DataFrame:
+    probe = _open(inputs["probe"][0])["position_r2"]
+    return probe.to_dataframe().reset_index().dropna(subset=["position_r2"])
 
 
 # Figure name -> Spec, one entry per second-family row of posgen.figure_table.
 FIGURES = {
+    "synthetic_probe": Spec(fig_position_probe, _load_probe),
     "synthetic_accuracy": Spec(fig_accuracy, _load("training")),
     "synthetic_ablation": Spec(fig_ablation, _load("ablation")),
     "synthetic_deposit": Spec(fig_deposit, _load("ablation")),

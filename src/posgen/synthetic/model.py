@@ -2,9 +2,11 @@
 mean pooling, a linear head.
 
 Clean (default): every layer's Q, K, V come from its layer-normed hidden state, pads are masked out of the
-keys, pooling averages the real tokens. ``faithful`` reproduces the authors' quirks: K and V of every layer come
-from the input embeddings (plus additive PE), no attention mask, pooling averages pads too, ALiBi slopes
-exp(-h/16) (in ``pe.ALiBi``).
+keys, a final LayerNorm, pooling averages the real tokens. ``faithful`` is the authors' classifier
+(``dis_gen/trans.py``; docs/method.md section 8.1): K and V of every layer come from the input embeddings (plus
+additive PE) without dropout (dropout acts on the residual stream only), no attention mask, no final LayerNorm,
+pooling averages pads too, ALiBi slopes exp(-h/H) and learned positions initialised at the token scale (in
+``posgen.synthetic.pe``).
 
 ``head_gate (layer, head)`` multiplies each head's value vectors: a 0 ablates that head (its value slice zeroed,
 so it adds nothing to the layer's output).
@@ -95,25 +97,47 @@ class Classifier(nn.Module):
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.pe = make_pe(pe, self.dims)
         self.layers = nn.ModuleList(EncoderLayer(self.dims, d_ff, dropout) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model)
+        # the authors' classifier pools the last layer's output as it is
+        self.norm = nn.Identity() if faithful else nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
         self.dropout = dropout
 
     def _inputs(self, tokens: torch.Tensor):
-        """Embeddings with absolute PE, the key-side additive mask (None when faithful) and the real-token mask."""
+        """The residual stream's input (embeddings with absolute PE, after dropout), the K/V source of faithful
+        mode (the same embeddings without dropout), the key-side additive mask (None when faithful) and the
+        real-token mask."""
         real = tokens != 0  # (B, T)
-        x0 = F.dropout(self.pe.embed(self.embedding(tokens)), self.dropout, self.training)  # (B, T, D)
+        x0 = self.pe.embed(self.embedding(tokens))  # (B, T, D)
+        h = F.dropout(x0, self.dropout, self.training)
         if self.dims.faithful:
-            return x0, None, real
+            return h, x0, None, real
         key_bias = torch.zeros(real.shape, dtype=x0.dtype, device=x0.device).masked_fill(~real, float("-inf"))
-        return x0, key_bias[:, None, None, :], real  # (B, 1, 1, T)
+        return h, h, key_bias[:, None, None, :], real  # (B, 1, 1, T)
+
+    def hidden_states(self, tokens: torch.Tensor, head_gate: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The residual stream (B, T, D) at the input and after every layer: L + 1 tensors."""
+        h, x0, key_bias, _ = self._inputs(tokens)
+        states = [h]
+        for layer, block in enumerate(self.layers):
+            h = block(h, x0, self.pe, layer, key_bias, None if head_gate is None else head_gate[layer])
+            states.append(h)
+        return states
 
     def forward(self, tokens: torch.Tensor, head_gate: torch.Tensor | None = None) -> torch.Tensor:
         """Class logits (B, n_classes) of token ids (B, T), 0 = pad."""
-        x0, key_bias, real = self._inputs(tokens)
-        h = x0
-        for layer, block in enumerate(self.layers):
-            h = block(h, x0, self.pe, layer, key_bias, None if head_gate is None else head_gate[layer])
+        return self.classify(self.hidden_states(tokens, head_gate)[-1], tokens != 0)
+
+    def resume(self, tokens: torch.Tensor, layer: int, h: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Class logits when layer ``layer`` (input ``h``, the residual stream an ungated pass gave it) runs with
+        head gate ``gate (H,)`` and the layers above run ungated: a single-layer ablation without recomputing the
+        layers below it."""
+        _, x0, key_bias, real = self._inputs(tokens)
+        for index in range(layer, len(self.layers)):
+            h = self.layers[index](h, x0, self.pe, index, key_bias, gate if index == layer else None)
+        return self.classify(h, real)
+
+    def classify(self, h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """Class logits (B, n_classes) of the last layer's residual stream ``h (B, T, D)``."""
         h = self.norm(h)  # (B, T, D)
         if self.dims.faithful:
             pooled = h.mean(1)  # pads included, as in the authors' code
@@ -127,8 +151,8 @@ class Classifier(nn.Module):
         """Pre-mask, pre-softmax logits (B, layer, H, T, T) of every layer and head, bias included (eval mode)."""
         was_training = self.training
         self.eval()
-        x0, key_bias, _ = self._inputs(tokens)
-        h, out = x0, []
+        h, x0, key_bias, _ = self._inputs(tokens)
+        out = []
         for layer, block in enumerate(self.layers):
             q, k, _, bias = block.qkv(h, x0, self.pe, layer, None)
             logits = q @ k.transpose(-1, -2) * logit_scale(q)  # (B, H, T, T)
@@ -136,6 +160,14 @@ class Classifier(nn.Module):
             h = block(h, x0, self.pe, layer, key_bias)
         self.train(was_training)
         return torch.stack(out, 1)
+
+
+def batch_tokens(tokens: torch.Tensor, faithful: bool) -> torch.Tensor:
+    """Clean mode drops the batch's all-pad tail columns (masked anyway); faithful mode keeps every pad."""
+    if faithful:
+        return tokens
+    used = int((tokens != 0).any(0).nonzero().max()) + 1
+    return tokens[:, :used]
 
 
 def build(config: dict) -> Classifier:

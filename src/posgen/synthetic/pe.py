@@ -92,7 +92,9 @@ class Learned(NoPE):
 
     def __init__(self, dims: Dims):
         super().__init__(dims)
-        self.table = nn.Parameter(torch.randn(dims.max_len, dims.d_model) * 0.02)
+        # faithful: the authors' positions are an nn.Embedding like their tokens, both N(0, 1) at init
+        scale = 1.0 if dims.faithful else 0.02
+        self.table = nn.Parameter(torch.randn(dims.max_len, dims.d_model) * scale)
 
     def embed(self, h):
         return h + self.table[: h.shape[1]]
@@ -120,12 +122,13 @@ class T5(NoPE):
 
 
 class ALiBi(NoPE):
-    """Symmetric linear bias ``-m_h |i - j|``; slopes 2^(-8h/H), h = 1..H (faithful: exp(-h/16), h = 0..H-1)."""
+    """Symmetric linear bias ``-m_h |i - j|``; slopes 2^(-8h/H), h = 1..H (faithful: exp(-h/H), h = 0..H-1, the
+    authors' formula, which is exp(-h/16) at their 16 heads)."""
 
     def __init__(self, dims: Dims):
         super().__init__(dims)
         h = torch.arange(dims.n_heads, dtype=torch.float32)
-        slopes = torch.exp(-h / 16) if dims.faithful else 2.0 ** (-8 * (h + 1) / dims.n_heads)
+        slopes = torch.exp(-h / dims.n_heads) if dims.faithful else 2.0 ** (-8 * (h + 1) / dims.n_heads)
         self.register_buffer("slopes", slopes, persistent=False)
 
     def bias(self, layer: int, T: int) -> torch.Tensor:

@@ -12,6 +12,8 @@ Fillers are drawn uniformly from the ids above the triggers, up to ``vocab_size 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import xarray as xr
 
@@ -114,3 +116,11 @@ def write_task(task: str, options: dict, seed: int, path, config_hash: str = "")
     ds.attrs["config_hash"] = config_hash
     write_netcdf(ds, path)
     return ds
+
+
+def n_trigger_ids(data: xr.Dataset) -> int:
+    """How many token ids (1..n) are triggers in a task's data set: 2 in the distance task, ``n_triggers`` in the
+    count task."""
+    if data.attrs["task"] == "distance":
+        return 2
+    return int(json.loads(data.attrs["sizes"])["n_triggers"])

@@ -1,0 +1,47 @@
+# The deposit study (README "The deposit study", docs/method.md section 8.8): the experiments of config
+# `synthetic.deposit_study` go through the rules of rules/synthetic.smk (their files gathered under
+# results/synthetic/deposit_study/); this file adds the study's figures and the named target `deposit_study`,
+# which also rewrites results/reproduction.md with a verdict per claim from the study. Rule `all` never asks for
+# any of it.
+
+for row in STUDY_FIGURES.values():
+
+    rule:
+        name:
+            f"fig_{row.name}"
+        input:
+            **row.inputs,
+        output:
+            png=report(
+                row.output("png"),
+                caption=f"../{row.caption}",
+                category=row.category,
+                subcategory="deposit study",
+                labels={"figure": row.name},
+            ),
+            pdf=row.output("pdf"),
+        log:
+            row.log,
+        localrule: True
+        conda:
+            "../envs/posgen.yaml"
+        params:
+            figure=row.name,
+            variants=[],
+            n_boot=None,
+            seed=None,
+            config_hash=hash_of([], per_model=False),
+        script:
+            "../workflow_scripts/figure.py"
+
+
+localrules:
+    deposit_study,
+
+
+rule deposit_study:
+    input:
+        f"{SYN_STUDY}/summary.csv",
+        f"{SYN_STUDY}/deposit.csv",
+        [path for row in STUDY_FIGURES.values() for ext in ("png", "pdf") for path in row.paths({}, ext)],
+        rules.reproduction.output,
