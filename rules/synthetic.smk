@@ -2,61 +2,6 @@
 # named experiments (posgen.synthetic.experiments), one training and one analysis job per (experiment, task, pe,
 # seed); gathered NetCDFs and a summary per collection: `run` (what `all` builds) and `deposit_study` (target).
 
-from posgen.config import config_hash as _hash_of_options
-from posgen.synthetic.experiments import COLLECTIONS, classifiers, pe_labels, resolve, train_options
-
-SYN = config["synthetic"]
-SYN_DATA_KEYS = ["data_seed", "vocab_size", "test_fraction", "distance", "count"]
-SYN_DATA = canonical({key: SYN[key] for key in SYN_DATA_KEYS})
-SYN_DATA_LEAVES = [f"synthetic.{key}" for key in SYN_DATA_KEYS]
-# every experiment named by a collection, with its resolved settings
-SYN_EXPERIMENTS = {name: resolve(SYN, name) for which in COLLECTIONS for name in SYN[which]}
-SYN_TASKS = sorted({task for options in SYN_EXPERIMENTS.values() for task in options["tasks"]})
-SYN_PES = sorted({pe for options in SYN_EXPERIMENTS.values() for pe in pe_labels(options)})
-SYN_CLASSIFIER_DIR = "results/synthetic/{experiment}/{task}/{pe}/seed{seed}"
-SYN_PARTS = ["training", "ablation", "toeplitz", "probe"]
-
-
-wildcard_constraints:
-    experiment="|".join(re.escape(name) for name in SYN_EXPERIMENTS) or "none",
-    task="|".join(SYN_TASKS),
-    pe="|".join(re.escape(pe) for pe in SYN_PES),
-    seed=r"\d+",
-
-
-def syn_train_options(wildcards):
-    return train_options(SYN_EXPERIMENTS[wildcards.experiment])
-
-
-def syn_analysis_options(wildcards):
-    options = SYN_EXPERIMENTS[wildcards.experiment]
-    return {key: options[key] for key in ("ablation_samples", "toeplitz_samples")}
-
-
-def syn_hash(*parts):
-    """A params function: the hash of the data settings and the experiment's ``parts`` (train, analysis)."""
-
-    def job_config_hash(wildcards):
-        picked = {"data": SYN_DATA, "device": config["device"]}
-        for part in parts:
-            picked[part.__name__] = part(wildcards)
-        return _hash_of_options(picked)
-
-    return job_config_hash
-
-
-def syn_classifier_files(which, name):
-    """Per-classifier files ``name`` of every experiment of collection ``which``."""
-    return [
-        f"{SYN_CLASSIFIER_DIR}/{name}".format(experiment=experiment, task=task, pe=pe, seed=seed)
-        for experiment in SYN[which]
-        for task, pe, seed in classifiers(SYN_EXPERIMENTS[experiment])
-    ]
-
-
-def syn_keys(which):
-    return [[experiment, *key] for experiment in SYN[which] for key in classifiers(SYN_EXPERIMENTS[experiment])]
-
 
 rule synthetic_tasks:
     output:
@@ -183,14 +128,4 @@ for which, folder in COLLECTIONS.items():
 
 
 SYN_RUN_OUTPUTS = [f"results/synthetic/{part}.nc" for part in SYN_PARTS] + ["results/synthetic/summary.csv"]
-SYN_STUDY = "results/synthetic/deposit_study"
 TARGETS.extend(SYN_RUN_OUTPUTS)
-
-
-def study_summary_if_built(wildcards):
-    """The deposit study's summary for the reproduction table: when this run builds the study (target
-    `deposit_study`) or an earlier run did; `make run` on a fresh clone neither waits for it nor builds it."""
-    path = f"{SYN_STUDY}/summary.csv"
-    if "deposit_study" in workflow.dag_settings.targets or Path(path).exists():
-        return [path]
-    return []

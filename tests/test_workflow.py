@@ -127,9 +127,8 @@ UPSTREAM = {
 SYNTHETIC_UPSTREAM = {
     "synthetic_tasks",
     "synthetic_train",
-    "synthetic_ablate",
-    "synthetic_toeplitz",
-    "synthetic_gather",
+    "synthetic_analyse",
+    "synthetic_gather_run",
 }
 
 
@@ -182,3 +181,25 @@ def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_p
     assert UPSTREAM | {"summarize", "fig_cap"} <= new, sorted(new)
     # the cross-model tables are the only other jobs
     assert {rule for rule, out in jobs if rule not in new} <= {"summary_table", "reproduction", "all"}
+
+
+def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_path):
+    def edit(config):
+        config["synthetic"]["experiments"] = {"clean": {}, "faithful": {"faithful": True, "seeds": [0]}}
+        config["synthetic"]["run"] = ["clean", "faithful"]
+
+    jobs = dry_run_with(tiny_workflow, tmp_path, edit)
+    trained = [out for rule, out in jobs if rule in ("synthetic_train", "synthetic_analyse")]
+    n_classifiers = 2 * len(tiny_workflow_pes(tiny_workflow))  # two tasks, one seed
+    assert len(trained) == 2 * n_classifiers
+    assert all(path.startswith("results/synthetic/faithful/") for out in trained for path in out)
+    # besides them: the gathered files, the summary, the figures and tables that read them
+    others = {rule for rule, _ in jobs if rule not in ("synthetic_train", "synthetic_analyse")}
+    assert others & (UPSTREAM | {"synthetic_tasks"}) == set(), sorted(others)
+    assert {"synthetic_gather_run", "synthetic_summary_run", "reproduction"} <= others
+
+
+def tiny_workflow_pes(run) -> list[str]:
+    import yaml
+
+    return yaml.safe_load(run.configfile.read_text())["synthetic"]["pes"]
