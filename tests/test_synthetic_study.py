@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from posgen.config import ConfigError
-from posgen.synthetic.ablation import deposit_statistics, leave_one_in_accuracy, single_head_accuracy
+from posgen.stats import deposit_statistics
+from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy
 from posgen.synthetic.baselines import baselines, lookup_rule
 from posgen.synthetic.experiments import ExperimentError, classifiers, parse_pe, pe_labels, resolve
 from posgen.synthetic.model import Classifier

@@ -105,6 +105,29 @@ def top_gap(drop: np.ndarray) -> np.ndarray:
     return top[..., -1] - top[..., -2]
 
 
+MIN_TOP_DROP = 0.05  # the gated deposit index is NaN below this top drop (5 points)
+CRITERION_TOP = 0.30  # the paper's deposit: one head's drop >= 30 points ...
+CRITERION_SECOND = 0.05  # ... while the second largest is <= 5 points
+
+
+def deposit_statistics(drop: np.ndarray) -> dict[str, np.ndarray]:
+    """Per row of ``drop (..., head)``: top drop, second drop, top head, the gated deposit index and the
+    paper's boolean criterion."""
+    drop = np.asarray(drop, dtype=np.float64)
+    order = np.sort(drop, -1)
+    top, second = order[..., -1], order[..., -2]
+    positive = np.clip(drop, 0, None).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        index = np.where(top >= MIN_TOP_DROP, top / positive, np.nan)
+    return {
+        "top_drop": top,
+        "second_drop": second,
+        "top_head": drop.argmax(-1),
+        "deposit_index": index,
+        "deposit": (top >= CRITERION_TOP) & (second <= CRITERION_SECOND),
+    }
+
+
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman rank correlation over the entries finite in both (average ranks for ties); NaN under 3."""
     import pandas as pd

@@ -1,4 +1,5 @@
-"""Per-head ablation of a classifier and the deposit statistics (docs/method.md section 8.4).
+"""Per-head ablation of a classifier (docs/method.md section 8.4; the deposit statistics of its drops are
+``posgen.stats.deposit_statistics``).
 
 Ablating head h of layer l zeroes its value vectors (``head_gate``), so it adds nothing to the layer's output.
 Three readings per layer, all on the same test samples:
@@ -22,10 +23,6 @@ import numpy as np
 import torch
 
 from posgen.synthetic.model import batch_tokens
-
-MIN_TOP_DROP = 0.05  # the deposit index is NaN below this top drop (5 points)
-CRITERION_TOP = 0.30  # the paper's deposit: one head's drop >= 30 points ...
-CRITERION_SECOND = 0.05  # ... while the second largest is <= 5 points
 
 
 @torch.no_grad()
@@ -61,21 +58,3 @@ def leave_one_in_accuracy(model, tokens, labels, layers, batch_size: int = 1024)
     _, kept = _gated_accuracies(model, tokens, labels, layers, lambda H: torch.eye(H), batch_size)
     _, none = _gated_accuracies(model, tokens, labels, layers, lambda H: torch.zeros(1, H), batch_size)
     return kept, none[:, 0]
-
-
-def deposit_statistics(drop: np.ndarray) -> dict[str, np.ndarray]:
-    """Per row of ``drop (..., head)``: top drop, second drop, top head, the gated deposit index and the
-    paper's boolean criterion."""
-    drop = np.asarray(drop, dtype=np.float64)
-    order = np.sort(drop, -1)
-    top, second = order[..., -1], order[..., -2]
-    positive = np.clip(drop, 0, None).sum(-1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        index = np.where(top >= MIN_TOP_DROP, top / positive, np.nan)
-    return {
-        "top_drop": top,
-        "second_drop": second,
-        "top_head": drop.argmax(-1),
-        "deposit_index": index,
-        "deposit": (top >= CRITERION_TOP) & (second <= CRITERION_SECOND),
-    }

@@ -13,8 +13,9 @@ import numpy as np
 import xarray as xr
 
 from posgen.models import resolve_device
+from posgen.stats import deposit_statistics
 from posgen.store import open_dataset, provenance, write_netcdf
-from posgen.synthetic.ablation import deposit_statistics, leave_one_in_accuracy, single_head_accuracy
+from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy
 from posgen.synthetic.baselines import baselines
 from posgen.synthetic.probe import position_r2
 from posgen.synthetic.tasks import TEST, TRAIN, n_trigger_ids
@@ -129,12 +130,18 @@ def _write(ds: xr.Dataset, path) -> xr.Dataset:
     return ds
 
 
+def combine(parts: list[xr.Dataset]) -> xr.Dataset:
+    """One dataset from parts with disjoint (experiment, task, pe, seed) keys: an outer join, so experiments of
+    other depths or head counts leave NaN beyond their own layers and heads; per-key scalars keep their dims."""
+    return xr.combine_by_coords(parts, combine_attrs="drop", data_vars="minimal", coords="minimal", join="outer")
+
+
 def gather(paths: list, out_path, **attrs) -> xr.Dataset:
     """Merge per-classifier files with disjoint (experiment, task, pe, seed) keys into one file."""
     parts = [_object_strings(open_dataset(p, lazy=False)) for p in paths]
     for part in parts:
         part.attrs = {}
-    out = xr.combine_by_coords(parts, combine_attrs="drop")
+    out = combine(parts)
     out.attrs = provenance(**attrs)
     return _write(out, out_path)
 
@@ -173,7 +180,7 @@ def gather_training(paths: list, keys: list, out_path, **attrs) -> xr.Dataset:
         )
         part.attrs = {}
         parts.append(_key_dims(part.drop_vars("side").assign_coords(side=[0, 1]), *key))
-    out = xr.combine_by_coords(parts, combine_attrs="drop")
+    out = combine(parts)
     out["side"].attrs["flag_meanings"] = "query key"
     out.attrs = provenance(**attrs)
     return _write(out, out_path)
@@ -191,6 +198,6 @@ def gather_baselines(task_paths: list, out_path, **attrs) -> xr.Dataset:
                 coords={"baseline": np.array(list(values), dtype=object)},
             ).expand_dims(task=np.array([data.attrs["task"]], dtype=object))
         )
-    out = xr.combine_by_coords(parts, combine_attrs="drop")
+    out = combine(parts)
     out.attrs = provenance(**attrs)
     return _write(out, out_path)

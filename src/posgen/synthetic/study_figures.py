@@ -12,7 +12,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from posgen.figures import PAGE_WIDTH, Spec, style
-from posgen.synthetic.ablation import CRITERION_SECOND, CRITERION_TOP
+from posgen.stats import CRITERION_SECOND, CRITERION_TOP
 
 
 def _styled(func):

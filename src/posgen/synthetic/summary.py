@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.stats import seed_interval
+from posgen.stats import MIN_TOP_DROP, seed_interval
 from posgen.store import atomic_path, open_dataset
 
 DEPOSIT_VARIABLES = ["top_drop", "second_drop", "top_head", "deposit_index", "deposit", "layer_ablated_accuracy"]
@@ -28,13 +28,15 @@ def _fraction(flags: np.ndarray) -> float:
 
 def _dynamics(train: xr.Dataset, abl: xr.Dataset) -> dict:
     """Per seed: is the trained model's layer-0 top head already the top one at the first snapshot after
-    initialisation, and is it the head with the largest query+key gradient norm at initialisation?"""
+    initialisation, and is it the head with the largest query+key gradient norm at initialisation? Only seeds
+    whose top drop is at least MIN_TOP_DROP count: below it the top head is noise."""
     final_head = abl["top_head"].isel(layer=0).values  # (seed,)
     drops = train["snapshot_drop"].values  # (seed, snapshot, head)
     early = np.nanargmax(np.nan_to_num(drops[:, 1], nan=-np.inf), -1) if drops.shape[1] > 1 else final_head
     grad = train["init_grad_norm"].isel(layer=0).sum("side").values  # (seed, head)
     seeded = np.nanargmax(np.nan_to_num(grad, nan=-np.inf), -1)
-    valid = np.isfinite(final_head) & np.isfinite(train["final_test_accuracy"].values)
+    top = abl["top_drop"].isel(layer=0).values
+    valid = np.isfinite(final_head) & (np.nan_to_num(top, nan=-1.0) >= MIN_TOP_DROP)
     return {
         "early_top_is_final": _fraction(np.where(valid, early == final_head, np.nan)),
         "init_grad_top_is_final": _fraction(np.where(valid, seeded == final_head, np.nan)),
