@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from posgen.figures import PAGE_WIDTH, Spec, style
 from posgen.stats import CRITERION_SECOND, CRITERION_TOP
@@ -58,7 +59,6 @@ def fig_deposit_study(deposit: pd.DataFrame) -> Figure:
                 facecolors=colors[pe] if first else "none",
                 edgecolors=colors[pe],
                 linewidths=0.7,
-                label=pe if (first and task == part["task"].iloc[0]) else None,
             )
         ax.plot([0, limit], [0, limit], color="0.6", lw=0.6, ls=":")
         ax.set_xlim(min(-2.0, 100 * float(part["top_drop"].min()) - 1), limit)
@@ -66,8 +66,13 @@ def fig_deposit_study(deposit: pd.DataFrame) -> Figure:
         ax.set_title(experiment)
         ax.set_xlabel("top single-head drop (points)")
         ax.set_ylabel("second drop (points)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncols=min(len(labels), 5), fontsize=6, frameon=False)
+    marker = dict(ls="none", markersize=4)
+    handles = [Line2D([], [], marker="o", color=colors[pe], label=pe, **marker) for pe in pes] + [
+        Line2D([], [], marker="o", color="0.3", label="distance, layer 0", **marker),
+        Line2D([], [], marker="s", color="0.3", label="count, layer 0", **marker),
+        Line2D([], [], marker="o", color="0.3", mfc="none", label="deeper layers", **marker),
+    ]
+    fig.legend(handles=handles, loc="upper center", ncols=6, fontsize=6, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
 
