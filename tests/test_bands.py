@@ -7,6 +7,7 @@ import pytest
 import xarray as xr
 
 from posgen.bands import band_moments, band_stats
+from posgen.rope_table import RopeTable
 from posgen.store import QKWriter
 
 
@@ -46,13 +47,13 @@ def store(tmp_path):
         head_dim=d,
         ref_samples=[0],
         ref_layers=[0],
-        rope={
-            "inv_freq": theta,
-            "attention_scaling": np.ones(L),
-            "scaling": np.full(L, 0.5),
-            "sliding_window": np.zeros(L),
-            "kv_group": np.zeros(H),
-        },
+        rope=RopeTable(
+            inv_freq=theta,
+            attention_scaling=np.ones(L),
+            scaling=np.full(L, 0.5),
+            sliding_window=np.zeros(L),
+            kv_group=np.zeros(H),
+        ),
         attrs={"model": "toy", "variant": "random-seed1", "init_seed": 1},
     ) as w:
         for s in range(N):

@@ -9,7 +9,7 @@ from posgen.capture import BACKEND, Capture
 from posgen.corpus import cut_windows, load_text
 from posgen.extract import SelfCheckError, extract, verify_logits
 from posgen.models import acquire, load_model
-from posgen.store import open_dataset, write_netcdf
+from posgen.store import open_dataset, read_rope, write_netcdf
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
@@ -118,8 +118,8 @@ def test_self_check_names_layer_and_head_when_rope_is_wrong(extracted):
     _, _, _, out = extracted
     ds = out["trained"]
     layer = int(ds["ref_layer"][0])
-    params = {name: ds[name].values.copy() for name in ["inv_freq", "attention_scaling", "scaling", "kv_group"]}
-    params["inv_freq"][layer] *= 1.01
+    params = read_rope(ds)
+    params.inv_freq[layer] *= 1.01
     refs = {layer: torch.from_numpy(ds["logits_ref"].isel(ref_sample=0, ref_layer=0).values)}
     with pytest.raises(SelfCheckError, match=rf"layer {layer} head 0: .*relative error"):
         verify_logits(ds["q"].isel(sample=0).values, ds["k"].isel(sample=0).values, params, refs, 1e-4)

@@ -7,18 +7,13 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen.decompose import (
-    SINKS,
-    AdditiveDesign,
-    Decomposer,
-    LayerRope,
-    MaskInfo,
-    decompose_store,
-    masked_moments,
-    w_sums,
-)
+from posgen.decomposition import SINKS, Decomposer, decompose_store
+from posgen.decomposition.design import AdditiveDesign, w_sums
+from posgen.decomposition.mask import MaskInfo
+from posgen.decomposition.moments import masked_moments
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
+from posgen.rope_table import LayerRope, RopeTable
 from posgen.store import QKWriter
 
 
@@ -270,7 +265,9 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
             "g_col0": gD[..., 0],
         }
         for name, value in want.items():
-            np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}")
+            np.testing.assert_allclose(
+                getattr(got, name), value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}"
+            )
         shift = torch.tensor([[0.3, -1.0], [2.0, 0.0]], dtype=torch.float64)
         mine = w_sums(q, keys[:, None, :, :d], window, shift)
         for kv in range(n):
@@ -316,13 +313,13 @@ def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
         head_dim=d,
         ref_samples=[0],
         ref_layers=[0],
-        rope={
-            "inv_freq": theta if np.ndim(theta) == 2 else np.tile(theta, (L, 1)),  # one row per layer, or shared
-            "attention_scaling": np.ones(L),
-            "scaling": np.full(L, d**-0.5),
-            "sliding_window": np.array([window if layer % 2 else 0 for layer in range(L)]),
-            "kv_group": kv_group,
-        },
+        rope=RopeTable(
+            inv_freq=theta if np.ndim(theta) == 2 else np.tile(theta, (L, 1)),  # one row per layer, or shared
+            attention_scaling=np.ones(L),
+            scaling=np.full(L, d**-0.5),
+            sliding_window=np.array([window if layer % 2 else 0 for layer in range(L)]),
+            kv_group=kv_group,
+        ),
         attrs={"model": "toy", "variant": "trained", "init_seed": -1},
     ) as w:
         for s in range(N):
@@ -376,7 +373,7 @@ def test_bad_inputs_are_named(tmp_path):
 
 def test_bound_violation_is_reported(monkeypatch):
     """A broken error (here: the bound's key factors halved) must stop the run, naming head and sink."""
-    import posgen.decompose as dec_mod
+    import posgen.decomposition.bound as dec_mod
 
     q, k, kv = random_qk(H=2, H_kv=1, T=32, d=8)
     original = dec_mod.band_norms
@@ -499,3 +496,22 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
         np.testing.assert_allclose(r_a.isel(layer=layer), ds["r_sweep"].sel(D=D).isel(layer=layer), atol=1e-12)
     # the sliding layers' r at D = 100 (outside the window) differs from the one reported
     assert np.abs(r_a.isel(layer=0) - ds["r_sweep"].sel(D=100).isel(layer=0)).max() > 1e-3
+
+
+def test_bench_times_each_step_and_leaves_the_decomposer_unwrapped(capsys):
+    """python -m posgen.bench decompose: per-step seconds that add up to the total, printed side by side."""
+    from posgen.bench import decompose as bench
+    from posgen.bench.steps import STEPS
+    from posgen.decomposition.decomposer import Decomposer as Unwrapped
+
+    methods = {attr: Unwrapped.__dict__[attr] for attr in STEPS.values()}
+    argv = ["--tokens", "40", "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--rounds", "1"]
+    report = bench.main(argv + ["--dummy-distances", "0", "5", "--dummy-distance", "5", "--device", "cpu"])
+    steps = report["steps"]
+    assert list(steps) == [*STEPS, "factor", "rest", "total"]
+    assert steps["factor"]["first_call_s"] > 0 and steps["bound"]["with_bound_s"] > 0 and steps["bound"]["s"] == 0
+    parts = sum(steps[name]["with_bound_s"] for name in steps if name != "total")
+    assert parts == pytest.approx(steps["total"]["with_bound_s"], abs=1e-4)
+    assert steps["total"]["s"] == report["decomposition_s"]
+    assert "every sample" in capsys.readouterr().err
+    assert {attr: Unwrapped.__dict__[attr] for attr in STEPS.values()} == methods

@@ -10,7 +10,7 @@ import xarray as xr
 
 from posgen import families, rope
 from posgen.corpus import cut_windows, load_text
-from posgen.decompose import decompose_store
+from posgen.decomposition import decompose_store
 from posgen.extract import TransparencyError, extract
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
@@ -219,20 +219,20 @@ def test_capped_backend_caps_distances_in_the_canonical_layout(workspace, arch):
     with Capture(model) as recorder:
         forward_pass(model, recorder, ids.numpy())
         params = recorder.rope()
-        with capped_distances(model, C, params["inv_freq"]), torch.inference_mode():
+        with capped_distances(model, C, params.inv_freq), torch.inference_mode():
             recorder.reset(T)
             out = model(input_ids=ids, output_attentions=True)
     pos = torch.arange(T)
     for layer, weights in enumerate(out.attentions):
         w = capped_logits(
             recorder.q[layer],
-            recorder.k[layer][:, params["kv_group"]],
+            recorder.k[layer][:, params.kv_group],
             pos,
-            torch.as_tensor(params["inv_freq"][layer]),
-            float(params["scaling"][layer]),
-            float(params["attention_scaling"][layer]),
+            torch.as_tensor(params.inv_freq[layer]),
+            float(params.scaling[layer]),
+            float(params.attention_scaling[layer]),
             distance_cap=C,
         )  # (2, H, T, T)
-        mask = rope.causal_mask(T, int(params["sliding_window"][layer]))
+        mask = rope.causal_mask(T, int(params.sliding_window[layer]))
         expected = torch.softmax(w.masked_fill(~mask, float("-inf")), -1)
         torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-6)

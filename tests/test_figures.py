@@ -372,7 +372,8 @@ def test_reproduction_table_puts_paper_value_beside_ours():
 
 def test_example_r_matches_the_decomposition_of_that_sample(examples):
     """The maps' r (Method A, sink dropped, default D) is the decomposition's r of that (sample, layer, head)."""
-    from posgen.decompose import METHODS, SINKS, Decomposer, layer_rope
+    from posgen.decomposition import METHODS, SINKS, Decomposer
+    from posgen.store import read_rope
 
     qk = make_qk()
     decomposer = Decomposer(dummy_distances=[1000], dummy_distance=1000, device="cpu")
@@ -380,7 +381,7 @@ def test_example_r_matches_the_decomposition_of_that_sample(examples):
         ex = examples.sel(example=name)
         layer, head = int(ex.example_layer), int(ex.example_head)
         stats = decomposer.unit(
-            qk["q"].values[0, layer], qk["k"].values[0, layer], qk["kv_group"].values, layer_rope(qk, layer)
+            qk["q"].values[0, layer], qk["k"].values[0, layer], qk["kv_group"].values, read_rope(qk).layer(layer)
         )
         r = stats["r"][head, METHODS.index("A"), SINKS.index("without")]
         assert float(ex.example_r_sample) == pytest.approx(r, abs=1e-5)

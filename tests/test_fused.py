@@ -8,10 +8,11 @@ import xarray as xr
 
 from posgen.bands import band_stats
 from posgen.corpus import cut_windows, load_text
-from posgen.decompose import decompose_store
+from posgen.decomposition import decompose_store
 from posgen.extract import extract
 from posgen.fused import Analysis
 from posgen.models import acquire, load_model
+from posgen.rope_table import RopeTable
 from posgen.shards import gather, parse_shard, shard_names, shard_of, shard_ranges
 from posgen.store import QKWriter, open_dataset, write_netcdf
 
@@ -124,13 +125,13 @@ def _writer(path, samples, qk_dtype):
         head_dim=4,
         ref_samples=[0],
         ref_layers=[0],
-        rope={
-            "inv_freq": np.ones((1, 2), np.float32),
-            "attention_scaling": [1.0],
-            "scaling": [0.5],
-            "sliding_window": [0],
-            "kv_group": [0, 0],
-        },
+        rope=RopeTable(
+            inv_freq=np.ones((1, 2), np.float32),
+            attention_scaling=[1.0],
+            scaling=[0.5],
+            sliding_window=[0],
+            kv_group=[0, 0],
+        ),
         attrs={},
         qk_dtype=qk_dtype,
     )

@@ -269,7 +269,7 @@ def test_cap_at_window_length_reproduces_uncapped_model_exactly(tiny_source, arc
     capped = load_tiny(path, CAPPED_BACKEND)
     with Capture(capped) as recorder:
         forward_pass(capped, recorder, ids.numpy())
-        inv_freq = recorder.rope()["inv_freq"]
+        inv_freq = recorder.rope().inv_freq
     with torch.inference_mode():
         ref = eager(input_ids=ids).logits
         assert torch.equal(capped(input_ids=ids).logits, ref)  # uncapped backend == eager attention
@@ -291,24 +291,24 @@ def test_capped_backend_attends_with_capped_logits(tiny_source, arch):
     with Capture(model) as recorder:
         forward_pass(model, recorder, ids.numpy())
         params = recorder.rope()
-        with capped_distances(model, C, params["inv_freq"]), torch.inference_mode():
+        with capped_distances(model, C, params.inv_freq), torch.inference_mode():
             recorder.reset(T)
             out = model(input_ids=ids, output_attentions=True)
         assert len(out.attentions) == recorder.n_layers
         pos = torch.arange(T)
         for layer, weights in enumerate(out.attentions):
             q = recorder.q[layer]
-            k = recorder.k[layer][:, params["kv_group"]]
+            k = recorder.k[layer][:, params.kv_group]
             w = capped_logits(
                 q,
                 k,
                 pos,
-                torch.as_tensor(params["inv_freq"][layer]),
-                float(params["scaling"][layer]),
-                float(params["attention_scaling"][layer]),
+                torch.as_tensor(params.inv_freq[layer]),
+                float(params.scaling[layer]),
+                float(params.attention_scaling[layer]),
                 distance_cap=C,
             )
-            mask = rope.causal_mask(T, int(params["sliding_window"][layer]))
+            mask = rope.causal_mask(T, int(params.sliding_window[layer]))
             expected = torch.softmax(w.masked_fill(~mask, float("-inf")), -1)
             torch.testing.assert_close(weights, expected, rtol=1e-4, atol=1e-6)
 
@@ -340,7 +340,7 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
     with Capture(model) as recorder:
         p = forward_pass(model, recorder, ids)
         info = recorder.rope()
-    assert len({row.tobytes() for row in info["inv_freq"]}) == 2
+    assert len({row.tobytes() for row in info.inv_freq}) == 2
     terms = Terms(p, info, 100)
     f, g = terms(1)
     # the sliding-window layers (window 16) are scored inside their window, the global layer at D = 100
@@ -351,9 +351,9 @@ def test_terms_use_each_layers_own_rope_table(tiny, tiny_source):
                 p.q[layer][1],
                 p.k[layer][1],
                 torch.arange(T),
-                torch.as_tensor(info["inv_freq"][table]),
-                float(info["scaling"][layer]),
-                float(info["attention_scaling"][layer]),
+                torch.as_tensor(info.inv_freq[table]),
+                float(info.scaling[layer]),
+                float(info.attention_scaling[layer]),
                 int(terms.dummy_distance_used[layer]),
             )
             assert torch.allclose(f[layer], fl, rtol=1e-5, atol=1e-5) == same

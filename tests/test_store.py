@@ -2,17 +2,18 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from posgen.rope_table import RopeTable
 from posgen.store import QKWriter, open_dataset, write_netcdf
 
 
 def _writer(path, rng, n_samples=2):
-    rope = {
-        "inv_freq": np.tile(10000.0 ** -(np.arange(4) / 4), (3, 1)),
-        "attention_scaling": np.ones(3),
-        "scaling": np.full(3, 8**-0.5),
-        "sliding_window": np.array([4, 0, 4]),
-        "kv_group": np.array([0, 0, 1, 1]),
-    }
+    rope = RopeTable(
+        inv_freq=np.tile(10000.0 ** -(np.arange(4) / 4), (3, 1)),
+        attention_scaling=np.ones(3),
+        scaling=np.full(3, 8**-0.5),
+        sliding_window=np.array([4, 0, 4]),
+        kv_group=np.array([0, 0, 1, 1]),
+    )
     return QKWriter(
         path,
         samples=range(n_samples),

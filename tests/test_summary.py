@@ -195,7 +195,8 @@ def test_one_layer_type_keeps_one_row_per_variant_method_sink(tmp_path):
 def test_store_with_a_nope_layer_end_to_end(tmp_path):
     """qk.h5 with a global, a sliding-window (6 < T) and a NoPE layer (inv_freq 0) -> decomposition -> summary: the
     'rope' rows average the first two layers only; the NoPE layer (Method A exact there) has rows of its own."""
-    from posgen.decompose import decompose_store
+    from posgen.decomposition import decompose_store
+    from posgen.rope_table import RopeTable
     from posgen.store import QKWriter
 
     g = np.random.default_rng(4)
@@ -212,13 +213,13 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
         head_dim=d,
         ref_samples=[0],
         ref_layers=[0],
-        rope={
-            "inv_freq": theta,
-            "attention_scaling": np.ones(L),
-            "scaling": np.full(L, d**-0.5),
-            "sliding_window": np.array([0, 6, 0]),
-            "kv_group": np.zeros(H),
-        },
+        rope=RopeTable(
+            inv_freq=theta,
+            attention_scaling=np.ones(L),
+            scaling=np.full(L, d**-0.5),
+            sliding_window=np.array([0, 6, 0]),
+            kv_group=np.zeros(H),
+        ),
         attrs={"model": "toy", "variant": "trained", "init_seed": -1},
     ) as w:
         for s in range(N):

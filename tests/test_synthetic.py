@@ -11,7 +11,8 @@ import torch
 import xarray as xr
 from conftest import TINY_SYNTHETIC
 
-from posgen.decompose import AdditiveDesign, toeplitz_shares
+from posgen.decomposition import toeplitz_shares
+from posgen.decomposition.design import AdditiveDesign
 from posgen.stats import deposit_index, top_gap
 from posgen.store import open_dataset
 from posgen.synthetic.ablation import single_head_accuracy

@@ -41,7 +41,7 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     """The workflow's gathered outputs (two shards, fused path) against the store path run here on all windows."""
     from posgen.bands import band_stats
     from posgen.config import load
-    from posgen.decompose import decompose_store
+    from posgen.decomposition import decompose_store
     from posgen.extract import extract
     from posgen.perturb import cap_job, perturb_job
 

@@ -1,7 +1,7 @@
 from _common import setup
 
 setup(snakemake, uses_torch=True)
-from posgen.decompose import decompose_store  # noqa: E402
+from posgen.decomposition import decompose_store  # noqa: E402
 
 p = snakemake.params
 decompose_store(

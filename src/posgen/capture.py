@@ -46,6 +46,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from posgen import families, rope
+from posgen.rope_table import RopeTable
 
 BACKEND = "posgen_capture"
 BACKEND_EAGER = "posgen_capture_eager"
@@ -436,7 +437,7 @@ class Capture:
         description, _ = _pre_rope_points(self.modules[0], self.n_heads, self.n_kv_heads, self.head_dim)
         return description + (", then the model's qk_norm" if self._post_norm else "")
 
-    def rope(self) -> dict:
+    def rope(self) -> RopeTable:
         """Per-layer RoPE parameters in the canonical layout, as read from the model after a forward pass
         (dynamic RoPE included), with the layout each layer was found in."""
         if np.isnan(self.scaling).any() or any(layout is None for layout in self.layouts):
@@ -450,20 +451,18 @@ class Capture:
                 inv_freq.append(layout.canonical_inv_freq(inv))
             amplitude.append(amp if layout.rotary_dims else 1.0)  # NoPE: no rotation, no amplitude
         n_rep = self.n_heads // self.n_kv_heads
-        return {
-            "inv_freq": np.stack(inv_freq),
-            "attention_scaling": np.asarray(amplitude),
-            "scaling": self.scaling.copy(),
-            "sliding_window": self.sliding_window.copy(),
-            "kv_group": np.arange(self.n_heads) // n_rep,
-            "softcap": self.softcap,
-            "layer_index": self.layer_index.copy(),
-            "rotary_dims": np.array([layout.rotary_dims for layout in self.layouts], dtype=np.int64),
-            "rope_layout": np.array([layout.rope_layout for layout in self.layouts], dtype=object),
-            "rotary_position": np.array([layout.rotary_position for layout in self.layouts], dtype=object),
-            "dim_order": np.stack([layout.dim_order for layout in self.layouts]).astype(np.int64),
-            "layout_rel_error": self.layout_error.copy(),
-        }
+        return RopeTable(
+            inv_freq=np.stack(inv_freq),
+            attention_scaling=np.asarray(amplitude),
+            scaling=self.scaling.copy(),
+            sliding_window=self.sliding_window.copy(),
+            kv_group=np.arange(self.n_heads) // n_rep,
+            layer_index=self.layer_index.copy(),
+            rotary_dims=np.array([layout.rotary_dims for layout in self.layouts], dtype=np.int64),
+            rope_layout=np.array([layout.rope_layout for layout in self.layouts], dtype=object),
+            rotary_position=np.array([layout.rotary_position for layout in self.layouts], dtype=object),
+            dim_order=np.stack([layout.dim_order for layout in self.layouts]).astype(np.int64),
+        )
 
     def stacked(self, batch_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """(q, k) of one batch element as arrays (layer, head, token, dim) and (layer, kv_head, token, dim)."""
@@ -480,7 +479,7 @@ class Capture:
 def capped_distances(model, distance_cap: int, inv_freq: np.ndarray):
     """Run ``model`` (loaded with ``CAPPED_BACKEND``) with RoPE distances capped at ``distance_cap``.
 
-    ``inv_freq`` (layer, band) is the per-layer RoPE frequency table (``Capture.rope()["inv_freq"]``), in the
+    ``inv_freq`` (layer, band) is the per-layer RoPE frequency table (``Capture.rope().inv_freq``), in the
     canonical layout of a :class:`Capture` that has run on this model (it leaves each layer's layout there).
     Outside this context the backend does not cap.
     """

@@ -21,8 +21,9 @@ from tqdm.auto import tqdm
 from posgen import rope
 from posgen.capture import Capture, load_capturing
 from posgen.corpus import read_windows
-from posgen.fused import Analysis, rope_dataset
+from posgen.fused import Analysis
 from posgen.models import manifest_attrs
+from posgen.rope_table import RopeTable
 from posgen.store import QKWriter, carried_attrs
 
 
@@ -42,24 +43,25 @@ def effective_rtol(rtol: float, dtype: str) -> float:
     return max(rtol, 4 * torch.finfo(getattr(torch, dtype)).eps)
 
 
-def verify_logits(q, k, rope_params: dict, logits_ref: dict, rtol: float, errors: dict | None = None) -> float:
+def verify_logits(q, k, table: RopeTable, logits_ref: dict, rtol: float, errors: dict | None = None) -> float:
     """Compare ``rope.logits`` on stored q/k with the model's own logits for every kept (layer, head).
 
     ``q``: (layer, head, token, dim) and ``k``: (layer, kv_head, token, dim) arrays of one sample (or of the first
-    P tokens, with P x P reference logits); ``logits_ref``: {layer: (head, token, token)}. Returns the worst
-    relative (Frobenius) error; ``errors``, if given, collects the worst error of each layer.
+    P tokens, with P x P reference logits); ``table``: the model's RoPE table; ``logits_ref``: {layer: (head,
+    token, token)}. Returns the worst relative (Frobenius) error; ``errors``, if given, collects the worst error
+    of each layer.
     """
     worst = 0.0
     for layer, ref in sorted(logits_ref.items()):
         n = ref.shape[-1]
         ql = torch.from_numpy(q[layer][:, :n])  # (head, n, dim)
-        kl = torch.from_numpy(k[layer][:, :n])[rope_params["kv_group"]]  # (head, n, dim)
+        kl = torch.from_numpy(k[layer][:, :n])[table.kv_group]  # (head, n, dim)
         w = rope.logits(
             ql,
             kl,
-            torch.from_numpy(rope_params["inv_freq"][layer]),
-            float(rope_params["scaling"][layer]),
-            float(rope_params["attention_scaling"][layer]),
+            torch.from_numpy(table.inv_freq[layer]),
+            float(table.scaling[layer]),
+            float(table.attention_scaling[layer]),
         )
         ref = ref.to(torch.float32)
         err = torch.linalg.matrix_norm(w - ref) / torch.linalg.matrix_norm(ref)
@@ -192,7 +194,7 @@ def extract(
                         **manifest_attrs(manifest, model=model_name, variant=variant),
                         "dtype": dtype,
                         "device": str(device_obj),
-                        "softcap": params["softcap"],
+                        "softcap": capture.softcap,
                         "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
                         "capture_point": capture.capture_point,
                         "attn_implementation": model.config._attn_implementation,
@@ -223,7 +225,7 @@ def extract(
                         attrs=attrs,
                     )
                     if analysis is not None:
-                        analysis.start(rope_dataset(params, n_tokens, capture.n_kv_heads), shard)
+                        analysis.start(params, n_tokens, capture.n_kv_heads, shard)
                 logits_ref = None
                 if capture.logits:
                     prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}

@@ -3,7 +3,7 @@ store paths").
 
 The store path writes every window's pre-RoPE q/k to qk.h5 and the decompose and bands jobs read them back; at
 paper scale that is ~85 GB per (model, variant). Here each window's q/k, still in memory after its forward pass,
-go through the same :class:`~posgen.decompose.DecompositionTable` and :class:`~posgen.bands.BandTable` layer by
+go through the same :class:`~posgen.decomposition.table.DecompositionTable` and :class:`~posgen.bands.BandTable` layer by
 layer, on the analysis device, and are dropped; qk.h5 keeps only the windows asked for (``extract.keep_qk``).
 Both paths run the same code on the same float32 values, so they give the same numbers.
 """
@@ -16,18 +16,19 @@ import numpy as np
 import xarray as xr
 
 from posgen.bands import BandTable
-from posgen.decompose import LSTSQ_TOL, Decomposer, DecompositionTable
-from posgen.store import ROPE_VARIABLES, write_netcdf
+from posgen.decomposition import LSTSQ_TOL, Decomposer, DecompositionTable
+from posgen.rope_table import PARAMETERS, ROPE_VARIABLES, RopeTable
+from posgen.store import write_netcdf
 
 
-def rope_dataset(rope: dict, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
-    """qk.h5's per-layer RoPE variables, from :meth:`posgen.capture.Capture.rope`, as the dataset readers expect."""
-    data = {name: (dims, np.asarray(rope[name], dtype=dtype)) for name, (dims, dtype) in ROPE_VARIABLES.items()}
-    n_layers, n_band = data["inv_freq"][1].shape
-    n_heads = len(data["kv_group"][1])
+def rope_dataset(rope: RopeTable, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
+    """qk.h5's per-layer RoPE variables that the statistics read, as a dataset named like qk.h5 (what
+    :class:`~posgen.bands.BandTable` reads on the fused path)."""
+    data = {name: (ROPE_VARIABLES[name][0], getattr(rope, name)) for name in PARAMETERS}
+    n_layers, n_band = rope.inv_freq.shape
     coords = {
         "layer": np.arange(n_layers),
-        "head": np.arange(n_heads),
+        "head": np.arange(rope.n_heads),
         "kv_head": np.arange(n_kv_heads),
         "band": np.arange(n_band),
         "token": np.arange(n_tokens),
@@ -38,7 +39,7 @@ def rope_dataset(rope: dict, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
 class Analysis:
     """What the decompose and bands jobs compute, fed window by window from the extraction (the fused path).
 
-    The arguments are those of :func:`posgen.decompose.decompose_store` and :func:`posgen.bands.band_stats`;
+    The arguments are those of :func:`posgen.decomposition.table.decompose_store` and :func:`posgen.bands.band_stats`;
     ``bound_samples`` counts global window indices, as there.
     """
 
@@ -62,12 +63,11 @@ class Analysis:
         self.decomposition: DecompositionTable | None = None
         self.bands: BandTable | None = None
 
-    def start(self, rope: xr.Dataset, samples) -> None:
-        """Called once the model's RoPE parameters are known (after the first forward pass)."""
+    def start(self, rope: RopeTable, n_tokens: int, n_kv_heads: int, samples) -> None:
+        """Called once the model's RoPE table is known (after the first forward pass)."""
         samples = np.asarray(samples, dtype=np.int64)
-        n_tokens = rope.sizes["token"]
         self.decomposition = DecompositionTable(self.decomposer, rope, samples, n_tokens, self.bound_samples)
-        self.bands = BandTable(rope, len(samples))
+        self.bands = BandTable(rope_dataset(rope, n_tokens, n_kv_heads), len(samples))
 
     def add(self, sample: int, q: np.ndarray, k: np.ndarray) -> None:
         """Window ``sample`` (global index): q (layer, head, token, dim), k (layer, kv_head, token, dim)."""

@@ -7,7 +7,7 @@ experiments and the figure examples use:
     f_ij = s (R_{p_i} q_i).(R_{p_j} kbar)        with the position ids p of the pass
     g_ij = s (R_D q_i).(k_j - kbar)              D: the dummy distance
 
-Under a distance cap C (LM-Infinite), f sees min(p_i - p_j, C). (posgen.decompose evaluates the same terms
+Under a distance cap C (LM-Infinite), f sees min(p_i - p_j, C). (posgen.decomposition evaluates the same terms
 in both sink readings from sums over all pairs, without forming them.)
 
 f/g change
@@ -24,6 +24,7 @@ import torch
 
 from posgen import rope
 from posgen.layer_types import used_dummy_distance
+from posgen.rope_table import RopeTable
 from posgen.stats import pearson
 
 
@@ -120,8 +121,8 @@ def matched_pairs(order: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Terms:
     """Method A f/g of one pass for one sample and all layers at once, each (layer, H, T, T)."""
 
-    def __init__(self, p, rope_info: dict, dummy_distance: int, distance_cap: int | None = None, keep: bool = False):
-        """``p``: a :class:`posgen.capture.Pass`; ``rope_info``: ``Capture.rope()``; ``keep``: cache each sample.
+    def __init__(self, p, table: RopeTable, dummy_distance: int, distance_cap: int | None = None, keep: bool = False):
+        """``p``: a :class:`posgen.capture.Pass`; ``table``: ``Capture.rope()``; ``keep``: cache each sample.
 
         ``dummy_distance`` is D of global layers; a sliding-window layer uses ``min(D, window - 1)``.
         """
@@ -130,7 +131,7 @@ class Terms:
         self.q = torch.stack(p.q)  # (layer, N, H, T, d)
         self.k = torch.stack(p.k)  # (layer, N, H_kv, T, d)
         n_heads, n_kv = self.q.shape[2], self.k.shape[2]
-        if not np.array_equal(rope_info["kv_group"], np.arange(n_heads) // (n_heads // n_kv)):
+        if not np.array_equal(table.kv_group, np.arange(n_heads) // (n_heads // n_kv)):
             raise NotImplementedError("query heads must read KV heads in contiguous groups (as repeat_kv does)")
         # Layers sharing one RoPE table, scale and dummy distance are handled in one batch (Gemma 3 has two
         # tables; its sliding-window layers are scored at a D inside their window, posgen.layer_types).
@@ -139,14 +140,14 @@ class Terms:
         self.dummy_distance_used = np.empty(len(p.q), dtype=np.int64)  # (layer,)
         for layer in range(len(p.q)):
             key = (
-                rope_info["inv_freq"][layer].tobytes(),
-                float(rope_info["scaling"][layer]),
-                float(rope_info["attention_scaling"][layer]),
-                used_dummy_distance(dummy_distance, int(rope_info["sliding_window"][layer]), n_tokens),
+                table.inv_freq[layer].tobytes(),
+                float(table.scaling[layer]),
+                float(table.attention_scaling[layer]),
+                used_dummy_distance(dummy_distance, int(table.sliding_window[layer]), n_tokens),
             )
             self.groups.setdefault(key, []).append(layer)
             self.dummy_distance_used[layer] = key[3]
-        self.inv_freq = {key: torch.as_tensor(rope_info["inv_freq"][layers[0]]) for key, layers in self.groups.items()}
+        self.inv_freq = {key: torch.as_tensor(table.inv_freq[layers[0]]) for key, layers in self.groups.items()}
         self._cache = {}
 
     def __call__(self, sample: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -188,7 +188,7 @@ def run_caps(
         f_corr = np.empty((len(distance_caps), n_samples, n_layers))
         g_corr = np.empty((len(distance_caps), n_samples, n_layers))
         for ci, c in enumerate(tqdm(distance_caps, desc="cap", unit="pass", disable=not progress)):
-            with capture.capped_distances(model, int(c), rope_info["inv_freq"]):
+            with capture.capped_distances(model, int(c), rope_info.inv_freq):
                 new_pass = capture.forward_pass(model, recorder, token_ids)
             nll[ci] = new_pass.nll
             terms = Terms(new_pass, rope_info, dummy_distance, distance_cap=int(c))

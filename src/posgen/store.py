@@ -15,15 +15,7 @@ import numpy as np
 import xarray as xr
 
 import posgen
-
-# the per-layer RoPE variables of qk.h5 (dims, dtype) that the statistics read (docs/data-model.md)
-ROPE_VARIABLES = {
-    "inv_freq": (("layer", "band"), "f4"),
-    "attention_scaling": (("layer",), "f8"),
-    "scaling": (("layer",), "f8"),
-    "sliding_window": (("layer",), "i8"),
-    "kv_group": (("head",), "i8"),
-}
+from posgen.rope_table import ROPE_VARIABLES, RopeTable
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
 QK_DTYPES = ("float32", "float16")
@@ -230,6 +222,13 @@ def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
         raise damaged(path, f"not a readable HDF5/netCDF file ({text})") from None
 
 
+def read_rope(ds: xr.Dataset) -> RopeTable:
+    """The RoPE table of a qk.h5 dataset (:class:`QKWriter` writes it); a store without layout variables has the
+    canonical layout. Arrays are copies: changing one leaves ``ds`` alone."""
+    present = {name: np.array(ds[name].values) for name in ROPE_VARIABLES if name in ds}
+    return RopeTable(**present)
+
+
 class QKWriter:
     """Writes ``qk.h5`` one sample at a time (see docs/data-model.md).
 
@@ -248,7 +247,7 @@ class QKWriter:
         head_dim: int,
         ref_samples: list[int],
         ref_layers: list[int],
-        rope: dict,
+        rope: RopeTable,
         attrs: dict,
         compression: int = 0,
         qk_dtype: str = "float32",
@@ -313,27 +312,12 @@ class QKWriter:
         self.logits_ref = chunked(
             "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4", (1, 1, 1, n_tokens, n_tokens)
         )
+        # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
+        # to the model's own; docs/data-model.md)
         for name, (dims, dtype) in ROPE_VARIABLES.items():
-            f.create_variable(name, dims, dtype, data=np.asarray(rope[name], dtype=dtype))
-        self._write_rope_layout(rope, n_layers, head_dim)
+            f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=getattr(rope, name))
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         self.written = np.zeros(n_samples, dtype=bool)
-
-    def _write_rope_layout(self, rope: dict, n_layers: int, head_dim: int) -> None:
-        """How each layer's stored (canonical, half-split) dims map to the model's own (docs/data-model.md).
-
-        Absent keys mean the model's own layout already is the canonical one: all dims rotated, half-split.
-        """
-        f = self.file
-        layer_index = rope.get("layer_index", np.arange(n_layers))
-        rotary_dims = rope.get("rotary_dims", np.full(n_layers, head_dim))
-        dim_order = rope.get("dim_order", np.tile(np.arange(head_dim), (n_layers, 1)))
-        f.create_variable("layer_index", ("layer",), "i8", data=np.asarray(layer_index, dtype=np.int64))
-        f.create_variable("rotary_dims", ("layer",), "i8", data=np.asarray(rotary_dims, dtype=np.int64))
-        f.create_variable("dim_order", ("layer", "dim"), "i8", data=np.asarray(dim_order, dtype=np.int64))
-        for name, default in [("rope_layout", "half"), ("rotary_position", "first")]:
-            values = np.asarray(rope.get(name, [default] * n_layers), dtype=object)
-            f.create_variable(name, ("layer",), h5py.string_dtype(), data=values)
 
     def write_layer_errors(self, errors: np.ndarray) -> None:
         """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""

@@ -10,6 +10,12 @@ error of A and the section 5 bound, checked entry by entry). All are timed on th
 alternating rounds (medians reported), so machine noise hits them alike. Without ``--qk`` a synthetic store of
 the default config's shape (1 sample x 1 layer, T = 1200, 9 heads, 3 KV heads, head_dim 64; see the shape
 options) is written first and read back.
+
+Each step of the decomposition is timed as well (posgen.bench.steps: operands, moments, Method A, Method B's
+solve, the error and bound, the check, and the rest of ``Decomposer.unit``; Method B's factorisation once per
+mask, on the first call), in seconds and as a ratio to the floor, and printed side by side on stderr, so that a
+regression in any one step shows even when the total hides it. On a GPU the step clocks synchronise the device
+at every step boundary.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import json
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,9 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from posgen.decompose import SINKS, Decomposer, decompose_store, layer_rope
+from posgen.bench.steps import STEPS, StepTimer
+from posgen.decomposition import SINKS, Decomposer, decompose_store
 from posgen.rope import rotate
-from posgen.store import QKWriter, open_dataset
+from posgen.rope_table import RopeTable
+from posgen.store import QKWriter, open_dataset, read_rope
 
 
 def synthetic_store(
@@ -58,13 +67,13 @@ def synthetic_store(
         head_dim=head_dim,
         ref_samples=[0],
         ref_layers=[0],
-        rope={
-            "inv_freq": np.tile(inv_freq, (n_layers, 1)),
-            "attention_scaling": np.ones(n_layers),
-            "scaling": np.full(n_layers, head_dim**-0.5),
-            "sliding_window": np.full(n_layers, sliding_window),
-            "kv_group": np.arange(n_heads) // (n_heads // n_kv_heads),
-        },
+        rope=RopeTable(
+            inv_freq=np.tile(inv_freq, (n_layers, 1)),
+            attention_scaling=np.ones(n_layers),
+            scaling=np.full(n_layers, head_dim**-0.5),
+            sliding_window=np.full(n_layers, sliding_window),
+            kv_group=np.arange(n_heads) // (n_heads // n_kv_heads),
+        ),
         attrs={"model": "synthetic", "variant": "trained", "init_seed": -1},
         compression=compression,
     ) as writer:
@@ -87,7 +96,7 @@ def floor_inputs(dec: Decomposer, q, k, kv_group, rope):
     q, k = torch.as_tensor(q, device=dev), torch.as_tensor(k, device=dev)
     T, d = q.shape[-2:]
     pos = torch.arange(T, device=dev)
-    theta, amp = rope.inv_freq.to(dev), rope.attention_scaling
+    theta, amp = torch.as_tensor(rope.inv_freq).to(dev), rope.attention_scaling
     groups = []
     for g in np.unique(kv_group):
         qg = q[torch.as_tensor(np.flatnonzero(kv_group == g), device=dev)]
@@ -128,6 +137,25 @@ def _timed(fn, dev) -> float:
     fn()
     _sync(dev)
     return time.perf_counter() - start
+
+
+def _run_steps(timer: StepTimer, fn, dev) -> tuple[float, dict]:
+    """Seconds of ``fn()`` and of each step inside it; ``rest``: what no step accounts for."""
+    timer.reset()
+    with timer:
+        total = _timed(fn, dev)
+    steps = timer.steps()
+    steps["rest"] = total - sum(steps.values())
+    return total, steps
+
+
+def step_table(first: dict, unit: dict, bound: dict, floor_s: float) -> str:
+    """Seconds per step, side by side: the first call (factorisations included), every sample, with the bound."""
+    lines = [f"{'step':10s} {'first call':>11s} {'every sample':>13s} {'ratio':>6s} {'with bound':>11s} {'ratio':>6s}"]
+    for step in [*STEPS, "factor", "rest", "total"]:
+        u, b = unit[step], bound[step]
+        lines.append(f"{step:10s} {first[step]:11.5f} {u:13.5f} {u / floor_s:6.2f} {b:11.5f} {b / floor_s:6.2f}")
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -191,22 +219,28 @@ def main(argv=None):
         q = ds["q"].isel(sample=args.sample, layer=args.layer).values
         k = ds["k"].isel(sample=args.sample, layer=args.layer).values
         read_s = time.perf_counter() - start
-        kv_group = ds["kv_group"].values
-        rope = layer_rope(ds, args.layer)
+        table = read_rope(ds)
+        kv_group, rope = table.kv_group, table.layer(args.layer)
         ds.close()
 
         dec = Decomposer(args.dummy_distances, args.dummy_distance, device=args.device)
         dev = dec.device
+        timer = StepTimer(sync=lambda: _sync(dev))
         # first call: Method B factorisations (once per mask) and the bound tables, cached afterwards
-        setup_s = _timed(lambda: dec.unit(q, k, kv_group, rope), dev)
+        setup_s, first_steps = _run_steps(timer, lambda: dec.unit(q, k, kv_group, rope), dev)
         groups = floor_inputs(dec, q, k, kv_group, rope)
         floor(groups)
         t_floor, t_naive, t_unit, t_bound = [], [], [], []
+        s_unit, s_bound = [], []  # seconds per step, per round
         for _ in range(args.rounds):
             t_floor.append(_timed(lambda: floor(groups), dev))
             t_naive.append(_timed(lambda: floor(groups, per_sink_g=True), dev))
-            t_unit.append(_timed(lambda: dec.unit(q, k, kv_group, rope, with_bound=False), dev))
-            t_bound.append(_timed(lambda: dec.unit(q, k, kv_group, rope), dev))
+            total, steps = _run_steps(timer, lambda: dec.unit(q, k, kv_group, rope, with_bound=False), dev)
+            t_unit.append(total)
+            s_unit.append(steps)
+            total, steps = _run_steps(timer, lambda: dec.unit(q, k, kv_group, rope), dev)
+            t_bound.append(total)
+            s_bound.append(steps)
         base = statistics.median(t_floor)
         unit, bound = statistics.median(t_unit), statistics.median(t_bound)
         report = {
@@ -234,6 +268,22 @@ def main(argv=None):
             "target_ratio": 3.0,
             "lstsq_residual_max": dec.max_residual,
         }
+        # each step's median over the rounds, so that a regression in one step shows beside the total
+        first = {**first_steps, "total": setup_s}
+        unit_steps = {step: statistics.median(r[step] for r in s_unit) for step in s_unit[0]}
+        bound_steps = {step: statistics.median(r[step] for r in s_bound) for step in s_bound[0]}
+        unit_steps["total"], bound_steps["total"] = unit, bound
+        report["steps"] = {
+            step: {
+                "first_call_s": round(first[step], 5),
+                "s": round(unit_steps[step], 5),
+                "ratio": round(unit_steps[step] / base, 3),
+                "with_bound_s": round(bound_steps[step], 5),
+                "ratio_with_bound": round(bound_steps[step] / base, 3),
+            }
+            for step in first
+        }
+        print(step_table(first, unit_steps, bound_steps, base), file=sys.stderr)
         if args.store_run:
             start = time.perf_counter()
             out = decompose_store(

@@ -21,7 +21,7 @@ from posgen.bands import band_stats
 from posgen.capture import Capture, load_capturing
 from posgen.config import load
 from posgen.corpus import cut_windows, load_text
-from posgen.decompose import decompose_store
+from posgen.decomposition import decompose_store
 from posgen.extract import extract, verify_logits
 from posgen.families import plain_backend
 from posgen.fused import Analysis

@@ -158,46 +158,28 @@ def _stage_fused(
     }
 
 
-DECOMPOSER_PARTS = {"factor": "design", "moments": "moments", "method_b": "method_b", "error": "error_and_bound"}
-
-
 def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distances: list[int]) -> dict:
     import torch
 
-    from posgen import decompose
-    from posgen.decompose import decompose_store
+    from posgen.bench.steps import StepTimer
+    from posgen.decomposition import decompose_store
 
     torch.set_num_threads(threads)
-    parts = {name: 0.0 for name in DECOMPOSER_PARTS}
-    built = []
     # time each part of Decomposer.unit; Method B's normal matrices are built inside method_b on first use
-    original_init = decompose.AdditiveDesign.__init__
-
-    def timed_init(self, *args, **kwargs):
-        start = time.perf_counter()
-        original_init(self, *args, **kwargs)
-        built.append(time.perf_counter() - start)
-
-    def timed(name, method):
-        def wrapper(self, *args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                parts[name] += time.perf_counter() - start
-
-        return wrapper
-
-    decompose.AdditiveDesign.__init__ = timed_init
-    for name, attr in DECOMPOSER_PARTS.items():
-        if name != "factor":
-            setattr(decompose.Decomposer, attr, timed(name, getattr(decompose.Decomposer, attr)))
     start = time.perf_counter()
-    ds = decompose_store(qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device=device, bound_samples=1)
+    with StepTimer() as timer:
+        ds = decompose_store(
+            qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device=device, bound_samples=1
+        )
     _synchronize(device)
     seconds = time.perf_counter() - start
-    parts["factor"] = sum(built)
-    parts["method_b"] -= parts["factor"]
+    steps = timer.steps()
+    parts = {
+        "factor": steps["factor"],
+        "moments": steps["moments"],
+        "method_b": steps["method_b"],
+        "error": steps["bound"],
+    }
     return {
         "seconds": seconds / ds.sizes["sample"],
         **_peaks(device),

@@ -5,7 +5,7 @@ Per (layer, head), over each test sample's real-token block of the (bidirectiona
 samples as ``1 - sum SSE / sum SST``:
 
 * ``toeplitz_share``: the best ``a(i-j)`` fit; ``additive_share``: the best ``a(i-j) + b(i) + c(j)`` fit
-  (``posgen.decompose.toeplitz_shares``);
+  (``posgen.decomposition.toeplitz_shares``);
 * their **null**: the same shares of the same matrix with its entries permuted at random (seeded), i.e. what a
   fit with as many free parameters explains in noise (about ``2/(T+1)`` for a(i-j));
 * **distance x content**: each entry's factors are its signed distance ``i - j`` and its content
@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from posgen.decompose import toeplitz_shares
+from posgen.decomposition import toeplitz_shares
 
 BACKFIT_ITERATIONS = 50
 

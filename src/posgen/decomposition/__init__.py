@@ -1,0 +1,47 @@
+"""Positional + semantic split of attention logits, per (sample, layer, head) (docs/method.md sections 3-5).
+
+Method A (mean-key construction): ``f_ij = s (R_i q_i).(R_j kbar)``, ``g_ij = s (R_D q_i).(R_0 (k_j - kbar))``,
+``A = f + g``. ``R_0`` is the identity times the model's ``attention_scaling`` (1 for plain RoPE), so that
+``R_D^T R_0 = R_i^T R_(i-D)`` exactly as for a real pair at distance D. Method B: exact least-squares fit
+``W_ij ~ a(i-j) + b(i) + c(j)`` over the counted entries.
+
+Everything is exact (no sampling, no truncated iterations). W, f and every g_D are rank-d matrices
+(``x_ij = a_i . u_j``), so only the error of A and its bound need every entry. One module per step, in the order
+:meth:`Decomposer.unit <posgen.decomposition.decomposer.Decomposer.unit>` runs them:
+
+* ``mask``: the counted entries (causal, windowed, with or without the sink column);
+* ``operands``: one (sample, layer) rotated once, the mean keys and the rotations R_D, query heads grouped by
+  KV head;
+* ``moments``: sums and second moments over the counted entries, in float64 from query-block Gram matrices
+  summed over the query blocks that count a key block in full, times the keys, plus the ragged diagonal blocks
+  entry by entry (``masked_moments``); dropping the sink column is an O(T) correction (``moments_by_sink``); D
+  enters only through the fixed rotation R_D, applied after the sums over tokens;
+* ``design``: Method B. The normal matrix depends only on the mask; b is eliminated, the 3-dim gauge fixed, and
+  the reduced matrix Cholesky-factorised and inverted once per mask in float64 (cached). A head needs only the
+  diagonal sums of its masked W (a cross-correlation along tokens, FFT), row and column sums (``w_sums``) and
+  one matrix product; the normal residual is evaluated from the mask structure in O(T) and refined if needed;
+* ``bound``: the error of A and the section 5 bound (on the first ``bound_samples`` samples): the mean bound is
+  a causal convolution per band (FFT); the error ``W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j -
+  kbar)]`` is one product per cache-sized row block; the bound per entry is one more product times a sign for
+  the 'slow' bands (no sign change of ``sin(theta (i-j-D)/2)`` except at i - j = D) and, for the 'fast' ones, a
+  product of the query factors with Hankel factors times the key factors;
+* ``decomposer``: the steps of one (sample, layer) and the statistics of section 4;
+* ``table``: decomposition.nc, unit by unit, and the store path (``decompose_store``);
+* ``toeplitz``: Toeplitz and additive variance shares of whole logit matrices (the second paper).
+"""
+
+from posgen.decomposition.decomposer import METHODS, Decomposer
+from posgen.decomposition.design import LSTSQ_TOL
+from posgen.decomposition.mask import SINKS
+from posgen.decomposition.table import DecompositionTable, decompose_store
+from posgen.decomposition.toeplitz import toeplitz_shares
+
+__all__ = [
+    "LSTSQ_TOL",
+    "METHODS",
+    "SINKS",
+    "Decomposer",
+    "DecompositionTable",
+    "decompose_store",
+    "toeplitz_shares",
+]

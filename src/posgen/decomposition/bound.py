@@ -1,0 +1,195 @@
+"""The bound on Method A's error, entry by entry (docs/method.md section 5, "The bound on Method A's error").
+
+``|W_ij - A_ij| <= s amp^2 sum_l ||q_i^(l)|| ||delta_j^(l)|| |2 sin(theta_l (i - j - D) / 2)|``: the per-band
+factor (:class:`BoundTable`), the error of A and its bound over every counted entry (:func:`error_and_bound`),
+and the check that the bound holds (:func:`check_bound`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from posgen.decomposition.mask import SINKS
+from posgen.decomposition.operands import UnitOperands
+from posgen.rope import rotate
+
+BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
+
+
+def band_norms(x: torch.Tensor) -> torch.Tensor:
+    """Per-band norms ``||x^(l)||`` of ``x[..., d]``, bands pairing dims l and l + d/2 (method.md section 5)."""
+    half = x.shape[-1] // 2
+    return torch.hypot(x[..., :half], x[..., half:])
+
+
+class BoundTable:
+    """The bound's per-band factor ``|2 sin(theta_l (delta - D) / 2)|`` per layer, T, window and D (method.md 5).
+
+    Its sum over the counted entries is a causal convolution along tokens per band (``spectrum``, FFT). Entry by
+    entry: 'slow' bands keep ``theta_l (delta - D) / 2`` inside (-pi, pi) for every scored delta, where the
+    factor is ``sign(delta - D) * 2 sin(theta_l (i - D) / 2 - theta_l j / 2)``, separable, so all slow bands
+    together are one matrix product times a sign; 'fast' bands are summed entry by entry through ``fast_factor``
+    (band, delta + T). Angles are formed in float64.
+    """
+
+    def __init__(self, inv_freq, n_tokens: int, window: int, dummy_distance: int, device):
+        theta = torch.as_tensor(inv_freq).to(device, torch.float64)
+        n_delta = window or n_tokens
+        reach = max(dummy_distance, abs(n_delta - 1 - dummy_distance))
+        slow = (theta * reach < 2 * math.pi).cpu()
+        self.slow, self.fast = torch.nonzero(slow).flatten(), torch.nonzero(~slow).flatten()
+        th = theta[self.slow.to(device)]
+        pos = torch.arange(n_tokens, device=device, dtype=torch.float64)[:, None]
+        x, y = th * (pos - dummy_distance) / 2, th * pos / 2
+        # U = a * u_trig, V = b * v_trig (bands repeated twice): U.V = sum 2 a b sin(theta (i - j - D) / 2)
+        self.u_trig = torch.cat([2 * torch.sin(x), -2 * torch.cos(x)], -1).float()
+        self.v_trig = torch.cat([torch.cos(y), torch.sin(y)], -1).float()
+        self.n_tokens, self.dummy_distance = n_tokens, dummy_distance
+        delta = torch.arange(-n_tokens, n_tokens + 1, device=device, dtype=torch.float64)
+        factor = (2 * torch.sin(theta[:, None] * (delta[None] - dummy_distance) / 2)).abs()  # (band, delta + T)
+        self.fast_factor = factor[self.fast.to(device)].float().contiguous()
+        self.sign = torch.sign(delta - dummy_distance).float()  # [delta + T]
+        kernel = factor[:, n_tokens : n_tokens + n_delta]  # scored distances 0 .. n_delta - 1
+        self.spectrum = torch.fft.rfft(kernel, 2 * n_tokens, dim=1).T  # (freq, band)
+
+    def slow_factors(self, a: torch.Tensor, b: torch.Tensor):
+        """U (.., T, 2 n_slow) from query factors ``a (.., T, L)``, V (.., T, 2 n_slow) from key factors ``b``."""
+        slow = self.slow.to(a.device)
+        a_s, b_s = a[..., slow].repeat(*([1] * (a.dim() - 1)), 2), b[..., slow].repeat(*([1] * (b.dim() - 1)), 2)
+        return a_s * self.u_trig, b_s * self.v_trig
+
+    def sums(self, a: torch.Tensor, b: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """Sum of the bound over the counted entries, float64: ``sum_i a_i . (b * factor)_i`` per band.
+
+        ``a (H, T, L)`` query factors, ``b (H_kv, sink, T, L)`` key factors (a zero row drops its column),
+        ``kv (H,)`` the KV head of each query head. Returns (H, sink).
+        """
+        T = self.n_tokens
+        spec = torch.fft.rfft(b.double().transpose(-1, -2), 2 * T) * self.spectrum.T  # along tokens, per band
+        conv = torch.fft.irfft(spec, 2 * T)[..., :T]  # (H_kv, sink, L, T)
+        return torch.einsum("htl,hslt->hs", a.double(), conv[kv])
+
+
+def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: int) -> dict:
+    """The error of A and the bound of method.md section 5, entry by entry, per head and sink.
+
+    ``E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)]`` and the bound
+    ``s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)|`` with ``a = |q^(l)|``, ``b = |k^(l) - kbar^(l)|``
+    (0 for a dropped column), with ``table`` the layer's factors (:class:`BoundTable`) and ``block_elems`` the
+    size of the row blocks of the one pass over every entry. Returns (H, sink) float64 ``err_abs_mean`` (mean
+    |E|), ``bound_mean`` and ``bound_slack_min`` (min of bound - |E|).
+    """
+    dev, f64 = device, torch.float64
+    groups, rope = ops.groups, ops.rope
+    T, d = ops.q.shape[1:]
+    s, amp = float(rope.scaling), float(rope.attention_scaling)
+    used = groups.used
+    a_norm = band_norms(ops.q) * (s * amp * amp)  # (H, T, L)
+    b_norm = torch.stack([band_norms((ops.k64 - mean[:, None]).float()) for mean in (ops.kbar, ops.kbar_wo)], 1)
+    b_norm[:, SINKS.index("without"), 0] = 0  # (H_kv, sink, T, L)
+    counts = torch.tensor([ops.counts[sink] for sink in SINKS], device=dev, dtype=f64)  # (sink,)
+    kx, kf, kphi, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each
+    e_with = torch.cat([kx - kf, -kg], -1)  # (H_kv, T, 2d)
+    e_without = torch.cat([kx - kf - kphi, -kg - ops.shift[used, None].float()], -1)  # (H_kv, T, 2d)
+    e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)
+    e_keys[:, 1, 0] = 0  # 'without' drops column 0
+    p_dummy = rotate(ops.q, torch.tensor(ops.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
+    err_sum, slack_min = _error_pass(
+        groups.by_kv(torch.cat([ops.q_rot, p_dummy], -1)),  # (H_kv, h, T, 2d)
+        e_keys,
+        groups.by_kv(a_norm),  # (H_kv, h, T, L)
+        b_norm[used],
+        table,
+        ops.window,
+        device,
+        block_elems,
+    )  # (H_kv, h, sink) each
+    err_sum = groups.to_heads(err_sum.permute(2, 0, 1)).T  # (H, sink)
+    slack_min = groups.to_heads(slack_min.permute(2, 0, 1)).T  # (H, sink)
+    return {
+        "err_abs_mean": err_sum / counts,
+        "bound_mean": table.sums(a_norm, b_norm, ops.kv) / counts,
+        "bound_slack_min": slack_min.double(),
+    }
+
+
+def check_bound(ops: UnitOperands, slack_min: np.ndarray) -> None:
+    """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -tolerance.
+
+    float32 error carries rounding of order eps * s |q| |k| sqrt(d): the tolerance is ``BOUND_RTOL`` times
+    ``s |q|max |k|max`` per head.
+    """
+    rope = ops.rope
+    s, amp = float(rope.scaling), float(rope.attention_scaling)
+    q_max = ops.q.norm(dim=-1).amax(-1)  # (H,)
+    k_max = ops.k.norm(dim=-1).amax(-1)[ops.kv]  # (H,)
+    scale = s * amp * amp * q_max * k_max  # (H,)
+    tol = (BOUND_RTOL * scale.double()[:, None]).cpu().numpy()
+    worst = slack_min + tol
+    if (worst < 0).any():
+        h_bad, s_bad = np.unravel_index(int(np.argmin(worst / tol)), worst.shape)
+        raise RuntimeError(
+            f"bound of method.md section 5 violated: head {h_bad}, sink {SINKS[s_bad]}, min(bound - |error|) = "
+            f"{slack_min[h_bad, s_bad]:.3g} below the rounding tolerance -{tol[h_bad, 0]:.3g}"
+        )
+
+
+def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device, block_elems: int):
+    """Per query head and sink: sum over the counted entries of |W - A|, and min (bound - |W - A|).
+
+    Per KV head: ``e_queries (n, h, T, 2d)``, ``e_keys (n, sink, T, 2d)``, bound factors ``a (n, h, T, L)`` and
+    ``b (n, sink, T, L)``. Returns (n, h, sink) each. The one pass over (T x T) entries, in row blocks that
+    keep the working set in cache. In a block the columns are taken in reverse order, where a Toeplitz
+    factor f(i - j) becomes a Hankel view of one stored vector. Slow bands of the bound: one matrix product
+    times sign(i - j - D); fast bands: per row, one product of the query factors with the Hankel factors
+    times the key factors. Layout (row, head, sink, column). method.md section 5.
+    """
+    dev = device
+    n, h, T, _ = e_queries.shape
+    nf, stride = len(table.fast), 2 * T + 1
+    fast = table.fast.to(dev)
+    err_sum = torch.zeros(n, h, 2, dtype=torch.float64, device=dev)
+    slack_min = torch.full((n, h, 2), float("inf"), device=dev)
+    u, v = table.slow_factors(a, b)  # (n, h, T, 2 n_slow), (n, sink, T, 2 n_slow)
+    # rows first; keys in reversed token order
+    q_rows, u_rows = e_queries.transpose(1, 2).contiguous(), u.transpose(1, 2).contiguous()
+    a_rows = a[..., fast].transpose(1, 2).contiguous()  # (n, T, h, nf)
+    k_rev, v_rev = e_keys.flip(2), v.flip(2)
+    b_rev = b[..., fast].flip(2).permute(0, 3, 1, 2).contiguous()  # (n, nf, sink, T)
+    rows = max(1, min(T, block_elems // (2 * T * max(h, nf))))
+    for i0 in range(0, T, rows):
+        i1 = min(T, i0 + rows)
+        j0 = max(0, i0 - window + 1) if window else 0
+        t, w = i1 - i0, i1 - j0
+        ii = torch.arange(i0, i1, device=dev)[:, None]
+        jj = torch.arange(i1 - 1, j0 - 1, -1, device=dev)[None, :]  # reversed columns
+        keep = jj <= ii
+        if window:
+            keep &= ii - jj < window
+        keep = torch.stack([keep, keep & (jj > 0)], 1)[:, None]  # (t, 1, sink, w)
+        keep_f, drop = keep.float(), ~keep
+        base = i0 - i1 + 1 + T  # [r, u] -> delta + T = base + r + u
+        rev = slice(T - i1, T - j0)  # columns i1 - 1 down to j0 in reversed token order
+        sign = table.sign.as_strided((t, 1, 1, w), (1, 0, 0, 1), base)
+        hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
+        factors = torch.empty(t, nf, 2, w, device=dev)
+        for g in range(n):
+            q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
+            k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
+            err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
+            err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
+            err_sum[g] += err.sum((0, 3)).double()  # a block's float32 sum is exact enough
+            u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
+            v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
+            bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
+            bound = bound.view(t, h, 2, w).mul_(sign)
+            bound = bound.view(t, h, 2 * w)  # (row, head, (sink, column))
+            torch.mul(hank, b_rev[g, :, :, rev], out=factors)  # (row, band, sink, column)
+            bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w))  # plus the fast bands
+            bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
+            slack = bound.sub_(err).masked_fill_(drop, float("inf"))
+            slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
+    return err_sum, slack_min

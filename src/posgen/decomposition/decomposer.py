@@ -1,0 +1,227 @@
+"""Every decomposition statistic of one (sample, layer) (docs/method.md sections 3-5).
+
+``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1 and 3A), ``moments``
+(sums over the counted entries), ``method_a`` (section 3A and 4), ``method_b`` (section 3B), and where asked
+``error_and_bound`` and ``check_bound`` (section 5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
+from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
+from posgen.decomposition.mask import SINKS
+from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
+from posgen.decomposition.operands import UnitOperands, unit_operands
+from posgen.layer_types import used_dummy_distance
+from posgen.models import resolve_device
+from posgen.rope_table import LayerRope
+from posgen.stats import pearson_from_sums
+
+METHODS = ("A", "B")
+SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A or B)
+
+
+class Decomposer:
+    """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
+
+    ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
+    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
+    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
+    error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
+    :func:`masked_moments`.
+    """
+
+    def __init__(
+        self,
+        dummy_distances,
+        dummy_distance: int,
+        device: str = "cpu",
+        lstsq_tol: float = LSTSQ_TOL,
+        block_elems: int | None = None,
+        block: int = 32,
+    ):
+        self.dummy_distances = [int(D) for D in dummy_distances]
+        if not self.dummy_distances:
+            raise ValueError("decomposition.dummy_distances: empty")
+        self.dummy_distance = int(dummy_distance)
+        self.device = resolve_device(device)
+        self.lstsq_tol = float(lstsq_tol)
+        self.block_elems = block_elems or (2**20 if self.device.type == "cpu" else 2**28)
+        self.block = int(block)
+        self._designs: dict = {}
+        self._tables: dict = {}
+        self.max_residual = 0.0
+
+    def design(self, n_tokens: int, window: int, sink: str) -> AdditiveDesign:
+        """Method B's normal equations of one mask, factorised once and cached."""
+        key = (n_tokens, window, sink)
+        if key not in self._designs:
+            self._designs[key] = AdditiveDesign(n_tokens, window, sink, self.device)
+        return self._designs[key]
+
+    def table(self, inv_freq, n_tokens: int, window: int, dummy_distance: int) -> BoundTable:
+        """The bound's factor table of one layer's ``inv_freq`` (band,), cached."""
+        key = (tuple(inv_freq.tolist()), n_tokens, window, dummy_distance)
+        if key not in self._tables:
+            self._tables[key] = BoundTable(inv_freq, n_tokens, window, dummy_distance, self.device)
+        return self._tables[key]
+
+    def layer_distance(self, rope: LayerRope, n_tokens: int) -> int:
+        """The dummy distance of Method A's r, r_g and the bound on this layer (:func:`used_dummy_distance`)."""
+        return used_dummy_distance(self.dummy_distance, rope.sliding_window, n_tokens)
+
+    def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True) -> dict[str, np.ndarray]:
+        """All statistics of one (sample, layer): q (H, T, d), k (H_kv, T, d) pre-RoPE; arrays per head.
+
+        ``with_bound=False`` skips the error of A and the section 5 bound, the one pass over every entry (and,
+        for the bound, every band); their statistics are then NaN.
+        """
+        ops = self.operands(q, k, kv_group, rope)
+        moments = self.moments(ops)
+        a = self.method_a(ops, moments)
+        b = self.method_b(ops, moments)
+        out = {
+            "r": torch.stack([a["r"], b["r"]], 1),  # (H, method, sink)
+            "r_f": a["r_f"],
+            "r_g": a["r_g"],
+            "r_sweep": a["r_sweep"],
+            "lstsq_residual": b["lstsq_residual"],
+            **{name: torch.stack([a[name], b[name]], 1) for name in SUMS},  # (H, method, sink)
+        }
+        if with_bound:
+            out.update(self.error_and_bound(ops))
+        else:
+            H = ops.q.shape[0]
+            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
+                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
+        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
+        if with_bound:
+            self.check_bound(ops, result["bound_slack_min"])
+        return result
+
+    def operands(self, q, k, kv_group, rope: LayerRope) -> UnitOperands:
+        """Checks the shapes and rotates once (:func:`unit_operands`)."""
+        return unit_operands(q, k, kv_group, rope, self.dummy_distance, self.dummy_distances, self.device)
+
+    def moments(self, ops: UnitOperands) -> dict[str, Moments]:
+        """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head.
+
+        method.md sections 3A (f, g_D) and 4 (with and without the sink column): :func:`masked_moments`
+        over the 'with' mask, then :func:`moments_by_sink`. No (T x T) matrix; one KV head at a time keeps
+        the working set small (and on a CPU, below malloc's mmap threshold). Returns ``{sink: Moments}``, each
+        sum (H,) or (nD, H).
+        """
+        groups = ops.groups
+        # converted to float64 once, not per KV head
+        q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
+        q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
+        rot64 = ops.rotations.double()  # (nD, d, d)
+        chunks = []
+        for i in range(len(groups.used)):
+            one = groups.used[i : i + 1]  # this KV head, as a length-1 index
+            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, ops.keys[one], ops.window, self.block)
+            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
+            gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
+            gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            chunks.append(moments_by_sink(part, gamma, ops.window))
+        return {
+            sink: Moments(
+                **{
+                    name: groups.to_heads(torch.cat([getattr(c[sink], name) for c in chunks], -2))
+                    for name in MOMENT_NAMES
+                }
+            )
+            for sink in SINKS
+        }
+
+    def method_a(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:
+        """Method A's r and sums (method.md sections 3A and 4): r(W, f + g_D) for the sweep and the dummy
+        distance, r(W, f) and r(W, g_D) alone, by ``pearson_from_sums``.
+
+        Returns (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of A = f + g_D at the dummy distance,
+        and ``r_sweep`` (H, sink, D).
+        """
+        i_dummy = ops.distances.index(ops.dummy_distance)
+        i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
+        cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            s_y = m.s_f + m.s_g  # (nD, H): y = A = f + g_D
+            s_yy = m.s_ff + 2 * m.s_fg + m.s_gg
+            s_xy = m.s_xf + m.s_xg
+            r_all = pearson_from_sums(n, m.s_x, s_y, m.s_xx, s_yy, s_xy)  # (nD, H)
+            cols["r"].append(r_all[i_dummy])
+            cols["r_sweep"].append(r_all[i_sweep].T)  # (H, D)
+            cols["r_f"].append(pearson_from_sums(n, m.s_x, m.s_f, m.s_xx, m.s_ff, m.s_xf))
+            cols["r_g"].append(pearson_from_sums(n, m.s_x, m.s_g[i_dummy], m.s_xx, m.s_gg[i_dummy], m.s_xg[i_dummy]))
+            sums = {
+                "n": torch.full_like(m.s_x, n),
+                "sum_x": m.s_x,
+                "sum_y": s_y[i_dummy],
+                "sum_xx": m.s_xx,
+                "sum_yy": s_yy[i_dummy],
+                "sum_xy": s_xy[i_dummy],
+            }
+            for name in SUMS:
+                cols[name].append(sums[name])
+        out = {name: torch.stack(parts, -1) for name, parts in cols.items() if name != "r_sweep"}  # (H, sink)
+        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
+        return out
+
+    def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:
+        """Method B (method.md section 3B): the exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` per head
+        and sink, its r (section 4) and sums, and the relative normal residual of the solve.
+
+        The fit runs on x = W - mean(W) for conditioning (all heads in one solve, from the diagonal, row and column
+        sums of :func:`w_sums`); its sums are shifted back to W. Raises if the residual exceeds ``lstsq_tol``.
+        Returns (H, sink) arrays ``r``, ``lstsq_residual`` and :data:`SUMS`.
+        """
+        groups, T = ops.groups, ops.q.shape[1]
+        mu_w = moments["with"].s_x / ops.counts["with"]  # (H,) the mean of W
+        w_parts = w_sums(
+            groups.by_kv(ops.q_rot),  # (H_kv, h, T, d)
+            ops.k_rot[groups.used, None],  # (H_kv, 1, T, d)
+            ops.window,
+            mu_w[groups.order].view(len(groups.used), -1),  # (H_kv, h)
+        )
+        b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
+        cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
+        for sink in SINKS:
+            m, n = moments[sink], ops.counts[sink]
+            design = self.design(T, ops.window, sink)
+            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)  # bs: sums of x, yhat
+            worst = float(resid.max())
+            self.max_residual = max(self.max_residual, worst)
+            if not worst < self.lstsq_tol:
+                raise RuntimeError(
+                    f"additive fit: relative normal residual {worst:.3g} above tolerance "
+                    f"{self.lstsq_tol:.3g} (T={T}, window={ops.window}, sink={sink})"
+                )
+            # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w
+            sums = {
+                "n": torch.full_like(mu_w, n),
+                "sum_x": m.s_x,
+                "sum_xx": m.s_xx,
+                "sum_y": bs["sum_y"] + n * mu_w,
+                "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + n * mu_w * mu_w,
+                "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m.s_x),
+            }
+            cols["r"].append(
+                pearson_from_sums(n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"])
+            )
+            cols["lstsq_residual"].append(resid)
+            for name in SUMS:
+                cols[name].append(sums[name])
+        return {name: torch.stack(parts, -1) for name, parts in cols.items()}  # (H, sink)
+
+    def error_and_bound(self, ops: UnitOperands) -> dict:
+        """The error of A and the bound of method.md section 5, entry by entry (:func:`error_and_bound`)."""
+        table = self.table(ops.rope.inv_freq, ops.q.shape[1], ops.window, ops.dummy_distance)
+        return error_and_bound(ops, table, self.device, self.block_elems)
+
+    def check_bound(self, ops: UnitOperands, slack_min: np.ndarray) -> None:
+        """Raises unless the bound of method.md section 5 holds (:func:`check_bound`)."""
+        check_bound(ops, slack_min)

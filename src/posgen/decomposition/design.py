@@ -1,0 +1,247 @@
+"""Method B's exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` over the counted entries (docs/method.md
+section 3B): the right-hand side from the diagonal, row and column sums of W (:func:`w_sums`), and the normal
+equations, factorised once per mask (:class:`AdditiveDesign`)."""
+
+from __future__ import annotations
+
+import torch
+
+from posgen.decomposition.mask import MaskInfo, window_prefix
+
+LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
+
+
+def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
+    """Diagonal (delta = i - j >= 0), row and column sums and column 0 of ``W - shift`` over the counted entries.
+
+    ``W = q k^T`` for ``q (..., T, d)`` and ``k (..., T, d)`` (broadcast: a KV head against its query heads),
+    ``shift (...)``; float64, shaped (..., T). No (T x T) matrix: the diagonal sums are a cross-correlation
+    along tokens (FFT), rows and columns come from window sums of the factors. Diagonals beyond the window's
+    reach sum to 0. The right-hand side of Method B's normal equations, method.md section 3B.
+    """
+    f64 = torch.float64
+    q, k, shift = q.to(f64), k.to(f64), shift.to(f64)[..., None]
+    T = q.shape[-2]
+    nd = window or T
+    tok = torch.arange(T, device=q.device)
+    spec = torch.fft.rfft(q.transpose(-1, -2).contiguous(), 2 * T)  # along tokens, per dim
+    spec = (spec * torch.fft.rfft(k.transpose(-1, -2).contiguous(), 2 * T).conj()).sum(-2)
+    diag = (torch.fft.irfft(spec, 2 * T)[..., :T] - shift * (T - tok)) * (tok < nd)
+    rows = (q * window_prefix(k, window, dim=-2)).sum(-1) - shift * (tok + 1).clamp(max=nd)
+    # column j is counted by rows j .. j + nd - 1: a window sum of q in reversed token order
+    q_after = window_prefix(q.flip(-2), window, dim=-2).flip(-2)
+    cols = (q_after * k).sum(-1) - shift * (T - tok).clamp(max=nd)
+    col0 = ((q * k[..., :1, :]).sum(-1) - shift) * (tok < nd)
+    return diag, rows, cols, col0
+
+
+class AdditiveDesign:
+    """Normal equations of ``W_ij ~ a(i-j) + b(i) + c(j)`` over one mask, factorised once.
+
+    Unknowns: a_delta (delta = 0 .. n_delta - 1), b_i, c_j. The design has a 3-dim null space (constants
+    moved between a, b, c, and the linear trend a + l*delta, b - l*i, c + l*j); b is eliminated exactly
+    (its block is diagonal) and a_0 and c at the first and last counted key columns are fixed to 0.
+
+    ``causal=False`` fits the full bidirectional T x T matrix (no window, no sink handling): a has one entry
+    per signed distance, stored at index ``delta mod (2T - 1)`` (0 .. T-1, then -(T-1) .. -1; ``deltas``),
+    so a_0 stays at index 0. Its mask products are dense matrix products (small T); the causal path is the
+    O(T) prefix-sum one, unchanged.
+    """
+
+    def __init__(self, n_tokens: int, window: int, sink: str, device, causal: bool = True):
+        T = n_tokens
+        if T < 3 or (window and window < 2):
+            raise ValueError(f"additive fit needs >= 3 tokens and a window >= 2 (got T={T}, window={window})")
+        if not causal and (window or sink != "with"):
+            raise ValueError(f"bidirectional additive fit takes no window and sink 'with' (got {window}, {sink!r})")
+        f64 = torch.float64
+        self.n_tokens, self.window, self.sink, self.causal = T, window, sink, causal
+        if causal:
+            self.n_delta = window or T
+            self.deltas = torch.arange(self.n_delta, device=device)
+            M = MaskInfo(T, window).bool(sink, device).to(f64)
+        else:
+            self.n_delta = 2 * T - 1
+            index = torch.arange(self.n_delta, device=device)
+            self.deltas = torch.where(index < T, index, index - self.n_delta)  # signed i - j per a index
+            M = torch.ones(T, T, dtype=f64, device=device)
+        nab = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, i] = M[i, i - delta]
+        nac = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, j] = M[j + delta, j]
+        for index, delta in enumerate(self.deltas.tolist()):
+            diag = torch.diagonal(M, -delta)
+            nab[index, max(delta, 0) : T + min(delta, 0)] = diag
+            nac[index, max(-delta, 0) : T - max(delta, 0)] = diag
+        if not causal:
+            self._dense = (nab, nac, M)  # mask blocks for the products below
+        self.cnt_a, self.cnt_b, self.cnt_c = nab.sum(1), M.sum(1), M.sum(0)
+        self.inv_b = torch.where(self.cnt_b > 0, 1.0 / self.cnt_b.clamp(min=1), torch.zeros_like(self.cnt_b))
+        # reduced system on z = (a, c) after eliminating b; e[z, i] couples z with b (dense only here)
+        e = torch.cat([nab, M.T])
+        n_z = self.n_delta + T
+        s = torch.zeros(n_z, n_z, dtype=f64, device=device)
+        s[: self.n_delta, : self.n_delta] = torch.diag(self.cnt_a)
+        s[self.n_delta :, self.n_delta :] = torch.diag(self.cnt_c)
+        s[: self.n_delta, self.n_delta :] = nac
+        s[self.n_delta :, : self.n_delta] = nac.T
+        s -= (e * self.inv_b) @ e.T
+        del e, nab, nac, M
+        counted = torch.cat([self.cnt_a, self.cnt_c]) > 0
+        cols = torch.nonzero(self.cnt_c > 0).flatten()
+        # first and last counted key columns: keeps the fitted linear trend, hence theta, small
+        gauge = [0, self.n_delta + int(cols[0]), self.n_delta + int(cols[-1])]
+        counted[gauge] = False
+        self.keep = torch.nonzero(counted).flatten()
+        chol, info_ = torch.linalg.cholesky_ex(s[self.keep][:, self.keep])
+        if int(info_) != 0:
+            raise RuntimeError(
+                f"additive fit: reduced normal matrix not positive definite (T={T}, window={window}, "
+                f"sink={sink}); the gauge does not match the mask"
+            )
+        # an explicit inverse turns every solve into one matrix product (trsm is slow for few right-hand
+        # sides, on GPUs above all); iterative refinement in ``fit`` removes its extra rounding
+        self.inverse = torch.cholesky_inverse(chol)
+        # null space of the design (constants a<->b, b<->c, linear trend), on the counted unknowns
+        delta = self.deltas.to(f64)
+        tok = torch.arange(T, device=device, dtype=f64)
+        zero_a, zero_t, one_a, one_t = (
+            torch.zeros_like(delta),
+            torch.zeros_like(tok),
+            torch.ones_like(delta),
+            torch.ones_like(tok),
+        )
+        null = (
+            torch.stack(
+                [
+                    torch.cat([one_a, -one_t, zero_t]),
+                    torch.cat([zero_a, one_t, -one_t]),
+                    torch.cat([delta, -tok, tok]),
+                ],
+                1,
+            )
+            * (torch.cat([self.cnt_a, self.cnt_b, self.cnt_c]) > 0)[:, None]
+        )
+        self.null = null
+        self.null_proj = torch.linalg.solve(null.T @ null, null.T)  # r -> r - (r null) null_proj
+
+    def rhs(self, sums):
+        """Normal-equation right-hand side (float64) from the diagonal, row and column sums and column 0 of
+        the matrix masked for 'with' (:func:`w_sums`).
+
+        For 'without' the key column 0 is taken out of the diagonal, row and column sums. Sums computed along
+        different routes disagree at rounding level (sum of diagonals vs rows vs columns); that part, which
+        lies in the design's null space and no fit can reach, is projected out, so the reported normal
+        residual measures the solve.
+        """
+        diag, rows, cols, col0 = (t.double() for t in sums)
+        ra = diag[:, : self.n_delta]  # bidirectional: every signed diagonal, in the order of ``deltas``
+        if self.sink == "without":
+            ra = ra - col0[:, : self.n_delta]
+            rows = rows - col0
+            cols = cols * (self.cnt_c > 0)
+        r = torch.cat([ra, rows, cols], -1)
+        r = r - (r @ self.null) @ self.null_proj
+        return torch.split(r, [self.n_delta, self.n_tokens, self.n_tokens], -1)
+
+    # products with the mask blocks in O(T) from prefix sums (float64), batched over leading dims:
+    # nab[delta, i] = M[i, i - delta], nac[delta, j] = M[j + delta, j], M[i, j]
+    def _prefix(self, v):
+        return torch.nn.functional.pad(torch.cumsum(v, -1), (1, 0))  # [k] = sum of v[:k]
+
+    def nab(self, b):
+        if not self.causal:
+            return b @ self._dense[0].T
+        out = self._prefix(b)[..., -1:] - self._prefix(b)[..., : self.n_delta]  # sum_{i >= delta} b_i
+        return out - b[..., : self.n_delta] if self.sink == "without" else out
+
+    def nab_t(self, a):
+        if not self.causal:
+            return a @ self._dense[0]
+        T, nd = self.n_tokens, self.n_delta
+        idx = torch.arange(T, device=a.device).clamp(max=nd - 1) + 1
+        out = self._prefix(a)[..., idx]  # sum_{delta <= min(i, nd - 1)} a_delta
+        if self.sink == "without":
+            out = out - torch.nn.functional.pad(a, (0, T - nd))
+        return out
+
+    def nac(self, c):
+        if not self.causal:
+            return c @ self._dense[1].T
+        T, nd = self.n_tokens, self.n_delta
+        out = self._prefix(c)[..., T - torch.arange(nd, device=c.device)]  # sum_{j <= T - 1 - delta} c_j
+        return out - c[..., :1] if self.sink == "without" else out
+
+    def nac_t(self, a):
+        if not self.causal:
+            return a @ self._dense[1]
+        T, nd = self.n_tokens, self.n_delta
+        idx = (T - 1 - torch.arange(T, device=a.device)).clamp(max=nd - 1) + 1
+        out = self._prefix(a)[..., idx]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
+        if self.sink == "without":
+            out = out.clone()
+            out[..., 0] = 0
+        return out
+
+    def m(self, c):
+        if not self.causal:
+            return c @ self._dense[2].T
+        T, nd = self.n_tokens, self.n_delta
+        i = torch.arange(T, device=c.device)
+        pre = self._prefix(c)
+        out = pre[..., i + 1] - pre[..., (i - nd + 1).clamp(min=0)]  # sum_{lo_i <= j <= i} c_j
+        if self.sink == "without":
+            out = out - c[..., :1] * (i < nd)
+        return out
+
+    def m_t(self, b):
+        if not self.causal:
+            return b @ self._dense[2]
+        T, nd = self.n_tokens, self.n_delta
+        j = torch.arange(T, device=b.device)
+        pre = self._prefix(b)
+        out = pre[..., (j + nd).clamp(max=T)] - pre[..., j]  # sum_{j <= i <= j + nd - 1} b_i
+        if self.sink == "without":
+            out = out.clone()
+            out[..., 0] = 0
+        return out
+
+    def solve(self, ra, rb, rc):
+        """Least-squares (a, b, c) for right-hand sides (h, .); gauge entries are 0."""
+        rb_scaled = rb * self.inv_b
+        rz = torch.cat([ra - self.nab(rb_scaled), rc - self.m_t(rb_scaled)], -1)
+        z = torch.zeros_like(rz)
+        z[:, self.keep] = rz[:, self.keep] @ self.inverse
+        a, c = z[:, : self.n_delta], z[:, self.n_delta :]
+        b = (rb - self.nab_t(a) - self.m(c)) * self.inv_b
+        return a, b, c
+
+    def normal(self, a, b, c):
+        """N theta, from the mask structure (independent of the factorisation)."""
+        na = a * self.cnt_a + self.nab(b) + self.nac(c)
+        nb = self.nab_t(a) + b * self.cnt_b + self.m(c)
+        nc = self.nac_t(a) + self.m_t(b) + c * self.cnt_c
+        return na, nb, nc
+
+    def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2):
+        """Solve and score: (a, b, c), relative normal residual, and sums over the mask (float64).
+
+        Up to ``refine`` steps of iterative refinement (residual from the mask structure, not the factor)
+        run while the residual exceeds ``tol``; the residual reported is that of the returned solution.
+        ``sum_y = sum(yhat)``, ``sum_yy = sum(yhat^2) = theta.N theta``, ``sum_xy = sum(x yhat) = theta.r``.
+        """
+        r = torch.cat([ra, rb, rc], -1)
+        r_norm = torch.linalg.vector_norm(r, dim=-1).clamp(min=1e-300)
+        a, b, c = self.solve(ra, rb, rc)
+        for step in range(refine + 1):
+            n_theta = torch.cat(self.normal(a, b, c), -1)
+            resid = torch.linalg.vector_norm(n_theta - r, dim=-1) / r_norm
+            if step == refine or float(resid.max()) <= tol:
+                break
+            da, db, dc = self.solve(*torch.split(r - n_theta, [self.n_delta, self.n_tokens, self.n_tokens], -1))
+            a, b, c = a + da, b + db, c + dc
+        theta = torch.cat([a, b, c], -1)
+        sums = {
+            "sum_y": a @ self.cnt_a + b @ self.cnt_b + c @ self.cnt_c,
+            "sum_yy": (theta * n_theta).sum(-1),
+            "sum_xy": (theta * r).sum(-1),
+        }
+        return (a, b, c), resid, sums

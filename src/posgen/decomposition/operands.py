@@ -1,0 +1,125 @@
+"""One (sample, layer) made ready for the decomposition: pre-RoPE q/k rotated once, the mean keys, the key sets
+and the rotations R_D (docs/method.md sections 1 and 3A), with the query heads grouped by the KV head they read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from posgen.decomposition.mask import SINKS, MaskInfo
+from posgen.layer_types import effective_window, used_dummy_distance
+from posgen.rope import rotate
+from posgen.rope_table import LayerRope
+
+
+class KVGroups:
+    """Query heads grouped by the KV head they read (GQA); every KV head serves the same number of query heads."""
+
+    def __init__(self, kv_group: np.ndarray, device):
+        used, per_kv = np.unique(kv_group, return_counts=True)
+        if (per_kv != per_kv[0]).any():
+            raise ValueError(f"kv_group {kv_group.tolist()}: every KV head must serve the same number of query heads")
+        self.n_heads = len(kv_group)
+        self.per_kv = int(per_kv[0])
+        self.order = torch.as_tensor(np.argsort(kv_group, kind="stable"), device=device)  # query heads by KV head
+        self.used = torch.as_tensor(used, device=device)  # (kv_head,) the KV heads that some query head reads
+
+    def by_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., head, token, e) -> (..., kv_head, h, token, e): the h query heads of each KV head together."""
+        x = x[..., self.order, :, :]
+        return x.reshape(*x.shape[:-3], len(self.used), self.per_kv, *x.shape[-2:])
+
+    def to_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., kv_head, h) -> (..., head), in the original head order."""
+        out = torch.empty(x.shape[:-2] + (self.n_heads,), dtype=x.dtype, device=x.device)
+        out[..., self.order] = x.reshape(*x.shape[:-2], self.n_heads)
+        return out
+
+
+@dataclass(frozen=True)
+class UnitOperands:
+    """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
+
+    H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``distances``). ``kbar`` is
+    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without').
+    """
+
+    q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
+    k: torch.Tensor  # (H_kv, T, d) pre-RoPE keys, float32
+    k64: torch.Tensor  # (H_kv, T, d) the keys in float64
+    kv: torch.Tensor  # (H,) the KV head of each query head
+    groups: KVGroups
+    rope: LayerRope
+    theta: torch.Tensor  # (L,) inv_freq on the device, float32
+    window: int  # 0: every j <= i counts
+    counts: dict  # sink -> number of counted entries
+    kbar: torch.Tensor  # (H_kv, d) float64
+    kbar_wo: torch.Tensor  # (H_kv, d) float64
+    shift: torch.Tensor  # (H_kv, d) float64, R_0 (kbar - kbar'): the sink-free g's row-constant offset
+    q_rot: torch.Tensor  # (H, T, d) s R_i q_i
+    q0: torch.Tensor  # (H, T, d) s R_0 q_i
+    k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
+    keys: torch.Tensor  # (H_kv, T, 4 d) [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)]
+    rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
+    dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
+    distances: list  # the nD dummy distances of ``rotations``: the sweep and ``dummy_distance``, ascending
+
+
+def unit_operands(q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, device) -> UnitOperands:
+    """Checks the shapes and rotates once: method.md section 1 (R_m, s) and section 3A (kbar, R_D).
+
+    ``dummy_distance`` is the D of global layers (a sliding-window layer takes its own,
+    :func:`posgen.layer_types.used_dummy_distance`), ``sweep`` the dummy distances of the sweep.
+    """
+    dev = device
+    q = (q if torch.is_tensor(q) else torch.from_numpy(np.asarray(q))).to(dev, torch.float32)
+    k = (k if torch.is_tensor(k) else torch.from_numpy(np.asarray(k))).to(dev, torch.float32)
+    kv_np = np.asarray(kv_group, dtype=np.int64)
+    H, T, d = q.shape
+    if k.shape[1:] != (T, d) or d % 2 or kv_np.shape != (H,) or kv_np.max() >= k.shape[0] or kv_np.min() < 0:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, kv_group {kv_np.shape}: shapes disagree")
+    window = effective_window(T, rope.sliding_window)
+    dummy_distance = used_dummy_distance(dummy_distance, rope.sliding_window, T)  # this layer's D
+    distances = sorted(set(sweep) | {dummy_distance})  # every D the moments are contracted for
+    s, amp = float(rope.scaling), float(rope.attention_scaling)
+    theta = torch.as_tensor(rope.inv_freq).to(dev, torch.float32)
+    pos = torch.arange(T, device=dev)
+
+    k64 = k.double()
+    kbar = k64.mean(1)  # (H_kv, d)
+    kbar_wo = k64[:, 1:].mean(1)  # (H_kv, d), sink dropped
+
+    def rotated_const(v):  # (H_kv, d) -> R_j v for every j: (H_kv, T, d)
+        return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
+
+    k_rot = rotate(k, pos, theta, amp)
+    keys = torch.cat(
+        [k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar), (k64 - kbar[:, None]).float() * amp],
+        -1,
+    )
+    eye = torch.eye(d, device=dev)
+    # rotate() turns each row, so the rotated identity is R_D^T; transposed, R_D (nD, d, d)
+    rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in distances])
+    return UnitOperands(
+        q=q,
+        k=k,
+        k64=k64,
+        kv=torch.as_tensor(kv_np, device=dev),
+        groups=KVGroups(kv_np, dev),
+        rope=rope,
+        theta=theta,
+        window=window,
+        counts={sink: MaskInfo(T, window).count(sink) for sink in SINKS},
+        kbar=kbar,
+        kbar_wo=kbar_wo,
+        shift=(kbar - kbar_wo) * amp,
+        q_rot=rotate(q, pos, theta, amp) * s,
+        q0=q * (s * amp),
+        k_rot=k_rot,
+        keys=keys,
+        rotations=rotations,
+        dummy_distance=dummy_distance,
+        distances=distances,
+    )

@@ -1,0 +1,133 @@
+"""decomposition.nc: the statistics of every (sample, layer), unit by unit (:class:`DecompositionTable`, fed by
+the store path's :func:`decompose_store` and by the fused path, posgen.fused), with the provenance that says how
+they were made (docs/data-model.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+from tqdm import tqdm
+
+from posgen.decomposition.decomposer import METHODS, SUMS, Decomposer
+from posgen.decomposition.design import LSTSQ_TOL
+from posgen.decomposition.mask import SINKS
+from posgen.rope_table import PARAMETERS, RopeTable
+from posgen.store import carried_attrs, open_dataset, provenance, read_rope, write_netcdf
+
+
+def _check_store(ds: xr.Dataset, path) -> None:
+    need = ["q", "k", *PARAMETERS]
+    missing = [v for v in need if v not in ds]
+    if missing:
+        raise KeyError(f"{path}: missing variable(s) {', '.join(missing)}")
+
+
+class DecompositionTable:
+    """The statistics of :meth:`Decomposer.unit`, (sample, layer) unit by unit, and the decomposition.nc they make.
+
+    ``rope`` is the model's RoPE table: qk.h5's (the store path, :func:`posgen.store.read_rope`) or the capture's
+    (the fused path); ``samples`` the windows' global indices. The error of A and the bound run on windows with a
+    global index below ``bound_samples`` (0: all), so every shard of a sharded run agrees with the unsharded one.
+    """
+
+    def __init__(self, dec: Decomposer, rope: RopeTable, samples, n_tokens: int, bound_samples: int = 0):
+        self.dec = dec
+        self.rope = rope
+        self.samples = np.asarray(samples, dtype=np.int64)
+        self.n_tokens = int(n_tokens)
+        self.bound_samples = int(bound_samples)
+        self.kv_group = rope.kv_group
+        self.layers = [rope.layer(layer) for layer in range(rope.n_layers)]
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def add(self, sample: int, layer: int, q, k) -> None:
+        """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE."""
+        with_bound = not self.bound_samples or sample < self.bound_samples
+        result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound)
+        position = int(np.flatnonzero(self.samples == sample)[0])
+        for name, value in result.items():
+            if name not in self.arrays:
+                self.arrays[name] = np.full((len(self.samples), len(self.layers)) + value.shape, np.nan)
+            self.arrays[name][position, layer] = value
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        """decomposition.nc (docs/data-model.md); ``attrs`` are added to the provenance."""
+        dec, n_samples = self.dec, len(self.samples)
+        used = np.array([dec.layer_distance(rope, self.n_tokens) for rope in self.layers], dtype=np.int64)
+        coords = {
+            "sample": self.samples,
+            "layer": np.arange(self.rope.n_layers),
+            "head": np.arange(self.rope.n_heads),
+            "method": list(METHODS),
+            "sink": list(SINKS),
+            "D": np.asarray(dec.dummy_distances, dtype=np.int64),
+            # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
+            "layer_type": ("layer", self.rope.layer_types(self.n_tokens)),
+            "dummy_distance_used": ("layer", used),
+        }
+        base = ("sample", "layer", "head")
+        dims = {
+            "r": base + ("method", "sink"),
+            "r_f": base + ("sink",),
+            "r_g": base + ("sink",),
+            "r_sweep": base + ("sink", "D"),
+            "err_abs_mean": base + ("sink",),
+            "bound_mean": base + ("sink",),
+            "bound_slack_min": base + ("sink",),
+            "lstsq_residual": base + ("sink",),
+            **{name: base + ("method", "sink") for name in SUMS},
+        }
+        data = {name: (dims[name], self.arrays[name]) for name in dims}
+        data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)
+        data["r2_g"] = (dims["r_g"], self.arrays["r_g"] ** 2)
+        bound_samples = int((self.samples < self.bound_samples).sum()) if self.bound_samples else n_samples
+        return xr.Dataset(
+            data,
+            coords=coords,
+            attrs=provenance(
+                dummy_distance=int(dec.dummy_distance),
+                lstsq_tol=float(dec.lstsq_tol),
+                bound_samples=bound_samples,
+                lstsq_residual_max=float(dec.max_residual),
+                device=str(dec.device),
+                **attrs,
+            ),
+        )
+
+
+def decompose_store(
+    qk_path,
+    out_path,
+    *,
+    dummy_distances,
+    dummy_distance: int,
+    device: str = "auto",
+    lstsq_tol: float = LSTSQ_TOL,
+    bound_samples: int = 0,
+    config_hash: str = "",
+    progress: bool = True,
+) -> xr.Dataset:
+    """decomposition.nc from qk.h5, one (sample, layer) at a time (see docs/data-model.md); the store path.
+
+    Every layer carries its ``layer_type`` (:func:`posgen.layer_types.layer_types`) and ``dummy_distance_used`` (the D of its
+    Method A r, r_g and bound: :func:`posgen.layer_types.used_dummy_distance`) as coordinates; ``r_sweep`` is the raw sweep.
+
+    The error of A and the section 5 bound (checked entry by entry) are evaluated on the windows with a global
+    index below ``bound_samples`` (0: all); elsewhere their statistics are NaN. Every r statistic covers every
+    sample.
+    """
+    # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
+    ds = open_dataset(qk_path, lazy=False)
+    _check_store(ds, qk_path)
+    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
+    table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
+    units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
+    label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
+    for s_, l_ in tqdm(units, desc=label, unit="layer", disable=not progress):
+        q = ds["q"].isel(sample=s_, layer=l_).values
+        k = ds["k"].isel(sample=s_, layer=l_).values
+        table.add(int(table.samples[s_]), l_, q, k)
+    out = table.dataset({"config_hash": config_hash, "analysis": "store", "source": str(qk_path), **carried_attrs(ds)})
+    ds.close()
+    write_netcdf(out, out_path)
+    return out
