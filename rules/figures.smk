@@ -1,16 +1,16 @@
 # Paper figures (PNG for the report, PDF for the paper), one `fig_<name>` rule per row of the figure table
 # (posgen.figure_table: category, caption, inputs, scope, bootstrap), and the reproduction table.
-# posgen.figures maps the same names to their loaders and drawing functions.
+# posgen.figures.registry maps the same names to their loaders and drawing functions.
 
 
-rule example_heads:
+rule examples:
     input:
         qk=expand(rules.extract.output.qk, shard=FIGURE_SHARD, allow_missing=True)[0],
         decomposition=DECOMPOSITION,
     output:
         examples="results/{model}/{variant}/examples.nc",
     log:
-        "logs/figures/{model}/{variant}/example_heads.log",
+        "logs/figures/{model}/{variant}/examples.log",
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -24,7 +24,7 @@ rule example_heads:
         seed=config["figures"]["seed"],
         config_hash=hash_of(EXAMPLES_LEAVES),
     script:
-        "../workflow_scripts/figure_examples.py"
+        "../workflow_scripts/examples.py"
 
 
 # Inputs expanded over variants come in VARIANTS order; params.variants names them in that order.

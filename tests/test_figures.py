@@ -12,10 +12,17 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen import figures
+from posgen import reproduction
+from posgen.examples import example_heads, select_heads
+from posgen.figure_table import FIGURES as FIGURE_TABLE
+from posgen.figures import llm
+from posgen.figures.registry import SPECS, render
+from posgen.figures.style import save_figure
 from posgen.rope import causal_mask, logits
 from posgen.stats import bootstrap_mean
 
+# the first paper's figures: the rows of the figure table that posgen.figures.llm draws
+FIRST_PAPER = {name for name in FIGURE_TABLE if SPECS[name].func.__module__ == llm.__name__}
 VARIANTS = ["trained", "random-seed0", "random-seed1"]
 KINDS = ["token-swap", "token-permute", "word-swap", "word-permute", "posid-swap", "posid-jitter"]
 RATES = [0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
@@ -190,11 +197,11 @@ def make_summary_csv():
 
 @pytest.fixture(scope="module")
 def examples():
-    return figures.example_heads(make_qk(), make_decomposition(), map_tokens=32, pool_pairs=200)
+    return example_heads(make_qk(), make_decomposition(), map_tokens=32, pool_pairs=200)
 
 
 def all_figures(examples):
-    """Every figure function on its synthetic input, keyed like figures.FIGURES."""
+    """Every figure function of the first paper on its synthetic input, keyed like FIRST_PAPER."""
     decomp = make_decomposition()
     r = xr.concat(
         [make_decomposition(seed=i)["r"].sel(sink="without").mean("sample") for i in range(len(VARIANTS))],
@@ -205,15 +212,15 @@ def all_figures(examples):
     )
     assert decomp["r"].dims[0] == "sample"
     return {
-        "logit_maps": figures.fig_logit_maps(examples),
-        "scatter": figures.fig_scatter(examples),
-        "r_heatmap": figures.fig_r_heatmap(r),
-        "layer_r": figures.fig_layer_r(make_summary()),
-        "bands": figures.fig_bands(make_bands()),
-        "dummy_sweep": figures.fig_dummy_sweep(sweep, n_boot=200),
-        "perturb_ppl": figures.fig_perturb_ppl(make_perturb(), n_boot=200),
-        "perturb_fg": figures.fig_perturb_fg(make_perturb(), n_boot=200),
-        "cap": figures.fig_cap(make_cap(), n_boot=200),
+        "logit_maps": llm.fig_logit_maps(examples),
+        "scatter": llm.fig_scatter(examples),
+        "r_heatmap": llm.fig_r_heatmap(r),
+        "layer_r": llm.fig_layer_r(make_summary()),
+        "bands": llm.fig_bands(make_bands()),
+        "dummy_sweep": llm.fig_dummy_sweep(sweep, n_boot=200),
+        "perturb_ppl": llm.fig_perturb_ppl(make_perturb(), n_boot=200),
+        "perturb_fg": llm.fig_perturb_fg(make_perturb(), n_boot=200),
+        "cap": llm.fig_cap(make_cap(), n_boot=200),
     }
 
 
@@ -240,7 +247,7 @@ def panels(fig):
 
 def test_every_figure_has_its_panels_labels_and_content(examples):
     figs = all_figures(examples)
-    assert set(figs) == set(figures.FIGURES) == set(EXPECTED)
+    assert set(figs) == FIRST_PAPER == set(EXPECTED)
     for name, fig in figs.items():
         n_panels, xlabel, ylabel = EXPECTED[name]
         axes = panels(fig)
@@ -262,7 +269,7 @@ def test_every_figure_has_its_panels_labels_and_content(examples):
 
 def _render(fig, tmp_path, stem):
     png, pdf = tmp_path / f"{stem}.png", tmp_path / f"{stem}.pdf"
-    figures.save_figure(fig, png, pdf, provenance={"config_hash": "abc"})
+    save_figure(fig, png, pdf, provenance={"config_hash": "abc"})
     return png.read_bytes(), pdf.read_bytes()
 
 
@@ -277,26 +284,33 @@ def test_rendering_twice_gives_identical_bytes(examples, tmp_path):
         assert b"CreationDate" not in pdf and b"Matplotlib" not in png
         assert b"config_hash" in png
     # and the data behind figures 1-2 is seeded
-    again = figures.example_heads(make_qk(), make_decomposition(), map_tokens=32, pool_pairs=200)
+    again = example_heads(make_qk(), make_decomposition(), map_tokens=32, pool_pairs=200)
     xr.testing.assert_identical(examples, again)
 
 
 def test_rendered_png_is_not_blank(examples, tmp_path):
     from PIL import Image
 
-    png, _ = _render(figures.fig_logit_maps(examples), tmp_path, "maps")
+    png, _ = _render(llm.fig_logit_maps(examples), tmp_path, "maps")
     (tmp_path / "maps.png").write_bytes(png)
     pixels = np.asarray(Image.open(tmp_path / "maps.png").convert("L"), dtype=float)
     assert pixels.std() > 20  # the maps fill most of the page with colour
 
 
+def test_every_row_of_the_figure_table_has_a_spec():
+    from posgen.figures.registry import ROWS, check_table
+
+    check_table()
+    assert set(SPECS) == set(ROWS)
+
+
 def test_select_heads_follows_the_documented_rule():
     r = np.array([[0.9, 0.5, 0.95, 0.7], [0.8, 0.85, 0.3, 0.99]])  # sorted: .3 .5 .7 .8 .85 .9 .95 .99
-    picks = figures.select_heads(make_decomposition(r_layer_head=r))
+    picks = select_heads(make_decomposition(r_layer_head=r))
     assert picks["worst"][:2] == (1, 2) and picks["worst"][2] == pytest.approx(0.3)
     assert picks["median"][:2] == (1, 0) and picks["median"][2] == pytest.approx(0.8)  # lower median
     r[1, 2] = np.nan  # a dead head is never an example
-    picks = figures.select_heads(make_decomposition(r_layer_head=r))
+    picks = select_heads(make_decomposition(r_layer_head=r))
     assert picks["worst"][:2] == (0, 1)
 
 
@@ -330,7 +344,7 @@ def test_method_a_is_exact_when_key_deviations_do_not_rotate():
     k = qk["k"].values.copy()
     k[..., [0, 1, 4, 5]] = k[..., :1, [0, 1, 4, 5]]  # rotating bands (dims l, l + 4) identical over tokens
     qk = qk.assign(inv_freq=(("layer", "band"), inv), k=(qk["k"].dims, k))
-    ex = figures.example_heads(qk, make_decomposition(), map_tokens=40, pool_pairs=300)
+    ex = example_heads(qk, make_decomposition(), map_tokens=40, pool_pairs=300)
     np.testing.assert_allclose(ex["pool_A"], ex["pool_W"], rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose((ex["f"] + ex["g"]).values, ex["W"].values, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(ex["example_r_sample"], 1.0, atol=1e-5)
@@ -343,9 +357,9 @@ def test_method_a_is_exact_when_key_deviations_do_not_rotate():
 
 def test_missing_variable_is_named():
     with pytest.raises(KeyError, match="perturb.nc: missing ppl_ratio"):
-        figures.fig_perturb_ppl(make_perturb().drop_vars("ppl_ratio"))
+        llm.fig_perturb_ppl(make_perturb().drop_vars("ppl_ratio"))
     with pytest.raises(KeyError, match="summary.csv: missing column"):
-        figures.reproduction_table(make_summary_csv().drop(columns="pooled_r_hi"))
+        reproduction.reproduction_table(make_summary_csv().drop(columns="pooled_r_hi"))
 
 
 def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
@@ -357,13 +371,13 @@ def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_agreement():
 
 
 def test_reproduction_table_puts_paper_value_beside_ours():
-    table = figures.reproduction_table(make_summary_csv())
+    table = reproduction.reproduction_table(make_summary_csv())
     assert len(table) == len(VARIANTS) * 4
     assert list(table["variant"].iloc[::4]) == VARIANTS  # trained first, then seeds in order
     assert (table["paper_r"] == 0.959).all()
     trained = table[(table.variant == "trained") & (table.method == "A") & (table.sink == "without")].iloc[0]
     assert trained["mean_r_minus_paper"] == pytest.approx(0.9 - 0.959)
-    md = figures.reproduction_markdown(table, provenance={"config_hash": "abc"})
+    md = reproduction.reproduction_markdown(table, provenance={"config_hash": "abc"})
     row = "| tiny | trained | A | without | 0.959 | 0.900 [0.880, 0.910] | 0.910 [0.890, 0.920] | -0.059 | -0.049 |"
     assert row in md
     assert md.count("\n| tiny |") == len(table)
@@ -418,19 +432,19 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
         "perturb_fg": {"perturb": files["perturb"]},
         "cap": {"cap": files["cap"]},
     }
-    assert set(inputs) == set(figures.FIGURES)
+    assert set(inputs) == FIRST_PAPER
     for name, role_paths in inputs.items():
         png, pdf = tmp_path / f"{name}.png", tmp_path / f"{name}.pdf"
-        figures.render(name, role_paths, png, pdf, variants=VARIANTS, n_boot=100, config_hash="abc")
+        render(name, role_paths, png, pdf, variants=VARIANTS, n_boot=100, config_hash="abc")
         meta = Image.open(png).info
         assert json.loads(meta["Description"])["figure"] == name
         assert json.loads(meta["Description"])["config_hash"] == "abc"
         assert pdf.read_bytes()[:5] == b"%PDF-"
     with pytest.raises(ValueError, match="3 input files for 2 variants"):
-        figures.render("cap", inputs["cap"], tmp_path / "x.png", tmp_path / "x.pdf", variants=VARIANTS[:2])
+        render("cap", inputs["cap"], tmp_path / "x.png", tmp_path / "x.pdf", variants=VARIANTS[:2])
 
     make_summary_csv().to_csv(tmp_path / "summary.csv", index=False)
-    table = figures.write_reproduction(
+    table = reproduction.write_reproduction(
         tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md", config_hash="abc"
     )
     back = pd.read_csv(tmp_path / "rep.csv")
@@ -438,7 +452,7 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
         back.drop(columns=["config_hash", "posgen_version"]), table, check_dtype=False, atol=1e-6
     )
     assert (back["config_hash"] == "abc").all()
-    assert (tmp_path / "rep.md").read_text() == figures.reproduction_markdown(
+    assert (tmp_path / "rep.md").read_text() == reproduction.reproduction_markdown(
         table, provenance={"config_hash": "abc", "posgen_version": back["posgen_version"][0]}
     )
 
@@ -449,7 +463,7 @@ def test_pooled_entries_equal_the_full_matrices_at_those_pairs():
 
     qk = make_qk(n_samples=1, sliding=(0, 9))
     qk = qk.assign(attention_scaling=("layer", np.array([1.0, 1.3])))  # amplitude enters like the model's
-    ex = figures.example_heads(qk, make_decomposition(), map_tokens=8, pool_pairs=150)
+    ex = example_heads(qk, make_decomposition(), map_tokens=8, pool_pairs=150)
     for layer in range(2):
         q = torch.from_numpy(qk["q"].values[0, layer])
         k = torch.from_numpy(qk["k"].values[0, layer])[torch.from_numpy(qk["kv_group"].values)]
@@ -479,7 +493,7 @@ def typed_summary_csv():
 
 def test_reproduction_table_has_one_row_per_layer_type_with_its_distance(tmp_path):
     typed_summary_csv().to_csv(tmp_path / "summary.csv", index=False)
-    table = figures.write_reproduction(tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md")
+    table = reproduction.write_reproduction(tmp_path / "summary.csv", tmp_path / "rep.csv", tmp_path / "rep.md")
     g = table[table.model == "g"]
     assert g["layer_type"].tolist() == ["global"] * 4 + ["sliding"] * 4  # no 'rope' row beside the types
     assert g["dummy_distance"].tolist() == ["100", "100", "", "", "15", "15", "", ""]
@@ -506,7 +520,7 @@ def test_dummy_sweep_shows_layer_types_apart():
         ],
         dim=pd.Index(VARIANTS[:2], name="variant"),
     )["r_sweep"]
-    fig = figures.fig_dummy_sweep(sweep, n_boot=50)
+    fig = llm.fig_dummy_sweep(sweep, n_boot=50)
     axes = panels(fig)
     assert len(axes) == 3 * 2  # (global, sliding, nope) x sinks
     titles = [ax.get_title() for ax in axes]
@@ -529,14 +543,14 @@ def test_heatmap_and_layer_r_mark_sliding_and_nope_layers():
         [make_decomposition(seed=i, n_layers=3)["r"].sel(sink="without").mean("sample") for i in range(2)],
         dim=pd.Index(VARIANTS[:2], name="variant"),
     )
-    fig = figures.fig_r_heatmap(with_layer_types(r, ["sliding", "global", "nope"], [250, 1000, 1000]))
+    fig = llm.fig_r_heatmap(with_layer_types(r, ["sliding", "global", "nope"], [250, 1000, 1000]))
     ax = panels(fig)[0]
     marks = {line.get_label(): line.get_ydata().tolist() for line in ax.lines}
     assert marks == {"sliding-window layer": [0], "NoPE layer": [2]}
     plt.close(fig)
     summary = make_summary(n_layers=4)
     summary = with_layer_types(summary, ["sliding", "sliding", "global", "nope"], [250, 250, 1000, 1000])
-    fig = figures.fig_layer_r(summary)
+    fig = llm.fig_layer_r(summary)
     ax = panels(fig)[0]
     assert len(ax.patches) == 3  # one shaded span per sliding / NoPE layer
     labels = [p.get_label() for p in ax.patches if p.get_label() and not p.get_label().startswith("_")]
@@ -552,7 +566,7 @@ def test_bands_figure_leaves_unrotated_bands_out():
     q_var = bands["q_var"].values.copy()
     q_var[:, 2] = 1e6
     bands = bands.assign(theta=(bands["theta"].dims, theta), q_var=(bands["q_var"].dims, q_var))
-    fig = figures.fig_bands(bands)
+    fig = llm.fig_bands(bands)
     ax = panels(fig)[1]  # q: token variance
     trained = [line for line in ax.lines if line.get_label() == "trained"][0]
     want = np.median(bands["q_var"].sel(variant="trained").isel(layer=[0, 1]).values, axis=(0, 1))[:-1]
@@ -567,7 +581,7 @@ def test_example_heads_use_each_layers_dummy_distance():
 
     qk = make_qk(n_samples=1, sliding=(0, 12))
     dec = with_layer_types(make_decomposition(), ["global", "sliding"], [1000, 11])
-    ex = figures.example_heads(qk, dec, map_tokens=8, pool_pairs=100)
+    ex = example_heads(qk, dec, map_tokens=8, pool_pairs=100)
     assert ex["dummy_distance_used"].values.tolist() == [1000, 11]
     q = torch.from_numpy(qk["q"].values[0, 1])
     k = torch.from_numpy(qk["k"].values[0, 1])[torch.from_numpy(qk["kv_group"].values)]

@@ -9,10 +9,10 @@ import pytest
 import torch
 import xarray as xr
 
+from posgen.figures.head_ablation import fig_head_ablation
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap
 from posgen.synthetic import llm_heads as lh
-from posgen.synthetic.figures import fig_llm_heads
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
 
 
 def test_figure_draws_heatmaps_and_scatter(tmp_path):
-    from posgen.figures import save_figure
+    from posgen.figures.style import save_figure
 
     rng = np.random.default_rng(0)
     variants, n_layers, n_heads = ["trained", "random-seed0"], 3, 4
@@ -217,11 +217,11 @@ def test_figure_draws_heatmaps_and_scatter(tmp_path):
         },
         coords={"variant": variants, "probe": list(lh.PROBES)},
     )
-    fig = fig_llm_heads(ablation)
+    fig = fig_head_ablation(ablation)
     heatmap = fig.axes[0].images[0].get_array()
     np.testing.assert_array_equal(heatmap, increase[0, 1])
     assert len(fig.axes[2].collections[0].get_offsets()) == n_layers * n_heads
     save_figure(fig, tmp_path / "heads.png")
     assert (tmp_path / "heads.png").stat().st_size > 1000
     with pytest.raises(KeyError, match="f_share"):
-        fig_llm_heads(ablation.drop_vars("f_share"))
+        fig_head_ablation(ablation.drop_vars("f_share"))

@@ -490,11 +490,9 @@ def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_work
     target = run.workdir / "results/tiny-llama/trained/examples.nc"
     before = _outputs(run.workdir)
     # the target between single-valued options: --configfile and --forcerun take every value that follows them
-    proc = run.snakemake(
-        "--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "example_heads", check=False
-    )
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "examples", check=False)
     assert proc.returncode != 0
-    last = (run.workdir / "logs/figures/tiny-llama/trained/example_heads.log").read_text().strip().splitlines()[-1]
+    last = (run.workdir / "logs/figures/tiny-llama/trained/examples.log").read_text().strip().splitlines()[-1]
     assert last.startswith("StoreError: ") and last.endswith(
         f"{qk.relative_to(run.workdir)}: variable q: data fail their checksum (Fletcher-32) or "
         "decompression, the file is corrupted; delete it and re-run extract"

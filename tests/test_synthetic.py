@@ -13,10 +13,10 @@ from conftest import TINY_SYNTHETIC
 
 from posgen.decomposition import toeplitz_shares
 from posgen.decomposition.design import AdditiveDesign
+from posgen.reproduction import synthetic_reproduction_markdown, synthetic_reproduction_rows
 from posgen.stats import deposit_index, top_gap
 from posgen.store import open_dataset
 from posgen.synthetic.ablation import single_head_accuracy
-from posgen.synthetic.figures import reproduction_markdown, reproduction_rows
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe
 from posgen.synthetic.tasks import PAD, TEST, make_task
@@ -311,8 +311,8 @@ def test_tiny_synthetic_run(synthetic_run):
     assert (summary.loc[summary["task"] == "count", "baseline_bag"] == 1.0).all()
     log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance/rope/seed1.log").read_text()
     assert "train clean/distance/rope/seed1: 100%" in log
-    rows = reproduction_rows(summary)
-    assert "| clean | distance | nope | fails |" in reproduction_markdown(rows)
+    rows = synthetic_reproduction_rows(summary)
+    assert "| clean | distance | nope | fails |" in synthetic_reproduction_markdown(rows)
     reproduction = (synthetic_run.workdir / "results/reproduction.md").read_text()
     assert "## Verdict per claim" in reproduction and "results/synthetic/summary.csv" in reproduction
     proc = synthetic_run.snakemake("--cores", "1", "--dry-run", "results/synthetic/summary.csv")
@@ -327,8 +327,8 @@ def test_tiny_synthetic_data_matches_its_task_file(synthetic_run):
 
 
 def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
-    from posgen import figures
     from posgen.figure_table import FIGURES as TABLE
+    from posgen.figures.registry import SPECS
 
     n_tasks, n_pes = 2, len(TINY_SYNTHETIC["pes"])
     panels = {
@@ -341,12 +341,8 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
     assert {name for name in TABLE if name.startswith("synthetic_")} == set(panels)
     for name, n_panels in panels.items():
         inputs = {role: [synthetic_run.workdir / path] for role, path in TABLE[name].inputs.items()}
-        data = figures.registry()[name].loader(inputs, [])
-        fig = (
-            figures.registry()[name].func(data, n_boot=100)
-            if TABLE[name].bootstrap
-            else figures.registry()[name].func(data)
-        )
+        data = SPECS[name].loader(inputs, [])
+        fig = SPECS[name].func(data, n_boot=100) if TABLE[name].bootstrap else SPECS[name].func(data)
         assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == n_panels, name
         # the workflow drew the same figure through its fig_<name> rule
         assert (synthetic_run.workdir / TABLE[name].output("png")).stat().st_size > 5000

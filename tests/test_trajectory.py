@@ -318,7 +318,7 @@ def _perturb(scale: float, n_samples=3) -> xr.Dataset:
 
 
 def test_trajectory_table_and_figures(tmp_path):
-    from posgen.figures import render
+    from posgen.figures.registry import render
     from posgen.store import write_netcdf
     from posgen.trajectory.table import trajectory_job
 

@@ -120,7 +120,7 @@ UPSTREAM = {
     "gather",
     "perturb",
     "cap",
-    "example_heads",
+    "examples",
     "llm_heads",
 }  # fused path: no decompose, bands
 # the second family's jobs before its summary (which reads the interval settings)

@@ -1,7 +1,7 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.figures import render  # noqa: E402
+from posgen.figures.registry import render  # noqa: E402
 
 p = snakemake.params
 render(

@@ -1,7 +1,7 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.figures import write_reproduction  # noqa: E402
+from posgen.reproduction import write_reproduction  # noqa: E402
 
 study = snakemake.input.study_summary  # the deposit study's summary, or nothing when no run has built it
 study = [study] if isinstance(study, str) else list(study)

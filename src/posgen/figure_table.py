@@ -1,8 +1,10 @@
-"""The paper figures, declared once: rules/figures.smk makes one ``fig_<name>`` rule per row, posgen.figures maps
-each name to its loader and drawing function, and the report test expects one report entry per output.
+"""The paper figures, declared once: rules/figures.smk makes one ``fig_<name>`` rule per row,
+posgen.figures.registry maps each name to its loader and drawing function, and the report test expects one
+report entry per output.
 
 Dependency-free (standard library only) so that the Snakefile can import it without torch or matplotlib.
-Adding a figure: one row here, one drawing function + loader in posgen.figures, one caption in report/.
+Adding a figure: one row here, one drawing function + loader in its family's module of posgen.figures and one
+entry in posgen.figures.registry, one caption in report/.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ FIGURES = {
 
 # Training trajectories (posgen.trajectory): per trajectory model, built by the `trajectory` target only
 # (rules/trajectory.smk makes their rules; `all` and its report never list them). The heatmap's variants are a
-# few checkpoints (posgen.trajectory.figures.heatmap_variants), not all of them.
+# few checkpoints (posgen.trajectory.heatmap_variants), not all of them.
 TRAJECTORY_FIGURES = {
     row.name: row
     for row in [

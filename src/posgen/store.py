@@ -64,6 +64,13 @@ def provenance(**extra) -> dict:
     return attrs
 
 
+def stable_provenance(**extra) -> dict:
+    """:func:`provenance` without the creation time, for outputs that must stay byte-identical (figures, tables)."""
+    attrs = provenance(**extra)
+    attrs.pop("created", None)
+    return attrs
+
+
 def carried_attrs(ds: xr.Dataset | dict) -> dict:
     """The :data:`CARRIED_ATTRS` that ``ds`` (a dataset, or qk.h5's attrs) has, to copy into an output derived
     from it."""
@@ -92,7 +99,7 @@ WRITTEN_BY = {
     "bands.nc": "bands",
     "perturb.nc": "perturb",
     "cap.nc": "cap",
-    "examples.nc": "example_heads",
+    "examples.nc": "examples",
     "head_ablation.nc": "llm_heads",
     "summary.nc": "summarize",
     "train.nc": "synthetic_train",

@@ -1,6 +1,6 @@
 """Training trajectories (issue 13): checkpoints as variants ``step<N>``, a tiny Llama trained by the workflow
-(``posgen.trajectory.train``), the per-step table (``posgen.trajectory.table``) and its figures
-(``posgen.trajectory.figures``).
+(``posgen.trajectory.train``) and the per-step table (``posgen.trajectory.table``); its figures are in
+``posgen.figures.trajectory``.
 
 Light on purpose (the Snakefile imports it): no torch, no matplotlib here.
 """

@@ -1,5 +1,5 @@
-"""Figures of a training trajectory, in the house style of ``posgen.figures``: the statistics of
-trajectory.nc against training step (log axis), and the r heatmap (layer x head) at a few steps."""
+"""Figures of a training trajectory: the statistics of trajectory.nc against training step (log axis); the r
+heatmap (layer x head) at a few steps is the first paper's :func:`posgen.figures.llm.fig_r_heatmap`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import seaborn as sns
 import xarray as xr
 from matplotlib.figure import Figure
 
-from posgen.figures import PAGE_WIDTH, PAPER_R, Spec, _by_variant, _open, _styled, fig_r_heatmap
+from posgen.figures.style import PAGE_WIDTH, open_result, styled
+from posgen.reproduction import PAPER_R
 from posgen.store import require
 
 
@@ -31,7 +32,7 @@ def _control(ds: xr.Dataset):
     return controls[0] if controls else None
 
 
-@_styled
+@styled
 def fig_trajectory(ds: xr.Dataset) -> Figure:
     """Six panels against training step: Method A / B r (mean over heads: solid, pooled: dashed, 95 % bands),
     variance explained by f and g, low-frequency variance share, perturbation sensitivity, held-out perplexity.
@@ -108,16 +109,4 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
 
 
 def load_trajectory(inputs, variants) -> xr.Dataset:
-    return _open(inputs["trajectory"][0])
-
-
-def load_heatmap(inputs, variants):
-    r = _by_variant(inputs["decomposition"], variants, ["r"])["r"]
-    return r.sel(sink="without").mean("sample").transpose("variant", "method", "layer", "head")
-
-
-# Figure name -> Spec, one entry per row of posgen.figure_table.TRAJECTORY_FIGURES.
-FIGURES = {
-    "trajectory": Spec(fig_trajectory, load_trajectory),
-    "trajectory_r_heatmap": Spec(fig_r_heatmap, load_heatmap),
-}
+    return open_result(inputs["trajectory"][0])

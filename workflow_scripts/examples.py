@@ -1,9 +1,9 @@
 from _common import setup
 
 setup(snakemake, uses_torch=True)
-from posgen.figures import write_examples  # noqa: E402
+from posgen.examples import examples_job  # noqa: E402
 
-write_examples(
+examples_job(
     snakemake.input.qk,
     snakemake.input.decomposition,
     snakemake.output.examples,

@@ -1,0 +1,171 @@
+"""The data behind the example-head figures (logit maps and scatter): ``examples.nc`` of one model variant,
+computed from ``qk.h5`` and ``decomposition.nc`` with Method A (torch), by the ``examples`` rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from posgen.method_a import method_a_pairs, method_a_terms  # the sink-free reading, as in perturb.nc
+from posgen.rope import causal_mask, logits
+from posgen.stats import pearson
+from posgen.store import open_dataset, provenance, read_rope, require, write_netcdf
+
+SELECTION_RULE = (
+    "Method A r (at the dummy distance, sink column dropped) averaged over samples; 'median' is the head at the "
+    "lower median of that list, 'worst' the head with the lowest r; ties go to the lowest (layer, head)."
+)
+
+
+def select_heads(decomposition: xr.Dataset) -> dict[str, tuple[int, int, float]]:
+    """The example heads of figures 1 and 2: {"median": (layer, head, r), "worst": ...} (see SELECTION_RULE)."""
+    require(decomposition, ["r"], "decomposition.nc")
+    # a dict, because method= is a keyword of sel()
+    r = decomposition["r"].sel({"method": "A", "sink": "without"}).mean("sample").transpose("layer", "head")
+    flat = r.values.ravel()
+    if not np.isfinite(flat).any():
+        raise ValueError("decomposition.nc: r has no finite values for method A, sink 'without'")
+    flat = np.where(np.isfinite(flat), flat, np.inf)  # a dead head (NaN r) is never picked
+    order = np.argsort(flat, kind="stable")
+    n_finite = int(np.isfinite(flat).sum())
+    picks = {"median": order[(n_finite - 1) // 2], "worst": order[0]}
+    layer, head = np.unravel_index(list(picks.values()), r.shape)
+    return {
+        name: (int(r["layer"].values[li]), int(r["head"].values[hi]), float(flat[i]))
+        for (name, i), li, hi in zip(picks.items(), layer, head)
+    }
+
+
+def example_heads(
+    qk: xr.Dataset,
+    decomposition: xr.Dataset,
+    *,
+    sample: int = 0,
+    map_tokens: int = 256,
+    pool_pairs: int = 1000,
+    seed: int = 0,
+) -> xr.Dataset:
+    """W, f, g maps of the example heads and a seeded sample of (W, f + g) entries of every head.
+
+    All on one ``sample`` of qk.h5 with the sink column j = 0 dropped (from kbar and from the entries), at
+    each layer's dummy distance of the decomposition (``dummy_distance_used``: inside the window of a
+    sliding-window layer). Maps are cropped to the first ``map_tokens`` tokens; NaN
+    marks entries that are not scored (j > i, j = 0, outside a sliding window).
+    """
+    require(qk, ["q", "k", "inv_freq", "scaling", "attention_scaling", "sliding_window", "kv_group"], "qk.h5")
+    if sample not in qk["sample"].values:
+        kept = qk["sample"].values.tolist()
+        raise IndexError(f"config.figures.sample: {sample} is not a window kept in qk.h5 (it keeps {kept})")
+    dummy_distance = int(decomposition.attrs["dummy_distance"])
+    if "dummy_distance_used" in decomposition.coords:
+        used = np.asarray(decomposition["dummy_distance_used"].values, dtype=np.int64)  # (layer,)
+    else:  # written before per-layer distances: one D for every layer
+        used = np.full(qk.sizes["layer"], dummy_distance, dtype=np.int64)
+    heads = select_heads(decomposition)
+    qs = qk["q"].sel(sample=sample).astype(np.float32)  # float32 whatever the storage dtype
+    ks = qk["k"].sel(sample=sample).astype(np.float32)
+    n_tok = qs.sizes["token"]
+    positions = torch.arange(n_tok)
+    rope = read_rope(qk)
+    kv_group = torch.as_tensor(rope.kv_group)
+    crop = min(map_tokens, n_tok)
+    rng = np.random.default_rng(seed)
+    layer_ids, head_ids = qk["layer"].values, qk["head"].values
+
+    n_layers, n_heads = len(layer_ids), len(head_ids)
+    n_pool = min(pool_pairs, n_tok * (n_tok - 1) // 2)  # a sliding-window layer may offer fewer: NaN-padded
+    pool_w = np.full((n_layers, n_heads, n_pool), np.nan, np.float32)
+    pool_a = np.full_like(pool_w, np.nan)
+    pool_ij = np.full((2, n_layers, n_pool), -1, np.int64)
+    maps = {}
+    for li in tqdm(range(n_layers), desc="example heads", unit="layer"):
+        mask = causal_mask(n_tok, int(rope.sliding_window[li])).numpy()
+        mask[:, 0] = False  # the attention sink is analysed apart
+        valid = np.flatnonzero(mask)
+        chosen = np.sort(rng.choice(valid, size=min(n_pool, valid.size), replace=False))
+        ii, jj = np.unravel_index(chosen, mask.shape)
+        pool_ij[:, li, : len(chosen)] = ii, jj
+
+        q = torch.from_numpy(np.asarray(qs.isel(layer=li).values, dtype=np.float32))
+        k = torch.from_numpy(np.asarray(ks.isel(layer=li).values, dtype=np.float32))[kv_group]
+        layer_rope = rope.layer(li)
+        inv_freq = torch.as_tensor(layer_rope.inv_freq, dtype=torch.float32)
+        s, a = float(layer_rope.scaling), float(layer_rope.attention_scaling)
+        w_pairs, f_pairs, g_pairs = method_a_pairs(
+            q, k, positions, inv_freq, s, a, int(used[li]), torch.from_numpy(ii), torch.from_numpy(jj)
+        )
+        pool_w[li, :, : len(chosen)] = w_pairs.numpy()
+        pool_a[li, :, : len(chosen)] = (f_pairs + g_pairs).numpy()
+        for name, (layer, head, _) in heads.items():
+            if layer != layer_ids[li]:
+                continue
+            h = int(np.flatnonzero(head_ids == head)[0])
+            w = logits(q[h], k[h], inv_freq, s, a).numpy()
+            f, g = (
+                t[0].numpy()
+                for t in method_a_terms(
+                    q[h : h + 1], k[h : h + 1], positions, inv_freq, s, a, dummy_distance=int(used[li])
+                )
+            )
+            keep = mask[:crop, :crop]
+            maps[name] = {
+                "W": np.where(keep, w[:crop, :crop], np.nan),
+                "f": np.where(keep, f[:crop, :crop], np.nan),
+                "g": np.where(keep, g[:crop, :crop], np.nan),
+                "r_sample": pearson(w[mask], (f + g)[mask]),
+            }
+
+    names = list(heads)
+    ds = xr.Dataset(
+        {
+            var: (("example", "query", "key"), np.stack([maps[n][var] for n in names]).astype(np.float32))
+            for var in ("W", "f", "g")
+        }
+        | {
+            "pool_W": (("layer", "head", "pair"), pool_w),
+            "pool_A": (("layer", "head", "pair"), pool_a),
+            "pool_query": (("layer", "pair"), pool_ij[0]),
+            "pool_key": (("layer", "pair"), pool_ij[1]),
+        },
+        coords={
+            "example": names,
+            "example_layer": ("example", [heads[n][0] for n in names]),
+            "example_head": ("example", [heads[n][1] for n in names]),
+            "example_r": ("example", [heads[n][2] for n in names]),
+            "example_r_sample": ("example", [maps[n]["r_sample"] for n in names]),
+            "query": np.arange(crop),
+            "key": np.arange(crop),
+            "layer": qk["layer"].values,
+            "head": qk["head"].values,
+            "pair": np.arange(n_pool),
+            "dummy_distance_used": ("layer", used),
+        },
+        attrs={
+            "sample": sample,
+            "dummy_distance": dummy_distance,
+            "sink": "without",
+            "map_tokens": crop,
+            "pool_pairs": n_pool,
+            "pool_seed": seed,
+            "selection_rule": SELECTION_RULE,
+        },
+    )
+    return ds
+
+
+EXAMPLE_OPTIONS = ("sample", "map_tokens", "pool_pairs", "seed")
+
+
+def examples_job(qk_path, decomposition_path, out_path, options: dict | None = None, **attrs) -> xr.Dataset:
+    """examples.nc: :func:`example_heads` of one model variant, with provenance attrs."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(EXAMPLE_OPTIONS))
+    if unknown:
+        raise KeyError(f"config.figures: unknown key(s) {', '.join(unknown)} (known: {', '.join(EXAMPLE_OPTIONS)})")
+    qk = open_dataset(qk_path, lazy=True)
+    ds = example_heads(qk, open_dataset(decomposition_path, lazy=False), **options)
+    ds.attrs.update(provenance(**attrs))
+    write_netcdf(ds, out_path)
+    return ds

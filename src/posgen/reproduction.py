@@ -1,0 +1,245 @@
+"""Both papers' reproduction tables: their reported numbers beside ours.
+
+The first paper (Han & Ji 2025): its 0.959 beside our mean and pooled r per model, variant, method and sink
+(:func:`reproduction_table`, from ``results/summary.csv``). The second paper (arXiv 2505.13027): its accuracies
+and layer-0 deposit beside ours per experiment, task and PE (:func:`synthetic_reproduction_rows`, from
+``results/synthetic/summary.csv``), with a verdict per claim (posgen.synthetic.verdicts).
+:func:`write_reproduction` writes ``results/reproduction.csv``, ``reproduction_synthetic.csv`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from posgen.config import init_seed
+from posgen.store import atomic_path, stable_provenance
+from posgen.synthetic.verdicts import verdict_markdown, verdicts
+
+PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
+
+# Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
+# test accuracy in percent; None where only a qualitative statement is known.
+PAPER_ACCURACY = {
+    ("distance", "rope+sinusoidal"): (92.64, "best"),
+    ("count", "rope+sinusoidal"): (69.43, ""),
+    ("distance", "decoupled"): (88.34, ""),
+    ("count", "decoupled"): (97.41, "best"),
+    ("distance", "sinusoidal"): (None, "second best"),
+    ("count", "sinusoidal"): (None, "moderate"),
+    ("distance", "alibi"): (None, "fails"),
+    ("count", "alibi"): (None, "worst"),
+    ("distance", "nope"): (None, "fails"),
+    ("count", "nope"): (77.69, ""),
+}
+PAPER_DEPOSIT = {  # (task, pe): layer-0 largest single-head drop in points, as reported
+    ("distance", "rope+sinusoidal"): (60.0, "one layer-0 head, about 60 points; others barely matter"),
+    ("distance", "nope"): (None, "absent"),
+    ("count", "rope+sinusoidal"): (None, "absent"),
+}
+
+
+# ------------------------------------------------------------------------------------------ the first paper
+
+
+TABLE_KEYS = ["model", "variant", "method", "sink"]
+TYPE_ORDER = {"rope": 0, "global": 1, "sliding": 2, "nope": 3}  # summary.csv's layer_type values
+
+
+def _distance_cell(value) -> str:
+    """A dummy-distance cell of summary.csv as text: '1000', '511/1000' (several), '' (Method B, or none)."""
+    if isinstance(value, str):
+        return value
+    if value is None or not np.isfinite(value):
+        return ""
+    return str(int(value))
+
+
+def reproduction_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """The paper's 0.959 beside our mean-over-heads and pooled r (95 % intervals) per model/variant/method/sink.
+
+    With summary.csv's ``layer_type`` column: a model with several layer types gets one row per layer type
+    (global, sliding, nope) instead of the row over every RoPE layer, and ``dummy_distance`` says which D
+    Method A used on those layers.
+    """
+    cols = TABLE_KEYS + ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
+    missing = [c for c in cols if c not in summary.columns]
+    if missing:
+        raise KeyError(f"summary.csv: missing column(s) {', '.join(missing)}")
+    typed = "layer_type" in summary.columns
+    extra = [c for c in ("n_samples", "layer_type", "dummy_distance") if c in summary.columns]
+    table = summary[cols + extra].copy()
+    table.insert(len(TABLE_KEYS), "paper_r", PAPER_R)
+    table["mean_r_minus_paper"] = table["mean_r"] - PAPER_R
+    table["pooled_r_minus_paper"] = table["pooled_r"] - PAPER_R
+    sort = ["model", "_order", "method", "sink"]
+    if typed:
+        # several layer types: their own rows replace the one over every RoPE layer
+        split = table.groupby(["model", "variant"])["layer_type"].transform(lambda t: (t != "rope").any())
+        table = table[~(split & (table["layer_type"] == "rope"))].copy()
+        table["_type"] = table["layer_type"].map(TYPE_ORDER)
+        sort = ["model", "_order", "_type", "method", "sink"]
+    if "dummy_distance" in table.columns:
+        table["dummy_distance"] = [_distance_cell(v) for v in table["dummy_distance"]]
+    # trained first, then seeds in numeric order; layer types as in TYPE_ORDER; methods and sinks alphabetically
+    order = table["variant"].map(init_seed)  # trained is -1
+    table = table.assign(_order=order).sort_values(sort, kind="stable")
+    return table.drop(columns=[c for c in ("_order", "_type") if c in table.columns]).reset_index(drop=True)
+
+
+def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -> str:
+    """A Markdown rendering of :func:`reproduction_table` with 'value [lo, hi]' cells."""
+
+    def cell(row, stat):
+        return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
+
+    typed = "layer_type" in table.columns
+    lines = [
+        "# Reproduction of the 0.959 correlation (Han & Ji 2025)",
+        "",
+        "Pearson r between the true attention logits W and the approximation; 95 % bootstrap intervals "
+        "over samples in brackets. 'mean r' averages per-(sample, layer, head) r over heads; 'pooled r' "
+        "correlates all scored entries of all heads at once. Method A: mean-key f + g at the default "
+        "dummy distance; Method B: least-squares a(i-j) + b(i) + c(j). Sink 'without' drops key column 0.",
+    ]
+    if typed:
+        lines[-1] += (
+            " 'layers': the layers a row covers: 'rope' every RoPE layer (global and sliding-window), or one "
+            "layer type of a model with several: 'global', 'sliding' (sliding-window), 'nope' (no rotation; "
+            "never part of the 'rope' rows). 'D': the dummy distance Method A used on those layers, min(D, "
+            "window - 1) on a sliding-window layer, which never sees a longer distance."
+        )
+    header = (
+        "| model | variant | method | sink | paper r | mean r [95 % CI] | pooled r [95 % CI] | mean r - paper "
+        "| pooled r - paper |"
+    )
+    rule = "|---|---|---|---|---:|---:|---:|---:|---:|"
+    if typed:
+        header += " layers | D |"
+        rule += "---|---:|"
+    lines += ["", header, rule]
+    for _, row in table.iterrows():
+        line = (
+            f"| {row['model']} | {row['variant']} | {row['method']} | {row['sink']} | {row['paper_r']:.3f} | "
+            f"{cell(row, 'mean_r')} | {cell(row, 'pooled_r')} | {row['mean_r_minus_paper']:+.3f} | "
+            f"{row['pooled_r_minus_paper']:+.3f} |"
+        )
+        if typed:
+            line += f" {row['layer_type']} | {row.get('dummy_distance', '')} |"
+        lines.append(line)
+    if provenance:
+        lines += ["", "Provenance: " + ", ".join(f"{k}={v}" for k, v in sorted(provenance.items()))]
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------------------- the second paper
+
+
+def synthetic_reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The second paper's reported numbers beside ours, one row per (experiment, task, pe) of ``summary.csv``,
+    with the position-free baselines of the task."""
+    rows = []
+    for _, row in summary.iterrows():
+        key = (row["task"], row["pe"])
+        paper_acc, paper_note = PAPER_ACCURACY.get(key, (None, ""))
+        paper_drop, drop_note = PAPER_DEPOSIT.get(key, (None, ""))
+        rows.append(
+            {
+                "experiment": row["experiment"],
+                "task": row["task"],
+                "pe": row["pe"],
+                "paper_accuracy": np.nan if paper_acc is None else paper_acc,
+                "paper_note": paper_note,
+                "accuracy": 100 * row["test_accuracy"],
+                "accuracy_lo": 100 * row["test_accuracy_lo"],
+                "accuracy_hi": 100 * row["test_accuracy_hi"],
+                "mae": row["test_mae"],
+                "within_one": 100 * row["test_within_one"],
+                **{f"baseline_{b}": 100 * row[f"baseline_{b}"] for b in ("majority", "length", "bag")},
+                "n_seeds": row["n_seeds"],
+                "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop,
+                "paper_deposit_note": drop_note,
+                "layer0_top_drop": 100 * row["layer0_top_drop"],
+                "layer0_second_drop": 100 * row["layer0_second_drop"],
+                "layer0_deposit_index": row["layer0_deposit_index"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _num(value, fmt="{:.1f}"):
+    return "-" if not np.isfinite(value) else fmt.format(value)
+
+
+def _paper(value, note) -> str:
+    return " ".join(x for x in [_num(value) if np.isfinite(value) else "", note] if x) or "-"
+
+
+def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
+    """Markdown of :func:`synthetic_reproduction_rows` (accuracies and drops in percentage points)."""
+    lines = [
+        "# Reproduction of arXiv 2505.13027 (positional encodings on synthetic tasks)",
+        "",
+        "Test accuracy (%), mean absolute error (label units) and within-one accuracy (%), beside the task's "
+        "position-free baselines (majority class, best length-only rule, best trigger-count rule; "
+        "docs/method.md section 8.2), and the layer-0 single-head ablation (top and second drop in points; "
+        "deposit index = top / sum of positive drops, '-' when the top drop is under 5 points). Paper numbers "
+        "from secondary notes; their 'rope' is our rope+sinusoidal. Intervals: 95 % bootstrap over seeds.",
+        "",
+        "| experiment | task | PE | paper acc. | ours acc. [95 % CI] | MAE | within 1 | majority / length / bag | "
+        "paper layer-0 drop | ours top / second drop | deposit idx |",
+        "|---|---|---|---|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for _, r in rows.iterrows():
+        ci = f" [{_num(r['accuracy_lo'])}, {_num(r['accuracy_hi'])}]" if np.isfinite(r["accuracy_lo"]) else ""
+        base = " / ".join(_num(r[f"baseline_{b}"]) for b in ("majority", "length", "bag"))
+        lines.append(
+            f"| {r['experiment']} | {r['task']} | {r['pe']} | {_paper(r['paper_accuracy'], r['paper_note'])} | "
+            f"{_num(r['accuracy'])}{ci} | {_num(r['mae'], '{:.2f}')} | {_num(r['within_one'])} | {base} | "
+            f"{_paper(r['paper_layer0_max_drop'], r['paper_deposit_note'])} | "
+            f"{_num(r['layer0_top_drop'])} / {_num(r['layer0_second_drop'])} | "
+            f"{_num(r['layer0_deposit_index'], '{:.2f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# -------------------------------------------------------------------------------------------------- writing
+
+
+def write_reproduction(
+    summary_csv: str | Path,
+    csv: str | Path,
+    md: str | Path,
+    synthetic_summary_csv: str | Path | None = None,
+    synthetic_csv: str | Path | None = None,
+    study_summary_csv: str | Path | None = None,
+    **attrs,
+) -> pd.DataFrame:
+    """results/reproduction.csv and .md from results/summary.csv; with the second family's summary, its rows
+    (the second paper's numbers beside ours) go to ``synthetic_csv`` and a second section of the Markdown, with
+    a verdict per claim (posgen.synthetic.verdicts) from the deposit study's summary when given, else from the
+    run's."""
+    paths = [Path(p) for p in (summary_csv, synthetic_summary_csv, study_summary_csv) if p is not None]
+    for path in paths:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file")
+    table = reproduction_table(pd.read_csv(summary_csv))
+    prov = stable_provenance(**attrs)
+    keep = {k: prov[k] for k in ("config_hash", "posgen_version") if k in prov}
+    with atomic_path(csv) as tmp:
+        table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
+    text = reproduction_markdown(table, provenance=keep)
+    if synthetic_summary_csv is not None:
+        summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
+        rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))
+        with atomic_path(synthetic_csv) as tmp:
+            rows.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
+        source = study_summary_csv or synthetic_summary_csv
+        text += (
+            "\n" + synthetic_reproduction_markdown(rows) + "\n" + verdict_markdown(verdicts(summaries[-1]), str(source))
+        )
+    with atomic_path(md) as tmp:
+        Path(tmp).write_text(text)
+    return table
