@@ -34,14 +34,14 @@ VARIANTS = variants(config)
 TRAJECTORY_MODELS = trajectory_models(config)
 TARGETS = []
 
-# CPU threads of each model job (extract, decompose, perturb, cap, llm_heads). One: a model job is parallel
+# CPU threads of each model job (extract, decompose, perturb, cap, head_ablation). One: a model job is parallel
 # across jobs (variants, shards), and on a 2-core machine two 1-thread jobs side by side finish 23 % sooner than
 # the same jobs one after another with 2 threads (docs/results.md, "make run"). GPU jobs ask for their CPUs
 # apart (profiles/slurm); a workstation running one big model locally raises it with `--set-threads extract=8`.
 MODEL_THREADS = 1
 # Which ready model job starts first when cores are short (Snakemake `priority`): the longest first, so that a run
 # ends on short jobs, not on a 2-minute perturbation beside an idle core (docs/results.md, "make run").
-MODEL_PRIORITY = {"perturb": 4, "extract": 3, "llm_heads": 2, "cap": 1}
+MODEL_PRIORITY = {"perturb": 4, "extract": 3, "head_ablation": 2, "cap": 1}
 
 # Shards (config `shards`, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split into
 # contiguous ranges `<start>-<stop>`, one job each; rule gather merges them along `sample`. The fused path

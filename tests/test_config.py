@@ -56,6 +56,10 @@ MALFORMED = [
     ),
     (_set(["decomposition"], {"bootstrap": 500}), "config.decomposition.bootstrap: renamed to intervals.bootstrap"),
     (_set(["decomposition"], {"bootstrap_seed": 1}), "config.decomposition.bootstrap_seed: renamed to intervals.seed"),
+    (
+        _set(["llm_heads"], {"n_samples": 2}),
+        "config.llm_heads: renamed to head_ablation (rename the section `llm_heads:` to `head_ablation:`)",
+    ),
     (_set(["intervals"], {"bootstrap": 10}), "config.intervals.bootstrap:"),
 ]
 

@@ -32,6 +32,7 @@ def small_config(**extract) -> dict:
         "extract": {"ref_samples": [0], "ref_layers": [0, -1], **extract},
         "decomposition": {"dummy_distances": [0, 250, 500, 1000, 2000], "dummy_distance": 1000, "bound_samples": 2},
         "perturb": {"n_samples": 4, "seq_len": 256, "rates": [0, 0.01, 0.1], "caps": [8, 32]},
+        "head_ablation": {"n_samples": 2, "seq_len": 32, "probe_samples": 2, "probe_period": 16, "seed": 0},
     }
 
 
@@ -148,6 +149,13 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         **plan.job_resources("perturb", SMOLLM2, cfg, 4, 1, "gpu"),
         "gpu": 2,
     }
+    # head_ablation: one job over its own head_ablation.n_samples windows, on the model's GPUs
+    assert plan.rule_resources("head_ablation", model_dir, entry, "trained", None, cfg) == {
+        **plan.job_resources("head_ablation", SMOLLM2, cfg, 2, 1, "gpu"),
+        "gpu": 2,
+    }
+    assert plan.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
+    assert plan.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
     assert "gpu" not in plan.resource_names("bands")
@@ -165,7 +173,8 @@ def test_paper_plan_rows_and_totals():
     store["shards"] = 8
     rows = plan.plan(store, models_dir=ROOT / "no-models", device="gpu")
     # 4 models x 4 variants x 8 shards x (extract, decompose, bands) + x 4 perturb windows in 4 shards x (perturb, cap)
-    assert len(rows) == 16 * (8 * 3 + 4 * 2)
+    # + x one head_ablation job
+    assert len(rows) == 16 * (8 * 3 + 4 * 2 + 1)
     total = plan.totals(rows)
     # every window's float32 q/k of every layer, the whole config: the ~1.5 TB of docs/slurm.md
     qk = sum(4 * 32 * plan.Shape.from_dict(SHAPES[m["name"]]).qk_bytes(4096) for m in paper["models"])
@@ -181,7 +190,8 @@ def test_cli_prints_jobs_and_totals(capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("total: 6 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+    # 2 variants x (extract, perturb, cap, head_ablation)
+    assert last.startswith("total: 8 jobs, disk") and "reference logits" in last and "CPU-hours" in last
 
 
 def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(tmp_path, capsys):

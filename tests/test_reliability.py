@@ -86,7 +86,7 @@ MALFORMED = [
     ("figure-sample-beyond-n", _set(["figures", "sample"], 8), "config.figures.sample: sample 8 does not exist"),
     ("bound-samples-beyond-n", _set(["decomposition", "bound_samples"], 9), "config.decomposition.bound_samples:"),
     ("perturb-seq-len-beyond", _set(["perturb", "seq_len"], 5000), "config.perturb.seq_len: 5000 exceeds"),
-    ("llm-heads-n-beyond", _set(["llm_heads", "n_samples"], 9), "config.llm_heads.n_samples: 9 exceeds"),
+    ("head-ablation-n-beyond", _set(["head_ablation", "n_samples"], 9), "config.head_ablation.n_samples: 9 exceeds"),
     ("ref-sample-missing", _set(["extract", "ref_samples"], [8]), "config.extract.ref_samples: sample 8"),
     ("local-missing", _set(["models", 0, "source"], lambda t: f"local:{t}/nowhere"), "config.models[0].source:"),
     ("local-is-file", _set(["models", 0, "source"], lambda t: f"local:{ROOT / 'config.yaml'}"), "config.models[0]"),

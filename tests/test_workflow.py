@@ -121,7 +121,7 @@ UPSTREAM = {
     "perturb",
     "cap",
     "example_heads",
-    "llm_heads",
+    "head_ablation",
 }  # fused path: no decompose, bands
 # the second family's jobs before its summary (which reads the interval settings)
 SYNTHETIC_UPSTREAM = {

@@ -22,6 +22,8 @@ RENAMED = {
     ("decomposition", "bootstrap"): "intervals.bootstrap",
     ("decomposition", "bootstrap_seed"): "intervals.seed",
 }
+# Top-level sections that were renamed: old -> new.
+RENAMED_SECTIONS = {"llm_heads": "head_ablation"}
 
 
 class ConfigError(ValueError):
@@ -63,6 +65,9 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
     for (section, old), new in RENAMED.items():
         if isinstance(config.get(section), dict) and old in config[section]:
             raise ConfigError(f"config.{section}.{old}: renamed to {new}")
+    for old, new in RENAMED_SECTIONS.items():
+        if old in config:
+            raise ConfigError(f"config.{old}: renamed to {new} (rename the section `{old}:` to `{new}:`)")
     try:
         snakemake_validate(config, str(schema), set_default=True)
     except WorkflowError as err:
@@ -82,7 +87,7 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
             raise ConfigError(
                 f"config.extract.ref_samples: sample {i} does not exist (n_samples is {config['n_samples']})"
             )
-    for section in ("perturb", "llm_heads"):  # both read a prefix of the first windows
+    for section in ("perturb", "head_ablation"):  # both read a prefix of the first windows
         for key in ("seq_len", "n_samples"):
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")

@@ -48,8 +48,8 @@ from posgen.shapes import SHAPES
 from posgen.shards import parse_shard, shard_ranges
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap")
-GPU_RULES = ("extract", "decompose", "perturb", "cap")  # bands reads q/k on the CPU
+HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap", "head_ablation")
+GPU_RULES = ("extract", "decompose", "perturb", "cap", "head_ablation")  # bands reads q/k on the CPU
 RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
 CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
 RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
@@ -401,7 +401,36 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         host = (weights if on_gpu else device_bytes) + n * shape.qk_bytes(Tp) * 2
         disk = passes * n * (shape.n_layers * 16 + 2 * Tp * 8)
         return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+    if rule == "head_ablation":
+        return _head_ablation_cost(shape, cfg["head_ablation"], n, dtype, rates, load_s, weights, on_gpu)
     raise ValueError(f"rule {rule!r}: the plan knows {', '.join(HEAVY_RULES)}")
+
+
+def _head_ablation_cost(
+    shape: Shape, opts: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, on_gpu: bool
+) -> Cost:
+    """posgen.head_ablation over ``n`` corpus windows and the repeat probe: per sequence of T tokens one clean
+    forward, H ablated copies through layers l..L-1 for every layer l (``H L (L + 1) / 2`` layer passes) and
+    the LM head at the scored targets of each copy (measured 84-112 s per job of 4 x 32 tokens for SmolLM2 on
+    the 2-core machine, docs/results.md; this predicts 75)."""
+    L, H = shape.n_layers, shape.n_heads
+    period = opts["probe_period"]
+    # (tokens, scored targets): the windows' prefixes, then the probe (BOS and two copies; its second copy less one)
+    sequences = [(opts["seq_len"], opts["seq_len"] - 1)] * n
+    sequences += [(2 * period + 1, period - 1)] * opts["probe_samples"]
+    lm_head = 2 * shape.vocab * shape.hidden  # FLOPs per scored position
+    flops = 0.0
+    for tokens, targets in sequences:
+        forward = forward_flops(shape, tokens)
+        flops += forward + H * L * (L + 1) / 2 * forward / L + (1 + H * L) * targets * lm_head
+    longest = max(tokens for tokens, _ in sequences)
+    # every layer's cached input, the H ablated copies' activations and their logits at the targets
+    cached = L * longest * shape.hidden * DTYPE_BYTES[dtype]
+    device_bytes = weights + cached + _activation_bytes(shape, longest, dtype, H) + H * longest * shape.vocab * 4
+    host = weights if on_gpu else device_bytes
+    n_rows = max(n, opts["probe_samples"])
+    disk = 2 * n_rows * L * H * 8 + 12 * L * H * 8  # per-sample losses of both probes, per-head tables
+    return _cost("head_ablation", device_bytes if on_gpu else 0, host, disk, load_s + flops / rates.forward)
 
 
 def _cost(rule: str, device_bytes: float, host_bytes: float, disk_bytes: float, seconds: float) -> Cost:
@@ -460,10 +489,7 @@ def rule_resources(
     shape from ``model_dir/config.json`` (else its recorded shape), the windows from ``shard`` ("<start>-<stop>";
     None: all windows of the rule), ``gpu`` = the entry's ``gpus`` (default 1) on GPU rules; the figures are those
     of a GPU job unless the config's ``device`` is ``cpu``."""
-    if rule in ("perturb", "cap"):
-        total = cfg["perturb"]["n_samples"]
-    else:
-        total = cfg["n_samples"]
+    total = rule_windows(rule, cfg)
     start, stop = parse_shard(shard) if shard else (0, total)
     device = "cpu" if cfg.get("device") == "cpu" else "gpu"
     shape = model_shape_at(model_dir, entry, variant)
@@ -486,18 +512,34 @@ class Row:
 
 def planned_rules(cfg: dict) -> tuple[str, ...]:
     if config_options(cfg)["analysis"] == "fused":
-        return ("extract", "perturb", "cap")
-    return ("extract", "decompose", "bands", "perturb", "cap")
+        return ("extract", "perturb", "cap", "head_ablation")
+    return ("extract", "decompose", "bands", "perturb", "cap", "head_ablation")
+
+
+def rule_windows(rule: str, cfg: dict) -> int:
+    """The windows a job of ``rule`` reads, all shards together: perturb and cap their own ``perturb.n_samples``,
+    head_ablation its ``head_ablation.n_samples`` (one job, not sharded), the others ``n_samples``."""
+    if rule in ("perturb", "cap"):
+        return cfg["perturb"]["n_samples"]
+    if rule == "head_ablation":
+        return cfg["head_ablation"]["n_samples"]
+    return cfg["n_samples"]
+
+
+def rule_shards(rule: str, cfg: dict) -> list[tuple[int, int]]:
+    """The window ranges of ``rule``'s jobs of one (model, variant): config ``shards`` of them, at most one window
+    each; head_ablation is one job."""
+    total = rule_windows(rule, cfg)
+    if rule == "head_ablation":
+        return [(0, total)]
+    return shard_ranges(total, min(config_options(cfg)["shards"], total))
 
 
 def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str = "gpu") -> list[Row]:
-    """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap) per
-    (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
+    """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap,
+    head_ablation) per (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
     from posgen.config import variants
 
-    opts = config_options(cfg)
-    shards = shard_ranges(cfg["n_samples"], opts["shards"])
-    perturb_shards = shard_ranges(cfg["perturb"]["n_samples"], min(opts["shards"], cfg["perturb"]["n_samples"]))
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)
@@ -506,7 +548,7 @@ def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str 
                 rows.append(Row(entry["name"], variant, "-", None))
                 continue
             for rule in planned_rules(cfg):
-                for start, stop in perturb_shards if rule in ("perturb", "cap") else shards:
+                for start, stop in rule_shards(rule, cfg):
                     cost = job_cost(rule, shape, cfg, (start, stop), device)
                     rows.append(Row(entry["name"], variant, f"{start}-{stop}", cost))
     return rows

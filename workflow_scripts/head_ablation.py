@@ -3,7 +3,7 @@ from pathlib import Path
 from _common import setup
 
 setup(snakemake, uses_torch=True)
-from posgen.synthetic.llm_heads import head_ablation_job  # noqa: E402
+from posgen.head_ablation import head_ablation_job  # noqa: E402
 
 p = snakemake.params
 head_ablation_job(
@@ -20,5 +20,6 @@ head_ablation_job(
     seed=p.seed,
     dtype=p.dtype,
     device=p.device,
+    device_map=p.device_map or None,
     config_hash=p.config_hash,
 )
