@@ -10,6 +10,7 @@ import torch
 import xarray as xr
 
 from posgen import head_ablation as ha
+from posgen.model_job import ModelJob
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap
 from posgen.synthetic.figures import fig_llm_heads
@@ -153,19 +154,19 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         coords={"method": ["A", "B"], "sink": ["with", "without"]},
     )
     decomposition.to_netcdf(tmp_path / "decomposition.nc", engine="h5netcdf")
+
+    def job(out, **extra):
+        windows = tmp_path / "windows.h5"
+        return ModelJob(tiny_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu", **extra)
+
     ha.head_ablation_job(
-        tiny_dir,
-        tmp_path / "windows.h5",
+        job(tmp_path / "out.nc", config_hash="abc"),
         tmp_path / "decomposition.nc",
-        tmp_path / "out.nc",
-        model_name="tiny",
-        variant="trained",
         n_samples=2,
         seq_len=16,
         probe_samples=3,
         probe_period=6,
         seed=0,
-        config_hash="abc",
     )
     ds = open_dataset(tmp_path / "out.nc", lazy=False)
     assert ds["loss_increase"].dims == ("probe", "layer", "head")
@@ -187,12 +188,8 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
     # a too-long window prefix names the head_ablation key
     with pytest.raises(ValueError, match="head_ablation.seq_len"):
         ha.head_ablation_job(
-            tiny_dir,
-            tmp_path / "windows.h5",
+            job(tmp_path / "bad.nc"),
             tmp_path / "decomposition.nc",
-            tmp_path / "bad.nc",
-            model_name="tiny",
-            variant="trained",
             n_samples=2,
             seq_len=999,
             probe_samples=1,

@@ -241,12 +241,23 @@ def test_snakemake_stops_with_one_line_and_touches_no_result(content, expected, 
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
     from posgen.extract import extract
+    from posgen.model_job import ModelJob
 
     tmp = tmp_path_factory.mktemp("reliability")
     acquire(f"local:{tiny_source('llama')}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
     write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
-    extract(tmp / "model", tmp / "windows.h5", tmp / "qk.h5", model_name="tiny", variant="trained")
+    extract(
+        ModelJob(
+            tmp / "model",
+            tmp / "windows.h5",
+            tmp / "qk.h5",
+            model="tiny",
+            variant="trained",
+            dtype="float32",
+            device="cpu",
+        )
+    )
     write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
     return tmp
 
@@ -540,11 +551,12 @@ setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))],
                       rule="extract"), uses_torch=True)
 import posgen.extract
 from posgen.extract import extract
+from posgen.model_job import ModelJob
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
 _tqdm = posgen.extract.tqdm
 posgen.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
-extract({model!r}, {windows!r}, out, model_name="tiny", variant="trained")
+extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"))
 """
 
 
@@ -553,11 +565,16 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     import torch
 
     from posgen.extract import extract
+    from posgen.model_job import ModelJob
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        extract(tmp / "model", tmp / "windows.h5", out, model_name="tiny", variant="trained")
+        extract(
+            ModelJob(
+                tmp / "model", tmp / "windows.h5", out, model="tiny", variant="trained", dtype="float32", device="cpu"
+            )
+        )
     finally:
         torch.set_num_threads(threads)
 

@@ -43,6 +43,7 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     from posgen.config import load
     from posgen.decompose import decompose_store
     from posgen.extract import extract
+    from posgen.model_job import ModelJob
     from posgen.perturb import cap_job, perturb_job
 
     config = load(tiny_workflow.configfile)
@@ -50,8 +51,8 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     work, results = tiny_workflow.workdir, tiny_workflow.workdir / "results" / "tiny-llama"
     model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
     dec, per = config["decomposition"], config["perturb"]
-    common = {"model_name": "tiny-llama", "variant": "trained", "device": "cpu"}
-    extract(model, windows, tmp_path / "qk.h5", ref_samples=[0], ref_layers=[0, -1], **common)
+    common = {"model": "tiny-llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    extract(ModelJob(model, windows, tmp_path / "qk.h5", **common), ref_samples=[0], ref_layers=[0, -1])
     want = {
         "decomposition.nc": decompose_store(
             tmp_path / "qk.h5",
@@ -65,16 +66,17 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
         ),
         "bands.nc": band_stats(tmp_path / "qk.h5", tmp_path / "bands.nc", progress=False),
     }
-    options = {
-        "n_samples": per["n_samples"],
-        "seq_len": per["seq_len"],
-        "dummy_distance": dec["dummy_distance"],
-        **common,
-    }
+    options = {"n_samples": per["n_samples"], "seq_len": per["seq_len"], "dummy_distance": dec["dummy_distance"]}
     want["perturb.nc"] = perturb_job(
-        model, windows, tmp_path / "perturb.nc", rates=per["rates"], seed=per["seed"], jitter=per["jitter"], **options
+        ModelJob(model, windows, tmp_path / "perturb.nc", **common),
+        rates=per["rates"],
+        seed=per["seed"],
+        jitter=per["jitter"],
+        **options,
     )
-    want["cap.nc"] = cap_job(model, windows, tmp_path / "cap.nc", distance_caps=per["caps"], **options)
+    want["cap.nc"] = cap_job(
+        ModelJob(model, windows, tmp_path / "cap.nc", **common), distance_caps=per["caps"], **options
+    )
     for name, expected in want.items():
         got = open_dataset(results / "trained" / name, lazy=False)
         assert got.attrs["shards"] == ",".join(SHARDS if name in ("decomposition.nc", "bands.nc") else ("0-1", "1-2"))

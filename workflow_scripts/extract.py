@@ -1,11 +1,8 @@
-from pathlib import Path
-
-from _common import setup
+from _common import model_job, setup
 
 setup(snakemake, uses_torch=True)
 from posgen.extract import extract  # noqa: E402
 from posgen.fused import Analysis  # noqa: E402
-from posgen.shards import parse_shard  # noqa: E402
 
 p = snakemake.params
 out = snakemake.output
@@ -25,14 +22,7 @@ analysis = (
     else None
 )
 extract(
-    Path(snakemake.input.manifest).parent,
-    snakemake.input.windows,
-    out.qk,
-    model_name=snakemake.wildcards.model,
-    variant=snakemake.wildcards.variant,
-    dtype=p.dtype,
-    device=p.device,
-    device_map=p.device_map or None,
+    model_job(snakemake, out="qk"),
     ref_samples=p.ref_samples,
     ref_layers=p.ref_layers,
     check_rtol=p.check_rtol,
@@ -40,9 +30,7 @@ extract(
     transparency_tokens=p.transparency_tokens,
     transparency_rtol=p.transparency_rtol,
     compression=p.compression,
-    samples=parse_shard(snakemake.wildcards.shard),
     keep_qk=None if p.keep_qk == "all" else p.keep_qk,
     qk_dtype=p.qk_dtype,
     analysis=analysis,
-    config_hash=p.config_hash,
 )

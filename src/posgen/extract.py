@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,6 +21,7 @@ from posgen import rope
 from posgen.capture import Capture, load_capturing
 from posgen.corpus import read_windows
 from posgen.fused import Analysis, rope_dataset
+from posgen.model_job import ModelJob
 from posgen.models import manifest_attrs
 from posgen.store import QKWriter, carried_attrs
 
@@ -116,14 +116,8 @@ def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> 
 
 
 def extract(
-    model_dir: str | Path,
-    windows_path: str | Path,
-    out_path: str | Path,
+    job: ModelJob,
     *,
-    model_name: str,
-    variant: str,
-    dtype: str = "float32",
-    device: str = "cpu",
     ref_samples=(0,),
     ref_layers=(0, -1),
     check_rtol: float = 1e-4,
@@ -131,29 +125,26 @@ def extract(
     transparency_tokens: int = 128,
     transparency_rtol: float = 1e-4,
     compression: int = 0,
-    samples: tuple[int, int] | None = None,
     keep_qk: int | None = None,
     qk_dtype: str = "float32",
     analysis: Analysis | None = None,
-    device_map: str | None = None,
-    config_hash: str = "",
 ) -> dict:
-    """Write ``qk.h5`` for one model variant (one shard of its windows); returns timing and check figures.
+    """Write ``qk.h5`` (``job.out``) for one model variant (the shard ``job.samples`` of its windows); returns
+    timing and check figures.
 
-    ``samples``: the shard, a range ``(start, stop)`` of window indices (None: every window); ``keep_qk``: q/k of
-    the windows with a global index below it are written (None: every window of the shard; a shard past it
-    writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of every window
-    of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer is
-    self-checked (0: the whole window), on the reference windows and the shard's first window;
-    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window);
-    ``device_map="auto"``: the model spread over the node's GPUs (:func:`posgen.models.load_model`).
+    ``keep_qk``: q/k of the windows with a global index below it are written (None: every window of the shard; a
+    shard past it writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of
+    every window of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer
+    is self-checked (0: the whole window), on the reference windows and the shard's first window;
+    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
     """
-    model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device, device_map=device_map)
+    windows_path, out_path, dtype = job.windows, job.out, job.dtype
+    model, _, manifest = load_capturing(
+        job.model_dir, job.variant, dtype=dtype, device=job.device, device_map=job.device_map
+    )
     windows = read_windows(windows_path)
     n_windows, n_tokens = windows["token_id"].shape
-    start, stop = samples if samples is not None else (0, n_windows)
-    if not 0 <= start < stop <= n_windows:
-        raise ValueError(f"shard {start}-{stop}: outside the {n_windows} windows of {windows_path}")
+    start, stop = job.window_range(n_windows, windows_path)
     token_id = windows["token_id"].values
     shard = np.arange(start, stop)  # global window indices
     kept = shard[shard < keep_qk] if keep_qk is not None else shard
@@ -180,7 +171,7 @@ def extract(
             transparency, own_attention = transparency_check(
                 model, capture, first, effective_rtol(transparency_rtol, dtype)
             )
-            for sample in tqdm(shard.tolist(), desc=f"extract {model_name}/{variant}", unit="window"):
+            for sample in tqdm(shard.tolist(), desc=f"extract {job.label}", unit="window"):
                 t0 = time.perf_counter()
                 capture.reset(n_tokens, keep_logits=sample in check_samples)
                 ids = torch.from_numpy(token_id[sample])[None].to(device_obj)
@@ -189,7 +180,7 @@ def extract(
                 if writer is None:
                     params = capture.rope()
                     attrs = {
-                        **manifest_attrs(manifest, model=model_name, variant=variant),
+                        **manifest_attrs(manifest, model=job.model, variant=job.variant),
                         "dtype": dtype,
                         "device": str(device_obj),
                         "softcap": params["softcap"],
@@ -203,7 +194,7 @@ def extract(
                         "transparency_rel_error": transparency,
                         "transparency_tokens": n_check,
                         "transparency_reference": own_attention,
-                        "config_hash": config_hash,
+                        "config_hash": job.config_hash,
                     }
                     writer = QKWriter(
                         out_path,

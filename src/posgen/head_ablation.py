@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from posgen.model_job import ModelJob
 from posgen.stats import deposit_index, spearman, top_gap
 
 PROBES = ("windows", "repeat")
@@ -351,32 +352,28 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
 
 
 def head_ablation_job(
-    model_dir: str | Path,
-    windows_path: str | Path,
+    job: ModelJob,
     decomposition_path: str | Path,
-    out_path: str | Path,
     *,
-    model_name: str,
-    variant: str,
     n_samples: int,
     seq_len: int,
     probe_samples: int,
     probe_period: int,
     seed: int,
-    dtype: str = "float32",
-    device: str = "cpu",
-    device_map: str | None = None,
-    config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``head_ablation.nc`` of one model variant; ``device_map="auto"``: the model spread over the node's
-    GPUs (:func:`posgen.models.load_model`)."""
+    """Write ``head_ablation.nc`` (``job.out``) of one model variant, beside the heads' numbers of its gathered
+    ``decomposition.nc``. One job over all its windows: ``job.samples`` must be None (not sharded)."""
     from posgen.corpus import read_windows
     from posgen.models import load_model, manifest_attrs
     from posgen.store import open_dataset, provenance, write_netcdf
 
+    if job.samples is not None:
+        raise ValueError(f"head_ablation: one job over every window, not a shard ({job.samples})")
     start = time.perf_counter()
-    windows = read_windows(windows_path, n_samples, seq_len, section="head_ablation")["token_id"].values
-    model, tokenizer, manifest = load_model(model_dir, variant, dtype=dtype, device=device, device_map=device_map)
+    windows = read_windows(job.windows, n_samples, seq_len, section="head_ablation")["token_id"].values
+    model, tokenizer, manifest = load_model(
+        job.model_dir, job.variant, dtype=job.dtype, device=job.device, device_map=job.device_map
+    )
     ds = head_ablation(
         model,
         tokenizer,
@@ -384,19 +381,19 @@ def head_ablation_job(
         probe_samples=probe_samples,
         probe_period=probe_period,
         seed=seed,
-        desc=f"heads {model_name}/{variant}",
+        desc=f"heads {job.label}",
     )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
         ds = join_decomposition(ds, decomposition)
     ds.attrs = provenance(
         **ds.attrs,
-        **manifest_attrs(manifest, model=model_name, variant=variant),
-        dtype=dtype,
+        **manifest_attrs(manifest, model=job.model, variant=job.variant),
+        dtype=job.dtype,
         device=str(model.device),
         windows_n_samples=int(n_samples),
         windows_seq_len=int(seq_len),
         runtime_s=round(time.perf_counter() - start, 2),
-        config_hash=config_hash,
+        config_hash=job.config_hash,
     )
-    write_netcdf(ds, out_path)
+    write_netcdf(ds, job.out)
     return ds
