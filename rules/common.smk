@@ -9,6 +9,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from posgen.config import (  # noqa: E402
     ConfigError,
     job_hash,
+    leaf,
     model_entry,
     trajectory_models,
     validate as validate_config,
@@ -17,6 +18,7 @@ from posgen.config import (  # noqa: E402
 from posgen.shards import shard_names, shard_of  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE, STUDY_FIGURES, TRAJECTORY_FIGURES  # noqa: E402
 from posgen.trajectory import heatmap_variants  # noqa: E402
+from posgen.workflow import INTERVALS, step_leaves  # noqa: E402
 
 try:
     # paths only in the main process: a cluster job's node may not see the login node's local files
@@ -52,63 +54,6 @@ PERTURB_SHARDS = shard_names(config["perturb"]["n_samples"], min(config["shards"
 SHARD_DIR = "results/{model}/{variant}/shards/{shard}"
 # the shard whose qk.h5 holds the example heads' window
 FIGURE_SHARD = shard_of(config["figures"]["sample"], config["n_samples"], config["shards"])
-
-# The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
-# `config_hash` covers exactly these plus its own model's `models` entry, so editing any other key (a figure
-# setting, another model) neither changes the hash nor reruns the job. Rules pass leaves, not whole sections:
-# Snakemake compares params by their text, in which a section's key order (as written in the file) would count.
-WINDOWS_LEAVES = ["corpus.source", "n_samples", "seq_len", "window_seed"]
-EXTRACT_LEAVES = [
-    "dtype",
-    "device",
-    "extract.ref_samples",
-    "extract.ref_layers",
-    "extract.check_rtol",
-    "extract.check_tokens",
-    "extract.transparency_tokens",
-    "extract.transparency_rtol",
-    "extract.compression",
-    "extract.analysis",
-    "extract.keep_qk",
-    "extract.qk_dtype",
-]
-DECOMPOSE_LEAVES = [
-    "decomposition.dummy_distances",
-    "decomposition.dummy_distance",
-    "decomposition.lstsq_tol",
-    "decomposition.bound_samples",
-    "device",
-]
-BANDS_LEAVES = []
-# the fused extraction also reads what the decompose and bands jobs read
-FUSED_LEAVES = EXTRACT_LEAVES + DECOMPOSE_LEAVES + BANDS_LEAVES if FUSED else EXTRACT_LEAVES
-# the decomposition's params, the same in rule decompose (store path) and rule extract (fused path)
-DECOMPOSITION_PARAMS = {
-    "dummy_distances": config["decomposition"]["dummy_distances"],
-    "dummy_distance": config["decomposition"]["dummy_distance"],
-    "lstsq_tol": config["decomposition"]["lstsq_tol"],
-    "bound_samples": config["decomposition"]["bound_samples"],
-}
-INTERVAL_LEAVES = ["intervals.bootstrap", "intervals.seed"]
-PERTURB_LEAVES = [
-    "perturb.n_samples",
-    "perturb.seq_len",
-    "perturb.rates",
-    "perturb.seed",
-    "perturb.jitter",
-    "decomposition.dummy_distance",
-    "dtype",
-    "device",
-]
-CAP_LEAVES = [
-    "perturb.n_samples",
-    "perturb.seq_len",
-    "perturb.caps",
-    "decomposition.dummy_distance",
-    "dtype",
-    "device",
-]
-EXAMPLES_LEAVES = ["figures.sample", "figures.map_tokens", "figures.pool_pairs", "figures.seed"]
 
 
 wildcard_constraints:
@@ -150,6 +95,15 @@ def hash_of(leaves, per_model=True):
     return job_config_hash
 
 
+def params_of(step, per_model=True):
+    """A rule's params: every config leaf ``step`` reads (posgen.workflow.STEP_LEAVES) under its param name, and
+    config_hash over exactly those leaves plus (``per_model``) the job's own model entry. Rules pass leaves, not
+    whole sections: Snakemake compares params by their text, in which a section's key order would count."""
+    named = step_leaves(step, config)
+    values = {name: leaf(config, path) for name, path in named.items()}
+    return {**values, "config_hash": hash_of(list(named.values()), per_model)}
+
+
 def canonical(section):
     """A config section as params with its keys sorted at every level: Snakemake compares params as text, so
     the key order of the config file must not rerun a job."""
@@ -176,14 +130,14 @@ def figure_inputs(row):
 
 def figure_hash(row):
     """The params function of a figure's config hash: what its params read."""
-    leaves = (["random_init_seeds"] if "variant" in row.expanded() else []) + (INTERVAL_LEAVES if row.bootstrap else [])
+    leaves = ["random_init_seeds"] if "variant" in row.expanded() else []
+    leaves += list(INTERVALS.values()) if row.bootstrap else []
     return hash_of(leaves, per_model="model" in row.wildcards)
 
 
 # Training trajectories (rules/trajectory.smk): the models the workflow trains itself, the leaves of the per-step
 # table, and the input functions of the trajectory figures.
 TRAIN_MODELS = [m["name"] for m in config["trajectory"]["models"] if m["source"] == "train"]
-TRAJECTORY_LEAVES = ["trajectory.sensitivity_rates"] + INTERVAL_LEAVES
 
 
 def training_log(wildcards):

@@ -12,10 +12,6 @@ rule windows:
     conda:
         "../envs/posgen.yaml"
     params:
-        source=config["corpus"]["source"],
-        n_samples=config["n_samples"],
-        seq_len=config["seq_len"],
-        seed=config["window_seed"],
-        config_hash=hash_of(WINDOWS_LEAVES),
+        **params_of("windows"),
     script:
         "../workflow_scripts/windows.py"

@@ -17,9 +17,7 @@ if not FUSED:
         resources:
             **resources_for("decompose"),
         params:
-            **DECOMPOSITION_PARAMS,
-            device=config["device"],
-            config_hash=hash_of(DECOMPOSE_LEAVES),
+            **params_of("decompose"),
         script:
             "../workflow_scripts/decompose.py"
 
@@ -38,7 +36,7 @@ if not FUSED:
         resources:
             **resources_for("bands"),
         params:
-            config_hash=hash_of(BANDS_LEAVES),
+            **params_of("bands"),
         script:
             "../workflow_scripts/bands.py"
 
@@ -85,9 +83,7 @@ rule summarize:
         mem_mb=2000,
         runtime=30,
     params:
-        n_boot=config["intervals"]["bootstrap"],
-        seed=config["intervals"]["seed"],
-        config_hash=hash_of(INTERVAL_LEAVES),
+        **params_of("summarize"),
     script:
         "../workflow_scripts/summarize.py"
 

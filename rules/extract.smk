@@ -3,7 +3,6 @@
 # window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
 
 FUSED_OUTPUT = {"decomposition": f"{SHARD_DIR}/decomposition.nc", "bands": f"{SHARD_DIR}/bands.nc"} if FUSED else {}
-FUSED_PARAMS = DECOMPOSITION_PARAMS if FUSED else {}
 
 
 rule extract:
@@ -24,20 +23,8 @@ rule extract:
     resources:
         **resources_for("extract"),
     params:
-        **FUSED_PARAMS,
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("extract"),
         device_map=entry_key("device_map"),
-        ref_samples=config["extract"]["ref_samples"],
-        ref_layers=config["extract"]["ref_layers"],
-        check_rtol=config["extract"]["check_rtol"],
-        check_tokens=config["extract"]["check_tokens"],
-        transparency_tokens=config["extract"]["transparency_tokens"],
-        transparency_rtol=config["extract"]["transparency_rtol"],
-        compression=config["extract"]["compression"],
-        keep_qk=config["extract"]["keep_qk"] if FUSED else "all",
-        qk_dtype=config["extract"]["qk_dtype"],
-        config_hash=hash_of(FUSED_LEAVES),
     script:
         "../workflow_scripts/extract.py"
 

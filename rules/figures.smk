@@ -18,11 +18,7 @@ rule example_heads:
         mem_mb=4000,
         runtime=30,
     params:
-        sample=config["figures"]["sample"],
-        map_tokens=config["figures"]["map_tokens"],
-        pool_pairs=config["figures"]["pool_pairs"],
-        seed=config["figures"]["seed"],
-        config_hash=hash_of(EXAMPLES_LEAVES),
+        **params_of("example_heads"),
     script:
         "../workflow_scripts/figure_examples.py"
 

@@ -3,9 +3,6 @@
 # per-layer statistics of the means over both probes' samples (deposit index, top gap, Spearman against the
 # gathered decomposition), which a gather along `sample` cannot combine. Logic in posgen.head_ablation.
 
-HEAD_ABLATION_KEYS = ["n_samples", "seq_len", "probe_samples", "probe_period", "seed"]
-HEAD_ABLATION_LEAVES = [f"head_ablation.{key}" for key in HEAD_ABLATION_KEYS] + ["dtype", "device"]
-
 
 rule head_ablation:
     input:
@@ -25,11 +22,8 @@ rule head_ablation:
     resources:
         **resources_for("head_ablation"),
     params:
-        **{key: config["head_ablation"][key] for key in HEAD_ABLATION_KEYS},
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("head_ablation"),
         device_map=entry_key("device_map"),
-        config_hash=hash_of(HEAD_ABLATION_LEAVES),
     script:
         "../workflow_scripts/head_ablation.py"
 

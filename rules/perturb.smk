@@ -20,16 +20,8 @@ rule perturb:
     resources:
         **resources_for("perturb"),
     params:
-        n_samples=config["perturb"]["n_samples"],
-        seq_len=config["perturb"]["seq_len"],
-        rates=config["perturb"]["rates"],
-        seed=config["perturb"]["seed"],
-        jitter=config["perturb"]["jitter"],
-        dummy_distance=config["decomposition"]["dummy_distance"],
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("perturb"),
         device_map=entry_key("device_map"),
-        config_hash=hash_of(PERTURB_LEAVES),
     script:
         "../workflow_scripts/perturb.py"
 
@@ -51,14 +43,8 @@ rule cap:
     resources:
         **resources_for("cap"),
     params:
-        n_samples=config["perturb"]["n_samples"],
-        seq_len=config["perturb"]["seq_len"],
-        distance_caps=config["perturb"]["caps"],
-        dummy_distance=config["decomposition"]["dummy_distance"],
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("cap"),
         device_map=entry_key("device_map"),
-        config_hash=hash_of(CAP_LEAVES),
     script:
         "../workflow_scripts/cap.py"
 

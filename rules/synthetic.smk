@@ -122,7 +122,7 @@ for which, folder in COLLECTIONS.items():
             mem_mb=2000,
             runtime=10,
         params:
-            intervals=config["intervals"],
+            **params_of("synthetic_summary", per_model=False),
         script:
             "../workflow_scripts/synthetic_summary.py"
 

@@ -7,7 +7,7 @@ import torch
 from posgen import rope
 from posgen.capture import BACKEND, Capture
 from posgen.corpus import cut_windows, load_text
-from posgen.extract import SelfCheckError, extract, verify_logits
+from posgen.extract import SelfCheckError, default_options, extract, verify_logits
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
@@ -33,8 +33,7 @@ def extracted(request, tiny_source, tmp_path_factory):
                 dtype="float32",
                 device="cpu",
             ),
-            ref_samples=[0, 2],
-            ref_layers=[0, -1],
+            **default_options(ref_samples=[0, 2], ref_layers=[0, -1]),
         )
         out[variant] = open_dataset(tmp / f"{variant}.h5", lazy=False)
     return arch, model_dir, tmp, out
@@ -122,7 +121,8 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
             variant="random-seed0",
             dtype="float32",
             device="cpu",
-        )
+        ),
+        **default_options(),
     )
     np.testing.assert_array_equal(
         open_dataset(tmp / "again.h5", lazy=False)["q"].values, out["random-seed0"]["q"].values
@@ -157,7 +157,8 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
                 variant="trained",
                 dtype="float32",
                 device="cpu",
-            )
+            ),
+            **default_options(),
         )
     assert not (tmp / "broken.h5").exists()
     assert not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]

@@ -11,7 +11,7 @@ import xarray as xr
 from posgen import families, rope
 from posgen.corpus import cut_windows, load_text
 from posgen.decompose import decompose_store
-from posgen.extract import TransparencyError, extract
+from posgen.extract import TransparencyError, default_options, extract
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
@@ -73,7 +73,7 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     qk = tmp / arch / "qk.h5"
     report = extract(
         ModelJob(model_dir, tmp / "windows.h5", qk, model=arch, variant="trained", dtype="float32", device="cpu"),
-        check_tokens=0,
+        **default_options(check_tokens=0),
     )
     ds = open_dataset(qk, lazy=False)
     layouts, rotary_dims, layer_index = SUPPORTED[arch]
@@ -117,7 +117,8 @@ def test_unsupported_family_is_refused_in_one_line_before_extraction(workspace, 
                 variant="trained",
                 dtype="float32",
                 device="cpu",
-            )
+            ),
+            **default_options(),
         )
     message = str(err.value)
     assert message.startswith(REFUSED[arch]) and "\n" not in message
@@ -147,7 +148,8 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
                 variant="trained",
                 dtype="float32",
                 device="cpu",
-            )
+            ),
+            **default_options(),
         )
     assert not (tmp / "broken.h5").exists()
 

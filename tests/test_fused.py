@@ -9,7 +9,7 @@ import xarray as xr
 from posgen.bands import band_stats
 from posgen.corpus import cut_windows, load_text
 from posgen.decompose import decompose_store
-from posgen.extract import extract
+from posgen.extract import default_options, extract
 from posgen.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
@@ -43,7 +43,7 @@ def both_paths(request, tiny_source, tmp_path_factory):
     _, tokenizer, _ = load_model(tmp / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded"), tmp / "windows.h5")
     common = {"model": arch, "variant": "trained", "dtype": "float32", "device": "cpu"}
-    extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common))
+    extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
     decompose_store(
         tmp / "store" / "qk.h5", tmp / "store" / "decomposition.nc", device="cpu", progress=False, **DECOMPOSITION
     )
@@ -56,6 +56,7 @@ def both_paths(request, tiny_source, tmp_path_factory):
         )
         extract(
             ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
+            **default_options(),
             keep_qk=1,
             analysis=analysis,
         )

@@ -213,7 +213,9 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
             )
             assert np.array_equal(again.nll, plain.nll)
     np.testing.assert_allclose(plain.nll, plain_nll(model, ids), rtol=1e-6)
-    ds = run_perturbations(model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, progress=False)
+    ds = run_perturbations(
+        model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, jitter=JITTER, progress=False
+    )
     assert (ds.ppl_ratio.sel(rate=0.0) == 1.0).all()
     assert np.array_equal(ds.nll.sel(rate=0.0).values, np.tile(plain.nll, (len(KINDS), 1)))
 
@@ -221,7 +223,9 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
 def test_perturbed_nll_scores_the_perturbed_text(tiny):
     path, ids, strings = tiny
     model = load_tiny(path, BACKEND)
-    ds = run_perturbations(model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, progress=False)
+    ds = run_perturbations(
+        model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, jitter=JITTER, progress=False
+    )
     for kind in ["token-permute", "word-swap"]:
         order = ds.order.sel(kind=kind, rate=0.2).values
         np.testing.assert_allclose(
@@ -385,7 +389,7 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
             config_hash="abc",
         )
 
-    perturb_job(job(tmp_path / "perturb.nc"), rates=[0, 0.1, 0.5], seed=5, **common)
+    perturb_job(job(tmp_path / "perturb.nc"), rates=[0, 0.1, 0.5], seed=5, jitter=JITTER, **common)
     cap_job(job(tmp_path / "cap.nc"), distance_caps=[4, 64], **common)
     p = open_dataset(tmp_path / "perturb.nc", lazy=False)
     assert dict(p.sizes) == {"kind": 6, "rate": 3, "sample": 2, "layer": 2, "token": 32}
@@ -410,7 +414,7 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
         cap_job(job(tmp_path / "x.nc"), distance_caps=[4], **{**common, "seq_len": 64})
     # one job per shard, gathered along sample: the unsharded files (the draws are seeded by global window index)
     for name, run, options in (
-        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5}),
+        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5, "jitter": JITTER}),
         ("cap.nc", cap_job, {"distance_caps": [4, 64]}),
     ):
         parts = [tmp_path / f"shard{start}" / name for start in (0, 1)]

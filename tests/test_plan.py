@@ -115,7 +115,7 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     import xarray as xr
 
     from posgen.corpus import write_windows
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
     from posgen.model_job import ModelJob
     from posgen.models import acquire
 
@@ -129,7 +129,7 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     write_windows(xr.Dataset({"token_id": (("sample", "token"), ids)}, coords=coords), windows)
     out = tmp_path / "qk.h5"
     job = ModelJob(model_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu")
-    extract(job, transparency_tokens=16, check_tokens=16)
+    extract(job, **default_options(transparency_tokens=16, check_tokens=16))
     cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
     cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
     assert out.stat().st_size == pytest.approx(cost.disk_gb * 1e9, rel=0.05)

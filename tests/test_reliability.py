@@ -240,7 +240,7 @@ def test_snakemake_stops_with_one_line_and_touches_no_result(content, expected, 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
     from posgen.model_job import ModelJob
 
     tmp = tmp_path_factory.mktemp("reliability")
@@ -256,7 +256,8 @@ def checkpoint(tiny_source, tmp_path_factory):
             variant="trained",
             dtype="float32",
             device="cpu",
-        )
+        ),
+        **default_options(),
     )
     write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
     return tmp
@@ -550,13 +551,13 @@ out = Path({out!r})
 setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
 import posgen.extract
-from posgen.extract import extract
+from posgen.extract import default_options, extract
 from posgen.model_job import ModelJob
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
 _tqdm = posgen.extract.tqdm
 posgen.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
-extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"))
+extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"), **default_options())
 """
 
 
@@ -564,7 +565,7 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     """The same extraction in this process, on one thread like the subprocess (bit-identical results)."""
     import torch
 
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
     from posgen.model_job import ModelJob
 
     threads = torch.get_num_threads()
@@ -573,7 +574,8 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
         extract(
             ModelJob(
                 tmp / "model", tmp / "windows.h5", out, model="tiny", variant="trained", dtype="float32", device="cpu"
-            )
+            ),
+            **default_options(),
         )
     finally:
         torch.set_num_threads(threads)

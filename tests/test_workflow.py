@@ -42,7 +42,7 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     from posgen.bands import band_stats
     from posgen.config import load
     from posgen.decompose import decompose_store
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
     from posgen.model_job import ModelJob
     from posgen.perturb import cap_job, perturb_job
 
@@ -52,7 +52,9 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
     dec, per = config["decomposition"], config["perturb"]
     common = {"model": "tiny-llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
-    extract(ModelJob(model, windows, tmp_path / "qk.h5", **common), ref_samples=[0], ref_layers=[0, -1])
+    extract(
+        ModelJob(model, windows, tmp_path / "qk.h5", **common), **default_options(ref_samples=[0], ref_layers=[0, -1])
+    )
     want = {
         "decomposition.nc": decompose_store(
             tmp_path / "qk.h5",
@@ -92,6 +94,20 @@ def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
     per_model = (results / "tiny-llama" / "summary.csv").read_text()
     assert (results / "summary.csv").read_text() == per_model
     assert per_model.count("\ntiny-llama,") == 2 * 2 * 2  # variants x methods x sinks
+
+
+def test_synthetic_summary_carries_provenance_like_the_first_family(tiny_workflow):
+    import pandas as pd
+
+    import posgen
+
+    results = tiny_workflow.workdir / "results"
+    first = pd.read_csv(results / "summary.csv", dtype=str)
+    for name in ("summary.csv", "deposit.csv"):
+        table = pd.read_csv(results / "synthetic" / name, dtype=str)
+        assert list(table.columns[-2:]) == list(first.columns[-2:]) == ["config_hash", "posgen_version"], name
+        assert table["config_hash"].str.fullmatch("[0-9a-f]{16}").all(), name
+        assert (table["posgen_version"] == posgen.__version__).all(), name
 
 
 def test_second_run_has_nothing_to_do(tiny_workflow):

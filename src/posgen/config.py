@@ -342,6 +342,18 @@ def config_hash(config: dict, keys: list[str] | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def schema_defaults(section: str, keys=None) -> dict:
+    """The schema's default of each key of config ``section`` that has one (of ``keys`` only, when given): for a
+    caller of a library function outside the workflow, which takes every config leaf as a required keyword
+    argument."""
+    properties = yaml.safe_load(SCHEMA.read_text())["properties"][section]["properties"]
+    keys = [key for key, spec in properties.items() if "default" in spec] if keys is None else list(keys)
+    missing = [key for key in keys if "default" not in properties.get(key, {})]
+    if missing:
+        raise KeyError(f"config.{section}: no schema default for {', '.join(missing)}")
+    return {key: copy.deepcopy(properties[key]["default"]) for key in keys}
+
+
 def leaf(config: dict, path: str):
     """The value at dotted ``path`` (``"perturb.rates"``); a missing key is a ConfigError naming it."""
     node = config

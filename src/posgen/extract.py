@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from posgen import rope
 from posgen.capture import Capture, load_capturing
+from posgen.config import schema_defaults
 from posgen.corpus import read_windows
 from posgen.fused import Analysis, rope_dataset
 from posgen.model_job import ModelJob
@@ -115,22 +116,44 @@ def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> 
     return err, own
 
 
+# extract()'s options that are config leaves (extract.<name>); their defaults live in the schema only
+OPTIONS = (
+    "ref_samples",
+    "ref_layers",
+    "check_rtol",
+    "check_tokens",
+    "transparency_tokens",
+    "transparency_rtol",
+    "compression",
+    "qk_dtype",
+)
+
+
+def default_options(**overrides) -> dict:
+    """:func:`extract`'s config options at the schema's defaults but ``overrides``, for a caller outside the
+    workflow: ``extract(job, **default_options(check_tokens=0))``."""
+    unknown = sorted(set(overrides) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"default_options: not an option of extract: {', '.join(unknown)}")
+    return {**schema_defaults("extract", OPTIONS), **overrides}
+
+
 def extract(
     job: ModelJob,
     *,
-    ref_samples=(0,),
-    ref_layers=(0, -1),
-    check_rtol: float = 1e-4,
-    check_tokens: int = 256,
-    transparency_tokens: int = 128,
-    transparency_rtol: float = 1e-4,
-    compression: int = 0,
+    ref_samples,
+    ref_layers,
+    check_rtol: float,
+    check_tokens: int,
+    transparency_tokens: int,
+    transparency_rtol: float,
+    compression: int,
+    qk_dtype: str,
     keep_qk: int | None = None,
-    qk_dtype: str = "float32",
     analysis: Analysis | None = None,
 ) -> dict:
     """Write ``qk.h5`` (``job.out``) for one model variant (the shard ``job.samples`` of its windows); returns
-    timing and check figures.
+    timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's).
 
     ``keep_qk``: q/k of the windows with a global index below it are written (None: every window of the shard; a
     shard past it writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of

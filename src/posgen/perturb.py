@@ -31,7 +31,7 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from posgen import capture
-from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
+from posgen.draws import KINDS, draw_perturbation, rng_for, word_starts
 from posgen.method_a import Terms, fg_change
 from posgen.model_job import ModelJob
 
@@ -62,7 +62,7 @@ def run_perturbations(
     rates: list[float],
     seed: int,
     dummy_distance: int,
-    jitter: int = JITTER,
+    jitter: int,
     kinds: tuple[str, ...] = KINDS,
     sample_ids=None,
     progress: bool = True,
@@ -252,7 +252,7 @@ def perturb_job(
     rates: list[float],
     seed: int,
     dummy_distance: int,
-    jitter: int = JITTER,
+    jitter: int,
 ) -> xr.Dataset:
     """Write ``perturb.nc`` of one model variant, or of its shard ``job.samples`` (docs/data-model.md)."""
 

@@ -22,7 +22,7 @@ from posgen.capture import Capture, load_capturing
 from posgen.config import load
 from posgen.corpus import cut_windows, load_text
 from posgen.decompose import decompose_store
-from posgen.extract import extract, verify_logits
+from posgen.extract import default_options, extract, verify_logits
 from posgen.families import plain_backend
 from posgen.fused import Analysis
 from posgen.model_job import ModelJob
@@ -102,7 +102,7 @@ def main(argv=None):
             results["plain forward"] += _plain(plain, ids)
             results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
             for level, name in [(1, "capture + HDF5 (gzip 1)"), (0, "capture + HDF5 (no gzip)")]:
-                report = extract(job(Path(tmp) / "qk.h5"), compression=level)
+                report = extract(job(Path(tmp) / "qk.h5"), **default_options(compression=level))
                 results[name] += report["seconds_per_window"]
             # the store path: the no-gzip extraction's windows plus the two jobs reading its qk.h5, per window
             start = time.perf_counter()
@@ -116,7 +116,7 @@ def main(argv=None):
                 device="cpu",
                 **settings,
             )
-            report = extract(job(Path(tmp) / "fused-qk.h5"), keep_qk=0, analysis=analysis)
+            report = extract(job(Path(tmp) / "fused-qk.h5"), **default_options(), keep_qk=0, analysis=analysis)
             results["fused (keep_qk 0)"] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
     print(
