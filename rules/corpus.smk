@@ -6,7 +6,7 @@ rule windows:
     input:
         manifest=rules.get_model.output.manifest,
     output:
-        windows="results/{model}/windows.h5",
+        windows=WINDOWS,
     log:
         "logs/windows/{model}.log",
     conda:

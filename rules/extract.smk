@@ -2,7 +2,7 @@
 # decomposition.nc and bands.nc, and q/k of the first extract.keep_qk windows only; the store path writes every
 # window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
 
-FUSED_OUTPUT = {"decomposition": f"{SHARD_DIR}/decomposition.nc", "bands": f"{SHARD_DIR}/bands.nc"} if FUSED else {}
+FUSED_OUTPUT = {table: shard_table(table) for table in FUSED_TABLES} if FUSED else {}
 
 
 rule extract:
@@ -11,7 +11,7 @@ rule extract:
         windows=rules.windows.output.windows,
     output:
         **FUSED_OUTPUT,
-        qk=f"{SHARD_DIR}/qk.h5",
+        qk=QK,
     log:
         "logs/extract/{model}/{variant}/{shard}.log",
     benchmark:
@@ -27,6 +27,3 @@ rule extract:
         device_map=entry_key("device_map"),
     script:
         "../workflow_scripts/extract.py"
-
-
-TARGETS.extend(expand(rules.extract.output.qk, model=MODELS, variant=VARIANTS, shard=SHARDS))

@@ -8,7 +8,7 @@ rule example_heads:
         qk=expand(rules.extract.output.qk, shard=FIGURE_SHARD, allow_missing=True)[0],
         decomposition=DECOMPOSITION,
     output:
-        examples="results/{model}/{variant}/examples.nc",
+        examples=EXAMPLES,
     log:
         "logs/figures/{model}/{variant}/example_heads.log",
     conda:
@@ -66,15 +66,15 @@ rule reproduction:
         study_summary=study_summary_if_built,
     output:
         csv=report(
-            "results/reproduction.csv",
+            REPRODUCTION["csv"],
             caption="../report/reproduction.rst",
             category="0. Reproduction tables",
             subcategory="all models",
             labels={"table": "reproduction"},
         ),
-        md="results/reproduction.md",
+        md=REPRODUCTION["md"],
         synthetic_csv=report(
-            "results/reproduction_synthetic.csv",
+            REPRODUCTION["synthetic_csv"],
             caption="../report/reproduction_synthetic.rst",
             category="0. Reproduction tables",
             subcategory="all models",
@@ -88,9 +88,3 @@ rule reproduction:
         config_hash=hash_of([], per_model=False),
     script:
         "../workflow_scripts/reproduction.py"
-
-
-for row in FIGURE_TABLE.values():
-    for ext in ["png", "pdf"]:
-        TARGETS.extend(row.paths(FIGURE_WILDCARDS, ext))
-TARGETS.extend(rules.reproduction.output)

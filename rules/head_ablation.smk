@@ -10,7 +10,7 @@ rule head_ablation:
         windows=rules.windows.output.windows,
         decomposition=DECOMPOSITION,
     output:
-        nc="results/{model}/{variant}/head_ablation.nc",
+        nc=HEAD_ABLATION,
     log:
         "logs/head_ablation/{model}/{variant}.log",
     benchmark:
@@ -26,6 +26,3 @@ rule head_ablation:
         device_map=entry_key("device_map"),
     script:
         "../workflow_scripts/head_ablation.py"
-
-
-TARGETS.extend(expand(rules.head_ablation.output.nc, model=MODELS, variant=VARIANTS))

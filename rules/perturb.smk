@@ -8,7 +8,7 @@ rule perturb:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc=f"{SHARD_DIR}/perturb.nc",
+        nc=shard_table("perturb"),
     log:
         "logs/perturb/{model}/{variant}/{shard}.log",
     benchmark:
@@ -31,7 +31,7 @@ rule cap:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc=f"{SHARD_DIR}/cap.nc",
+        nc=shard_table("cap"),
     log:
         "logs/cap/{model}/{variant}/{shard}.log",
     benchmark:
@@ -47,10 +47,3 @@ rule cap:
         device_map=entry_key("device_map"),
     script:
         "../workflow_scripts/cap.py"
-
-
-PERTURB = "results/{model}/{variant}/perturb.nc"
-CAP = "results/{model}/{variant}/cap.nc"
-
-TARGETS.extend(expand(PERTURB, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(CAP, model=MODELS, variant=VARIANTS))

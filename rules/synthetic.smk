@@ -125,7 +125,3 @@ for which, folder in COLLECTIONS.items():
             **params_of("synthetic_summary", per_model=False),
         script:
             "../workflow_scripts/synthetic_summary.py"
-
-
-SYN_RUN_OUTPUTS = [f"results/synthetic/{part}.nc" for part in SYN_PARTS] + ["results/synthetic/summary.csv"]
-TARGETS.extend(SYN_RUN_OUTPUTS)

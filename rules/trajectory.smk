@@ -8,8 +8,8 @@
 # Output beside the acquired models' layout: resources/models/<name>/{config,tokenizer,manifest.json,step<N>/}.
 rule train_trajectory:
     output:
-        manifest="resources/models/{model}/manifest.json",
-        training="results/{model}/training.nc",
+        manifest=MANIFEST,
+        training=TRAINING_LOG,
     log:
         "logs/train_trajectory/{model}.log",
     benchmark:
@@ -41,8 +41,7 @@ rule trajectory_table:
         perturb=over_variants(PERTURB),
         training=training_log,
     output:
-        csv="results/{model}/trajectory.csv",
-        nc="results/{model}/trajectory.nc",
+        **TRAJECTORY_TABLE,
     log:
         "logs/trajectory_table/{model}.log",
     conda:

@@ -141,7 +141,7 @@ def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defau
     required = {n for n, p in inspect.signature(extract).parameters.items() if p.default is inspect.Parameter.empty}
     assert set(OPTIONS) <= required
     assert schema_defaults("decomposition", ["bound_samples"]) == {"bound_samples": 2}
-    with pytest.raises(KeyError, match="no schema default for nope"):
+    with pytest.raises(KeyError, match="config.perturb.nope: not in the schema"):
         schema_defaults("perturb", ["nope"])
     assert leaves("perturb.caps", seed="window_seed") == {"caps": "perturb.caps", "seed": "window_seed"}
     with pytest.raises(ValueError, match="two leaves under the param name"):

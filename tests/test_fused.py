@@ -13,8 +13,9 @@ from posgen.extract import default_options, extract
 from posgen.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
-from posgen.shards import gather, parse_shard, shard_names, shard_of, shard_ranges
+from posgen.shards import gather
 from posgen.store import QKWriter, open_dataset, write_netcdf
+from posgen.workflow import parse_shard, shard_names, shard_of, shard_ranges
 
 DECOMPOSITION = {"dummy_distances": [0, 8, 100], "dummy_distance": 100, "lstsq_tol": 1e-8, "bound_samples": 2}
 N_WINDOWS = 5

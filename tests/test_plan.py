@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from posgen import plan  # noqa: E402
+from posgen import plan, workflow  # noqa: E402
 from posgen.config import load  # noqa: E402
 from posgen.shapes import SHAPES, parameter_count, shape_config  # noqa: E402
 
@@ -65,7 +65,7 @@ def test_forward_flops_of_llama_8b():
 def test_job_resources_are_sane_and_monotone(tiny_source):
     cfg = small_config()
     tiny = plan.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
-    for rule in plan.HEAVY_RULES:
+    for rule in workflow.MODEL_JOB_RULES:
         for device in ("cpu", "gpu"):
             small = plan.job_resources(rule, tiny, cfg, 4, 1, device)
             big = plan.job_resources(rule, SMOLLM2, cfg, 4, 1, device)
@@ -81,7 +81,7 @@ def test_job_resources_are_sane_and_monotone(tiny_source):
     four = plan.job_resources("extract", LLAMA8B, paper, 4, 1, "gpu")
     assert 16_000 < one["gpu_mem_mb"] < 80_000, one
     assert four["gpu_mem_mb"] == one["gpu_mem_mb"]  # one window at a time
-    for rule in plan.HEAVY_RULES:  # the estimate; the runtime ask has a 10-minute floor
+    for rule in workflow.MODEL_JOB_RULES:  # the estimate; the runtime ask has a 10-minute floor
         for device in ("cpu", "gpu"):
             four = plan.job_cost(rule, LLAMA8B, paper, (0, 4), device).seconds
             assert four > plan.job_cost(rule, LLAMA8B, paper, (0, 1), device).seconds, (rule, device)
@@ -156,8 +156,8 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         **plan.job_resources("head_ablation", SMOLLM2, cfg, 2, 1, "gpu"),
         "gpu": 2,
     }
-    assert plan.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
-    assert plan.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
+    assert workflow.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
+    assert workflow.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
     assert "gpu" not in plan.resource_names("bands")

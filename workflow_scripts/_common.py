@@ -50,7 +50,7 @@ def model_job(snakemake, out: str = "nc"):
     the model folder beside its manifest, the windows, output ``out``, the wildcards and the shared params
     (dtype, device, the model's device_map, config_hash); the shard wildcard, where the rule has one."""
     from posgen.model_job import ModelJob
-    from posgen.shards import parse_shard
+    from posgen.workflow import parse_shard
 
     p, w = snakemake.params, snakemake.wildcards
     shard = w.get("shard")

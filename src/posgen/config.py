@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -342,16 +343,36 @@ def config_hash(config: dict, keys: list[str] | None = None) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+@functools.cache
+def _schema_properties() -> dict:
+    # read once: the resource functions of every job ask (posgen.plan.config_options)
+    return yaml.safe_load(SCHEMA.read_text())["properties"]
+
+
+def _schema_node(path: str) -> dict:
+    node = {"properties": _schema_properties()}
+    for key in path.split("."):
+        node = node.get("properties", {}).get(key)
+        if node is None:
+            raise KeyError(f"config.{path}: not in the schema")
+    return node
+
+
+def schema_default(path: str):
+    """The schema's default of dotted leaf ``path`` (the one place defaults are written)."""
+    node = _schema_node(path)
+    if "default" not in node:
+        raise KeyError(f"config.{path}: no schema default")
+    return copy.deepcopy(node["default"])
+
+
 def schema_defaults(section: str, keys=None) -> dict:
     """The schema's default of each key of config ``section`` that has one (of ``keys`` only, when given): for a
     caller of a library function outside the workflow, which takes every config leaf as a required keyword
     argument."""
-    properties = yaml.safe_load(SCHEMA.read_text())["properties"][section]["properties"]
+    properties = _schema_node(section)["properties"]
     keys = [key for key, spec in properties.items() if "default" in spec] if keys is None else list(keys)
-    missing = [key for key in keys if "default" not in properties.get(key, {})]
-    if missing:
-        raise KeyError(f"config.{section}: no schema default for {', '.join(missing)}")
-    return {key: copy.deepcopy(properties[key]["default"]) for key in keys}
+    return {key: schema_default(f"{section}.{key}") for key in keys}
 
 
 def leaf(config: dict, path: str):

@@ -44,12 +44,19 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from posgen.config import schema_default, schema_defaults, variants
 from posgen.shapes import SHAPES
-from posgen.shards import parse_shard, shard_ranges
+from posgen.workflow import (
+    GPU_RULES,
+    MODEL_JOB_RULES,
+    MODELS_DIR,
+    parse_shard,
+    planned_rules,
+    rule_shards,
+    rule_windows,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap", "head_ablation")
-GPU_RULES = ("extract", "decompose", "perturb", "cap", "head_ablation")  # bands reads q/k on the CPU
 RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
 CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
 RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
@@ -173,7 +180,7 @@ class Shape:
         return self.n_heads * n_tokens * n_tokens * 4
 
 
-def model_shape(entry: dict, models_dir: str | Path = "resources/models") -> Shape | None:
+def model_shape(entry: dict, models_dir: str | Path = MODELS_DIR) -> Shape | None:
     """The shape of a config's model entry: its acquired config.json, else a recorded shape, else None."""
     acquired = Path(models_dir) / entry["name"] / "config.json"
     if acquired.exists():
@@ -279,24 +286,23 @@ class Cost:
 
 
 def config_options(cfg: dict) -> dict:
-    """The scale options of docs/slurm.md with their defaults (keys may be absent from older configs)."""
-    extract = cfg.get("extract", {})
-    keep = extract.get("keep_qk", 1)
-    analysis = extract.get("analysis", "fused")
+    """The scale options of docs/slurm.md; a key absent from ``cfg`` (an older config, one not validated) takes
+    the schema's default."""
+    extract = {**schema_defaults("extract"), **cfg.get("extract", {})}
+    keep, analysis, qk_dtype = extract["keep_qk"], extract["analysis"], extract["qk_dtype"]
     if analysis not in ("fused", "store"):
         raise ValueError(f"extract.analysis: {analysis!r} (fused | store)")
-    qk_dtype = extract.get("qk_dtype", "float32")
     if qk_dtype not in DTYPE_BYTES:
         raise ValueError(f"extract.qk_dtype: {qk_dtype!r} ({' | '.join(DTYPE_BYTES)})")
     if analysis == "store" or keep == "all":
         keep = cfg["n_samples"]
     return {
-        "shards": int(cfg.get("shards", 1)),
+        "shards": int(cfg.get("shards", schema_default("shards"))),
         "analysis": analysis,
         "keep_qk": int(keep),
         "qk_dtype": qk_dtype,
-        "ref_samples": list(extract.get("ref_samples", [0])),
-        "ref_layers": list(extract.get("ref_layers", [0, -1])),
+        "ref_samples": list(extract["ref_samples"]),
+        "ref_layers": list(extract["ref_layers"]),
     }
 
 
@@ -403,7 +409,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
     if rule == "head_ablation":
         return _head_ablation_cost(shape, cfg["head_ablation"], n, dtype, rates, load_s, weights, on_gpu)
-    raise ValueError(f"rule {rule!r}: the plan knows {', '.join(HEAVY_RULES)}")
+    raise ValueError(f"rule {rule!r}: the plan knows {', '.join(MODEL_JOB_RULES)}")
 
 
 def _head_ablation_cost(
@@ -510,36 +516,9 @@ class Row:
     cost: Cost | None  # None: shape unknown
 
 
-def planned_rules(cfg: dict) -> tuple[str, ...]:
-    if config_options(cfg)["analysis"] == "fused":
-        return ("extract", "perturb", "cap", "head_ablation")
-    return ("extract", "decompose", "bands", "perturb", "cap", "head_ablation")
-
-
-def rule_windows(rule: str, cfg: dict) -> int:
-    """The windows a job of ``rule`` reads, all shards together: perturb and cap their own ``perturb.n_samples``,
-    head_ablation its ``head_ablation.n_samples`` (one job, not sharded), the others ``n_samples``."""
-    if rule in ("perturb", "cap"):
-        return cfg["perturb"]["n_samples"]
-    if rule == "head_ablation":
-        return cfg["head_ablation"]["n_samples"]
-    return cfg["n_samples"]
-
-
-def rule_shards(rule: str, cfg: dict) -> list[tuple[int, int]]:
-    """The window ranges of ``rule``'s jobs of one (model, variant): config ``shards`` of them, at most one window
-    each; head_ablation is one job."""
-    total = rule_windows(rule, cfg)
-    if rule == "head_ablation":
-        return [(0, total)]
-    return shard_ranges(total, min(config_options(cfg)["shards"], total))
-
-
-def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str = "gpu") -> list[Row]:
+def plan(cfg: dict, *, models_dir: str | Path = MODELS_DIR, device: str = "gpu") -> list[Row]:
     """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap,
     head_ablation) per (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
-    from posgen.config import variants
-
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)
@@ -571,7 +550,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posgen.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--configfile", default="config.yaml")
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    parser.add_argument("--models-dir", default="resources/models")
+    parser.add_argument("--models-dir", default=MODELS_DIR)
     parser.add_argument("--totals", action="store_true", help="print the totals only")
     args = parser.parse_args(argv)
     try:
