@@ -16,8 +16,8 @@ def _job_resources(rule, wildcards, input, attempt):
 
 
 def resources_for(rule):
-    """{resource: callable(wildcards, input, attempt)} for the heavy ``rule`` (extract, decompose, bands,
-    perturb, cap); ``gpu`` only where the rule runs on a GPU."""
+    """{resource: callable(wildcards, input, attempt)} for the model-job ``rule`` (posgen.workflow.MODEL_JOB_RULES);
+    ``gpu`` only where the rule runs on a GPU."""
 
     def one(name):
         def resource(wildcards, input, attempt):

@@ -19,6 +19,7 @@ Method B's reduced system, n_delta = T or the sliding window):
 * error of A and section 5 bound on the ``bound_samples`` windows, float32, per (window, layer):
   ``(4 d + 3 d / 2 + 8) H T^2`` (two sinks, T^2 / 2 entries each; 8 elementwise operations per entry).
 * feature bands: a few passes over q/k (negligible next to the above).
+* head ablation, per sequence: one forward, ``H L (L + 1) / 2`` layer passes and the LM head at the scored targets.
 * bytes: q/k of a kept window ``L (H + H_kv) T d b`` with b the bytes of ``extract.qk_dtype``, reference logits
   ``H T^2 4`` per (reference window, reference layer), decomposition.nc ``(44 + 2 nD) 8`` bytes per
   (window, layer, head), bands.nc ``6 (H + H_kv) d / 2 8`` bytes per (window, layer).
