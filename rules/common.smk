@@ -9,14 +9,48 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from posgen.config import (  # noqa: E402
     ConfigError,
     job_hash,
+    leaf,
     model_entry,
     trajectory_models,
     validate as validate_config,
     variants,
 )
-from posgen.shards import shard_names, shard_of  # noqa: E402
 from posgen.figure_table import FIGURES as FIGURE_TABLE, STUDY_FIGURES, TRAJECTORY_FIGURES  # noqa: E402
 from posgen.trajectory import heatmap_variants  # noqa: E402
+
+# The workflow's shape (posgen.workflow): path templates, model jobs, shards, what `all` builds.
+from posgen.workflow import (  # noqa: E402
+    BANDS,
+    DECOMPOSITION,
+    EXAMPLES,
+    FUSED_TABLES,
+    GATHERED,
+    HEAD_ABLATION,
+    INTERVALS,
+    MANIFEST,
+    MODEL_PRIORITY,
+    MODEL_SUMMARY,
+    MODEL_THREADS,
+    MODELS_DIR,
+    PERTURB,
+    QK,
+    REPRODUCTION,
+    SHARD_TABLE,
+    SUMMARY_TABLE,
+    SYN_CLASSIFIER_DIR,
+    SYN_PARTS,
+    SYN_STUDY,
+    TABLE,
+    TRAINING_LOG,
+    TRAJECTORY_TABLE,
+    WINDOWS,
+    figure_shard,
+    figure_wildcards,
+    is_fused,
+    shard_table,
+    shards_of,
+    step_leaves,
+)
 
 try:
     # paths only in the main process: a cluster job's node may not see the login node's local files
@@ -32,83 +66,13 @@ VARIANTS = variants(config)
 # Checkpoint series (config `trajectory.models`): their variants are step<N> (variants(config, model)); they go
 # through the same per-variant rules, but only the `trajectory` target (rules/trajectory.smk) asks for them.
 TRAJECTORY_MODELS = trajectory_models(config)
-TARGETS = []
-
-# CPU threads of each model job (extract, decompose, perturb, cap, llm_heads). One: a model job is parallel
-# across jobs (variants, shards), and on a 2-core machine two 1-thread jobs side by side finish 23 % sooner than
-# the same jobs one after another with 2 threads (docs/results.md, "make run"). GPU jobs ask for their CPUs
-# apart (profiles/slurm); a workstation running one big model locally raises it with `--set-threads extract=8`.
-MODEL_THREADS = 1
-# Which ready model job starts first when cores are short (Snakemake `priority`): the longest first, so that a run
-# ends on short jobs, not on a 2-minute perturbation beside an idle core (docs/results.md, "make run").
-MODEL_PRIORITY = {"perturb": 4, "extract": 3, "llm_heads": 2, "cap": 1}
 
 # Shards (config `shards`, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split into
 # contiguous ranges `<start>-<stop>`, one job each; rule gather merges them along `sample`. The fused path
 # (extract.analysis) computes decomposition.nc and bands.nc inside each extraction job.
-FUSED = config["extract"]["analysis"] == "fused"
-SHARDS = shard_names(config["n_samples"], config["shards"])
-PERTURB_SHARDS = shard_names(config["perturb"]["n_samples"], min(config["shards"], config["perturb"]["n_samples"]))
-SHARD_DIR = "results/{model}/{variant}/shards/{shard}"
+FUSED = is_fused(config)
 # the shard whose qk.h5 holds the example heads' window
-FIGURE_SHARD = shard_of(config["figures"]["sample"], config["n_samples"], config["shards"])
-
-# The config leaves each step reads (dotted paths), the same ones its rule passes as params. A job's
-# `config_hash` covers exactly these plus its own model's `models` entry, so editing any other key (a figure
-# setting, another model) neither changes the hash nor reruns the job. Rules pass leaves, not whole sections:
-# Snakemake compares params by their text, in which a section's key order (as written in the file) would count.
-WINDOWS_LEAVES = ["corpus.source", "n_samples", "seq_len", "window_seed"]
-EXTRACT_LEAVES = [
-    "dtype",
-    "device",
-    "extract.ref_samples",
-    "extract.ref_layers",
-    "extract.check_rtol",
-    "extract.check_tokens",
-    "extract.transparency_tokens",
-    "extract.transparency_rtol",
-    "extract.compression",
-    "extract.analysis",
-    "extract.keep_qk",
-    "extract.qk_dtype",
-]
-DECOMPOSE_LEAVES = [
-    "decomposition.dummy_distances",
-    "decomposition.dummy_distance",
-    "decomposition.lstsq_tol",
-    "decomposition.bound_samples",
-    "device",
-]
-BANDS_LEAVES = []
-# the fused extraction also reads what the decompose and bands jobs read
-FUSED_LEAVES = EXTRACT_LEAVES + DECOMPOSE_LEAVES + BANDS_LEAVES if FUSED else EXTRACT_LEAVES
-# the decomposition's params, the same in rule decompose (store path) and rule extract (fused path)
-DECOMPOSITION_PARAMS = {
-    "dummy_distances": config["decomposition"]["dummy_distances"],
-    "dummy_distance": config["decomposition"]["dummy_distance"],
-    "lstsq_tol": config["decomposition"]["lstsq_tol"],
-    "bound_samples": config["decomposition"]["bound_samples"],
-}
-INTERVAL_LEAVES = ["intervals.bootstrap", "intervals.seed"]
-PERTURB_LEAVES = [
-    "perturb.n_samples",
-    "perturb.seq_len",
-    "perturb.rates",
-    "perturb.seed",
-    "perturb.jitter",
-    "decomposition.dummy_distance",
-    "dtype",
-    "device",
-]
-CAP_LEAVES = [
-    "perturb.n_samples",
-    "perturb.seq_len",
-    "perturb.caps",
-    "decomposition.dummy_distance",
-    "dtype",
-    "device",
-]
-EXAMPLES_LEAVES = ["figures.sample", "figures.map_tokens", "figures.pool_pairs", "figures.seed"]
+FIGURE_SHARD = figure_shard(config)
 
 
 wildcard_constraints:
@@ -128,8 +92,7 @@ def over_variants(template):
 
 def shard_files(wildcards):
     """The per-shard files of a gathered table: perturb and cap over the perturbation windows' shards."""
-    shards = PERTURB_SHARDS if wildcards.table in ("perturb", "cap") else SHARDS
-    return expand(f"{SHARD_DIR}/{{table}}.nc", shard=shards, **wildcards)
+    return expand(SHARD_TABLE, shard=shards_of(GATHERED[wildcards.table], config), **wildcards)
 
 
 def entry_key(key, default=""):
@@ -150,6 +113,15 @@ def hash_of(leaves, per_model=True):
     return job_config_hash
 
 
+def params_of(step, per_model=True):
+    """A rule's params: every config leaf ``step`` reads (posgen.workflow.STEP_LEAVES) under its param name, and
+    config_hash over exactly those leaves plus (``per_model``) the job's own model entry. Rules pass leaves, not
+    whole sections: Snakemake compares params by their text, in which a section's key order would count."""
+    named = step_leaves(step, config)
+    values = {name: leaf(config, path) for name, path in named.items()}
+    return {**values, "config_hash": hash_of(list(named.values()), per_model)}
+
+
 def canonical(section):
     """A config section as params with its keys sorted at every level: Snakemake compares params as text, so
     the key order of the config file must not rerun a job."""
@@ -163,9 +135,9 @@ def own_model_entry(wildcards):
 
 
 # Figure rules (rules/figures.smk, one per row of posgen.figure_table): the values an input wildcard that the
-# figure's scope does not keep is expanded over, in this order. A rules file that adds a global figure reading
-# files with other wildcards adds their values here (before rules/figures.smk is included).
-FIGURE_WILDCARDS = {"model": MODELS, "variant": VARIANTS}
+# figure's scope does not keep is expanded over, in this order (posgen.workflow.figure_wildcards, which a global
+# figure reading files with other wildcards extends).
+FIGURE_WILDCARDS = figure_wildcards(config)
 
 
 def figure_inputs(row):
@@ -176,19 +148,19 @@ def figure_inputs(row):
 
 def figure_hash(row):
     """The params function of a figure's config hash: what its params read."""
-    leaves = (["random_init_seeds"] if "variant" in row.expanded() else []) + (INTERVAL_LEAVES if row.bootstrap else [])
+    leaves = ["random_init_seeds"] if "variant" in row.expanded() else []
+    leaves += list(INTERVALS.values()) if row.bootstrap else []
     return hash_of(leaves, per_model="model" in row.wildcards)
 
 
 # Training trajectories (rules/trajectory.smk): the models the workflow trains itself, the leaves of the per-step
 # table, and the input functions of the trajectory figures.
 TRAIN_MODELS = [m["name"] for m in config["trajectory"]["models"] if m["source"] == "train"]
-TRAJECTORY_LEAVES = ["trajectory.sensitivity_rates"] + INTERVAL_LEAVES
 
 
 def training_log(wildcards):
     """training.nc of a model trained by the workflow; a hub series has none."""
-    return f"results/{wildcards.model}/training.nc" if wildcards.model in TRAIN_MODELS else []
+    return TRAINING_LOG.format(model=wildcards.model) if wildcards.model in TRAIN_MODELS else []
 
 
 def trajectory_figure_variants(row):
@@ -221,8 +193,6 @@ SYN_DATA_LEAVES = [f"synthetic.{key}" for key in SYN_DATA_KEYS]
 SYN_EXPERIMENTS = {name: resolve(SYN, name) for which in COLLECTIONS for name in SYN[which]}
 SYN_TASKS = sorted({task for options in SYN_EXPERIMENTS.values() for task in options["tasks"]})
 SYN_PES = sorted({pe for options in SYN_EXPERIMENTS.values() for pe in pe_labels(options)})
-SYN_CLASSIFIER_DIR = "results/synthetic/{experiment}/{task}/{pe}/seed{seed}"
-SYN_PARTS = ["training", "ablation", "toeplitz", "probe"]
 
 
 wildcard_constraints:
@@ -264,9 +234,6 @@ def syn_classifier_files(which, name):
 
 def syn_keys(which):
     return [[experiment, *key] for experiment in SYN[which] for key in classifiers(SYN_EXPERIMENTS[experiment])]
-
-
-SYN_STUDY = "results/synthetic/deposit_study"
 
 
 def study_summary_if_built(wildcards):

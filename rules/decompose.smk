@@ -6,7 +6,7 @@ if not FUSED:
         input:
             qk=rules.extract.output.qk,
         output:
-            decomposition=f"{SHARD_DIR}/decomposition.nc",
+            decomposition=shard_table("decomposition"),
         log:
             "logs/decompose/{model}/{variant}/{shard}.log",
         benchmark:
@@ -17,9 +17,7 @@ if not FUSED:
         resources:
             **resources_for("decompose"),
         params:
-            **DECOMPOSITION_PARAMS,
-            device=config["device"],
-            config_hash=hash_of(DECOMPOSE_LEAVES),
+            **params_of("decompose"),
         script:
             "../workflow_scripts/decompose.py"
 
@@ -27,7 +25,7 @@ if not FUSED:
         input:
             qk=rules.extract.output.qk,
         output:
-            bands=f"{SHARD_DIR}/bands.nc",
+            bands=shard_table("bands"),
         log:
             "logs/bands/{model}/{variant}/{shard}.log",
         benchmark:
@@ -38,7 +36,7 @@ if not FUSED:
         resources:
             **resources_for("bands"),
         params:
-            config_hash=hash_of(BANDS_LEAVES),
+            **params_of("bands"),
         script:
             "../workflow_scripts/bands.py"
 
@@ -52,19 +50,15 @@ rule gather:
     input:
         shard_files,
     output:
-        "results/{model}/{variant}/{table}.nc",
+        TABLE,
     log:
         "logs/gather/{model}/{variant}/{table}.log",
     wildcard_constraints:
-        table="decomposition|bands|perturb|cap",
+        table="|".join(GATHERED),
     conda:
         "../envs/posgen.yaml"
     script:
         "../workflow_scripts/gather.py"
-
-
-DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
-BANDS = "results/{model}/{variant}/bands.nc"
 
 
 # One job per model, so that adding a model leaves the others' summaries (and their figures) alone.
@@ -72,8 +66,7 @@ rule summarize:
     input:
         decomposition=over_variants(DECOMPOSITION),
     output:
-        csv="results/{model}/summary.csv",
-        nc="results/{model}/summary.nc",
+        **MODEL_SUMMARY,
     log:
         "logs/summarize/{model}.log",
     benchmark:
@@ -85,9 +78,7 @@ rule summarize:
         mem_mb=2000,
         runtime=30,
     params:
-        n_boot=config["intervals"]["bootstrap"],
-        seed=config["intervals"]["seed"],
-        config_hash=hash_of(INTERVAL_LEAVES),
+        **params_of("summarize"),
     script:
         "../workflow_scripts/summarize.py"
 
@@ -101,16 +92,10 @@ rule summary_table:
     input:
         csv=expand(rules.summarize.output.csv, model=sorted(MODELS)),
     output:
-        csv="results/summary.csv",
+        csv=SUMMARY_TABLE,
     log:
         "logs/summary_table.log",
     conda:
         "../envs/posgen.yaml"
     script:
         "../workflow_scripts/summary_table.py"
-
-
-TARGETS.extend(expand(DECOMPOSITION, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(BANDS, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(rules.summarize.output.nc, model=MODELS))
-TARGETS.extend(rules.summary_table.output)

@@ -2,8 +2,7 @@
 # decomposition.nc and bands.nc, and q/k of the first extract.keep_qk windows only; the store path writes every
 # window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
 
-FUSED_OUTPUT = {"decomposition": f"{SHARD_DIR}/decomposition.nc", "bands": f"{SHARD_DIR}/bands.nc"} if FUSED else {}
-FUSED_PARAMS = DECOMPOSITION_PARAMS if FUSED else {}
+FUSED_OUTPUT = {table: shard_table(table) for table in FUSED_TABLES} if FUSED else {}
 
 
 rule extract:
@@ -12,7 +11,7 @@ rule extract:
         windows=rules.windows.output.windows,
     output:
         **FUSED_OUTPUT,
-        qk=f"{SHARD_DIR}/qk.h5",
+        qk=QK,
     log:
         "logs/extract/{model}/{variant}/{shard}.log",
     benchmark:
@@ -24,22 +23,7 @@ rule extract:
     resources:
         **resources_for("extract"),
     params:
-        **FUSED_PARAMS,
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("extract"),
         device_map=entry_key("device_map"),
-        ref_samples=config["extract"]["ref_samples"],
-        ref_layers=config["extract"]["ref_layers"],
-        check_rtol=config["extract"]["check_rtol"],
-        check_tokens=config["extract"]["check_tokens"],
-        transparency_tokens=config["extract"]["transparency_tokens"],
-        transparency_rtol=config["extract"]["transparency_rtol"],
-        compression=config["extract"]["compression"],
-        keep_qk=config["extract"]["keep_qk"] if FUSED else "all",
-        qk_dtype=config["extract"]["qk_dtype"],
-        config_hash=hash_of(FUSED_LEAVES),
     script:
         "../workflow_scripts/extract.py"
-
-
-TARGETS.extend(expand(rules.extract.output.qk, model=MODELS, variant=VARIANTS, shard=SHARDS))

@@ -8,7 +8,7 @@ rule examples:
         qk=expand(rules.extract.output.qk, shard=FIGURE_SHARD, allow_missing=True)[0],
         decomposition=DECOMPOSITION,
     output:
-        examples="results/{model}/{variant}/examples.nc",
+        examples=EXAMPLES,
     log:
         "logs/figures/{model}/{variant}/examples.log",
     conda:
@@ -18,11 +18,7 @@ rule examples:
         mem_mb=4000,
         runtime=30,
     params:
-        sample=config["figures"]["sample"],
-        map_tokens=config["figures"]["map_tokens"],
-        pool_pairs=config["figures"]["pool_pairs"],
-        seed=config["figures"]["seed"],
-        config_hash=hash_of(EXAMPLES_LEAVES),
+        **params_of("examples"),
     script:
         "../workflow_scripts/examples.py"
 
@@ -70,15 +66,15 @@ rule reproduction:
         study_summary=study_summary_if_built,
     output:
         csv=report(
-            "results/reproduction.csv",
+            REPRODUCTION["csv"],
             caption="../report/reproduction.rst",
             category="0. Reproduction tables",
             subcategory="all models",
             labels={"table": "reproduction"},
         ),
-        md="results/reproduction.md",
+        md=REPRODUCTION["md"],
         synthetic_csv=report(
-            "results/reproduction_synthetic.csv",
+            REPRODUCTION["synthetic_csv"],
             caption="../report/reproduction_synthetic.rst",
             category="0. Reproduction tables",
             subcategory="all models",
@@ -92,9 +88,3 @@ rule reproduction:
         config_hash=hash_of([], per_model=False),
     script:
         "../workflow_scripts/reproduction.py"
-
-
-for row in FIGURE_TABLE.values():
-    for ext in ["png", "pdf"]:
-        TARGETS.extend(row.paths(FIGURE_WILDCARDS, ext))
-TARGETS.extend(rules.reproduction.output)

@@ -5,7 +5,7 @@ localrules:
 
 rule get_model:
     output:
-        manifest="resources/models/{model}/manifest.json",
+        manifest=MANIFEST,
     log:
         "logs/get_model/{model}.log",
     conda:

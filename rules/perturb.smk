@@ -8,7 +8,7 @@ rule perturb:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc=f"{SHARD_DIR}/perturb.nc",
+        nc=shard_table("perturb"),
     log:
         "logs/perturb/{model}/{variant}/{shard}.log",
     benchmark:
@@ -20,16 +20,8 @@ rule perturb:
     resources:
         **resources_for("perturb"),
     params:
-        n_samples=config["perturb"]["n_samples"],
-        seq_len=config["perturb"]["seq_len"],
-        rates=config["perturb"]["rates"],
-        seed=config["perturb"]["seed"],
-        jitter=config["perturb"]["jitter"],
-        dummy_distance=config["decomposition"]["dummy_distance"],
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("perturb"),
         device_map=entry_key("device_map"),
-        config_hash=hash_of(PERTURB_LEAVES),
     script:
         "../workflow_scripts/perturb.py"
 
@@ -39,7 +31,7 @@ rule cap:
         manifest=rules.get_model.output.manifest,
         windows=rules.windows.output.windows,
     output:
-        nc=f"{SHARD_DIR}/cap.nc",
+        nc=shard_table("cap"),
     log:
         "logs/cap/{model}/{variant}/{shard}.log",
     benchmark:
@@ -51,20 +43,7 @@ rule cap:
     resources:
         **resources_for("cap"),
     params:
-        n_samples=config["perturb"]["n_samples"],
-        seq_len=config["perturb"]["seq_len"],
-        distance_caps=config["perturb"]["caps"],
-        dummy_distance=config["decomposition"]["dummy_distance"],
-        dtype=config["dtype"],
-        device=config["device"],
+        **params_of("cap"),
         device_map=entry_key("device_map"),
-        config_hash=hash_of(CAP_LEAVES),
     script:
         "../workflow_scripts/cap.py"
-
-
-PERTURB = "results/{model}/{variant}/perturb.nc"
-CAP = "results/{model}/{variant}/cap.nc"
-
-TARGETS.extend(expand(PERTURB, model=MODELS, variant=VARIANTS))
-TARGETS.extend(expand(CAP, model=MODELS, variant=VARIANTS))

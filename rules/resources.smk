@@ -9,15 +9,15 @@ from posgen.plan import resource_names, rule_resources  # noqa: E402
 
 def _job_resources(rule, wildcards, input, attempt):
     manifest = input.get("manifest") if hasattr(input, "get") else None
-    model_dir = Path(manifest).parent if manifest else Path("resources/models") / wildcards.model
+    model_dir = Path(manifest).parent if manifest else Path(MODELS_DIR) / wildcards.model
     shard = getattr(wildcards, "shard", None)
     entry = model_entry(config, wildcards.model)
     return rule_resources(rule, model_dir, entry, wildcards.variant, shard, config, attempt)
 
 
 def resources_for(rule):
-    """{resource: callable(wildcards, input, attempt)} for the heavy ``rule`` (extract, decompose, bands,
-    perturb, cap); ``gpu`` only where the rule runs on a GPU."""
+    """{resource: callable(wildcards, input, attempt)} for the model-job ``rule`` (posgen.workflow.MODEL_JOB_RULES);
+    ``gpu`` only where the rule runs on a GPU."""
 
     def one(name):
         def resource(wildcards, input, attempt):

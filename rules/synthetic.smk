@@ -122,10 +122,6 @@ for which, folder in COLLECTIONS.items():
             mem_mb=2000,
             runtime=10,
         params:
-            intervals=config["intervals"],
+            **params_of("synthetic_summary", per_model=False),
         script:
             "../workflow_scripts/synthetic_summary.py"
-
-
-SYN_RUN_OUTPUTS = [f"results/synthetic/{part}.nc" for part in SYN_PARTS] + ["results/synthetic/summary.csv"]
-TARGETS.extend(SYN_RUN_OUTPUTS)

@@ -8,8 +8,8 @@
 # Output beside the acquired models' layout: resources/models/<name>/{config,tokenizer,manifest.json,step<N>/}.
 rule train_trajectory:
     output:
-        manifest="resources/models/{model}/manifest.json",
-        training="results/{model}/training.nc",
+        manifest=MANIFEST,
+        training=TRAINING_LOG,
     log:
         "logs/train_trajectory/{model}.log",
     benchmark:
@@ -24,9 +24,8 @@ rule train_trajectory:
         mem_mb=4000,
         runtime=120,
     params:
-        source=config["corpus"]["source"],
+        **params_of("train_trajectory"),
         train=lambda wildcards: canonical(model_entry(config, wildcards.model)["train"]),
-        config_hash=hash_of(["corpus.source"]),
     script:
         "../workflow_scripts/train_trajectory.py"
 
@@ -42,8 +41,7 @@ rule trajectory_table:
         perturb=over_variants(PERTURB),
         training=training_log,
     output:
-        csv="results/{model}/trajectory.csv",
-        nc="results/{model}/trajectory.nc",
+        **TRAJECTORY_TABLE,
     log:
         "logs/trajectory_table/{model}.log",
     conda:
@@ -53,11 +51,8 @@ rule trajectory_table:
         mem_mb=2000,
         runtime=30,
     params:
+        **params_of("trajectory_table"),
         variants=lambda wildcards: variants(config, wildcards.model),
-        sensitivity_rates=config["trajectory"]["sensitivity_rates"],
-        n_boot=config["intervals"]["bootstrap"],
-        seed=config["intervals"]["seed"],
-        config_hash=hash_of(TRAJECTORY_LEAVES),
     script:
         "../workflow_scripts/trajectory_table.py"
 

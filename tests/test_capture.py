@@ -7,7 +7,8 @@ import torch
 from posgen import rope
 from posgen.capture import BACKEND, Capture
 from posgen.corpus import cut_windows, load_text
-from posgen.extract import SelfCheckError, extract, verify_logits
+from posgen.extract import SelfCheckError, default_options, extract, verify_logits
+from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, read_rope, write_netcdf
 
@@ -23,13 +24,16 @@ def extracted(request, tiny_source, tmp_path_factory):
     out = {}
     for variant in ["trained", "random-seed0"]:
         extract(
-            model_dir,
-            tmp / "windows.h5",
-            tmp / f"{variant}.h5",
-            model_name=arch,
-            variant=variant,
-            ref_samples=[0, 2],
-            ref_layers=[0, -1],
+            ModelJob(
+                model_dir,
+                tmp / "windows.h5",
+                tmp / f"{variant}.h5",
+                model=arch,
+                variant=variant,
+                dtype="float32",
+                device="cpu",
+            ),
+            **default_options(ref_samples=[0, 2], ref_layers=[0, -1]),
         )
         out[variant] = open_dataset(tmp / f"{variant}.h5", lazy=False)
     return arch, model_dir, tmp, out
@@ -108,7 +112,18 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
     arch, model_dir, tmp, out = extracted
     assert not np.allclose(out["trained"]["q"].values, out["random-seed0"]["q"].values)
     np.testing.assert_array_equal(out["trained"]["token_id"].values, out["random-seed0"]["token_id"].values)
-    extract(model_dir, tmp / "windows.h5", tmp / "again.h5", model_name=arch, variant="random-seed0")
+    extract(
+        ModelJob(
+            model_dir,
+            tmp / "windows.h5",
+            tmp / "again.h5",
+            model=arch,
+            variant="random-seed0",
+            dtype="float32",
+            device="cpu",
+        ),
+        **default_options(),
+    )
     np.testing.assert_array_equal(
         open_dataset(tmp / "again.h5", lazy=False)["q"].values, out["random-seed0"]["q"].values
     )
@@ -133,7 +148,18 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
 
     monkeypatch.setattr("posgen.extract.verify_logits", broken)
     with pytest.raises(SelfCheckError):
-        extract(model_dir, tmp / "windows.h5", tmp / "broken.h5", model_name=arch, variant="trained")
+        extract(
+            ModelJob(
+                model_dir,
+                tmp / "windows.h5",
+                tmp / "broken.h5",
+                model=arch,
+                variant="trained",
+                dtype="float32",
+                device="cpu",
+            ),
+            **default_options(),
+        )
     assert not (tmp / "broken.h5").exists()
     assert not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]
 

@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posgen.config import ConfigError, config_hash, job_hash, leaf, load, validate
+from posgen.config import ConfigError, config_hash, job_hash, leaf, load, schema_defaults, validate
+from posgen.workflow import STEP_LEAVES, leaves, step_leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
@@ -56,6 +57,10 @@ MALFORMED = [
     ),
     (_set(["decomposition"], {"bootstrap": 500}), "config.decomposition.bootstrap: renamed to intervals.bootstrap"),
     (_set(["decomposition"], {"bootstrap_seed": 1}), "config.decomposition.bootstrap_seed: renamed to intervals.seed"),
+    (
+        _set(["llm_heads"], {"n_samples": 2}),
+        "config.llm_heads: renamed to head_ablation (rename the section `llm_heads:` to `head_ablation:`)",
+    ),
     (_set(["intervals"], {"bootstrap": 10}), "config.intervals.bootstrap:"),
 ]
 
@@ -120,3 +125,24 @@ def test_paths_are_checked_only_when_asked(tmp_path):
     with pytest.raises(ConfigError, match=rf"^config\.models\[0\]\.source: {tmp_path}/gone is not a directory$"):
         validate(copy.deepcopy(config))
     validate(config, check_paths=False)  # a cluster job: its node may not see the login node's files
+
+
+def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defaults():
+    import inspect
+
+    from posgen.extract import OPTIONS, extract
+
+    config = validate(copy.deepcopy(BASE))
+    for step in STEP_LEAVES:
+        for path in step_leaves(step, config).values():
+            leaf(config, path)  # every leaf a step reads exists once the schema's defaults are filled in
+    assert set(step_leaves("extract", config)) >= set(STEP_LEAVES["decompose"])  # the fused path
+    assert set(OPTIONS) <= set(STEP_LEAVES["extract"])
+    required = {n for n, p in inspect.signature(extract).parameters.items() if p.default is inspect.Parameter.empty}
+    assert set(OPTIONS) <= required
+    assert schema_defaults("decomposition", ["bound_samples"]) == {"bound_samples": 2}
+    with pytest.raises(KeyError, match="config.perturb.nope: not in the schema"):
+        schema_defaults("perturb", ["nope"])
+    assert leaves("perturb.caps", seed="window_seed") == {"caps": "perturb.caps", "seed": "window_seed"}
+    with pytest.raises(ValueError, match="two leaves under the param name"):
+        leaves("perturb.seed", seed="window_seed")

@@ -469,14 +469,26 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
 def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_window(tiny_source, tmp_path):
     """A tiny Gemma 3 (sliding window 16 on layers 0 and 1, layer 2 global) through extraction and decomposition."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
     from posgen.models import acquire, load_model
     from posgen.store import open_dataset, write_netcdf
 
     acquire(f"local:{tiny_source('gemma3')}", tmp_path / "model")
     _, tokenizer, _ = load_model(tmp_path / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 40, 0, "embedded"), tmp_path / "windows.h5")
-    extract(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", model_name="g", variant="trained")
+    extract(
+        ModelJob(
+            tmp_path / "model",
+            tmp_path / "windows.h5",
+            tmp_path / "qk.h5",
+            model="g",
+            variant="trained",
+            dtype="float32",
+            device="cpu",
+        ),
+        **default_options(),
+    )
     qk = open_dataset(tmp_path / "qk.h5", lazy=False)
     assert qk["sliding_window"].values.tolist() == [16, 16, 0]
     assert list(layer_types(qk)) == ["sliding", "sliding", "global"]

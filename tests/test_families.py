@@ -11,7 +11,8 @@ import xarray as xr
 from posgen import families, rope
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.extract import TransparencyError, extract
+from posgen.extract import TransparencyError, default_options, extract
+from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
 from posgen.tiny import _tokenizer, make_tiny
@@ -70,7 +71,10 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     tmp, _ = workspace
     model_dir = _model(workspace, arch)
     qk = tmp / arch / "qk.h5"
-    report = extract(model_dir, tmp / "windows.h5", qk, model_name=arch, variant="trained", check_tokens=0)
+    report = extract(
+        ModelJob(model_dir, tmp / "windows.h5", qk, model=arch, variant="trained", dtype="float32", device="cpu"),
+        **default_options(check_tokens=0),
+    )
     ds = open_dataset(qk, lazy=False)
     layouts, rotary_dims, layer_index = SUPPORTED[arch]
     assert ds["rope_layout"].values.tolist() == layouts
@@ -104,7 +108,18 @@ def test_unsupported_family_is_refused_in_one_line_before_extraction(workspace, 
     tmp, _ = workspace
     model_dir = _model(workspace, arch)
     with pytest.raises(families.UnsupportedModelError) as err:
-        extract(model_dir, tmp / "windows.h5", tmp / arch / "qk.h5", model_name=arch, variant="trained")
+        extract(
+            ModelJob(
+                model_dir,
+                tmp / "windows.h5",
+                tmp / arch / "qk.h5",
+                model=arch,
+                variant="trained",
+                dtype="float32",
+                device="cpu",
+            ),
+            **default_options(),
+        )
     message = str(err.value)
     assert message.startswith(REFUSED[arch]) and "\n" not in message
     assert not (tmp / arch / "qk.h5").exists()
@@ -124,7 +139,18 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
 
     monkeypatch.setattr("posgen.capture._eager_forward", drops_sinks)
     with pytest.raises(TransparencyError, match=r"^transparency check failed for GptOssForCausalLM: .* by \d"):
-        extract(model_dir, tmp / "windows.h5", tmp / "broken.h5", model_name="gpt-oss", variant="trained")
+        extract(
+            ModelJob(
+                model_dir,
+                tmp / "windows.h5",
+                tmp / "broken.h5",
+                model="gpt-oss",
+                variant="trained",
+                dtype="float32",
+                device="cpu",
+            ),
+            **default_options(),
+        )
     assert not (tmp / "broken.h5").exists()
 
 

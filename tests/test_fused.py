@@ -9,12 +9,14 @@ import xarray as xr
 from posgen.bands import band_stats
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.extract import extract
+from posgen.extract import default_options, extract
 from posgen.fused import Analysis
+from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.rope_table import RopeTable
-from posgen.shards import gather, parse_shard, shard_names, shard_of, shard_ranges
+from posgen.shards import gather
 from posgen.store import QKWriter, open_dataset, write_netcdf
+from posgen.workflow import parse_shard, shard_names, shard_of, shard_ranges
 
 DECOMPOSITION = {"dummy_distances": [0, 8, 100], "dummy_distance": 100, "lstsq_tol": 1e-8, "bound_samples": 2}
 N_WINDOWS = 5
@@ -42,8 +44,8 @@ def both_paths(request, tiny_source, tmp_path_factory):
     acquire(f"local:{tiny_source(arch)}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded"), tmp / "windows.h5")
-    common = {"model_name": arch, "variant": "trained", "device": "cpu"}
-    extract(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common)
+    common = {"model": arch, "variant": "trained", "dtype": "float32", "device": "cpu"}
+    extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
     decompose_store(
         tmp / "store" / "qk.h5", tmp / "store" / "decomposition.nc", device="cpu", progress=False, **DECOMPOSITION
     )
@@ -55,13 +57,10 @@ def both_paths(request, tiny_source, tmp_path_factory):
             decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc", device="cpu", **DECOMPOSITION
         )
         extract(
-            tmp / "model",
-            tmp / "windows.h5",
-            out / "qk.h5",
-            samples=parse_shard(shard),
+            ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
+            **default_options(),
             keep_qk=1,
             analysis=analysis,
-            **common,
         )
     for name in ("decomposition.nc", "bands.nc"):
         gather([tmp / "fused" / shard / name for shard in shards], tmp / "fused" / name)

@@ -55,7 +55,8 @@ def test_random_variant_is_fresh_weights_from_the_same_config(tiny_source, tmp_p
 def test_embedded_smollm2_passes_the_self_check(tmp_path):
     """The real embedded model: GGUF de-quantised once, then one window through the extraction self-check."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
     from posgen.store import open_dataset, write_netcdf
 
     manifest = acquire("embedded:smollm2-135m", tmp_path / "smollm2")
@@ -63,12 +64,16 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
     _, tokenizer, _ = load_model(tmp_path / "smollm2")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
     report = extract(
-        tmp_path / "smollm2",
-        tmp_path / "w.h5",
-        tmp_path / "qk.h5",
-        model_name="smollm2-135m",
-        variant="trained",
-        ref_layers=[0, 15, -1],
+        ModelJob(
+            tmp_path / "smollm2",
+            tmp_path / "w.h5",
+            tmp_path / "qk.h5",
+            model="smollm2-135m",
+            variant="trained",
+            dtype="float32",
+            device="cpu",
+        ),
+        **default_options(ref_layers=[0, 15, -1]),
     )
     assert report["self_check_max_rel_error"] <= 1e-4
     ds = open_dataset(tmp_path / "qk.h5")

@@ -10,6 +10,7 @@ from posgen.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, c
 from posgen.corpus import cut_windows, load_text
 from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.method_a import Terms, matched_pairs, method_a_terms
+from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.shards import gather
@@ -212,7 +213,9 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
             )
             assert np.array_equal(again.nll, plain.nll)
     np.testing.assert_allclose(plain.nll, plain_nll(model, ids), rtol=1e-6)
-    ds = run_perturbations(model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, progress=False)
+    ds = run_perturbations(
+        model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, jitter=JITTER, progress=False
+    )
     assert (ds.ppl_ratio.sel(rate=0.0) == 1.0).all()
     assert np.array_equal(ds.nll.sel(rate=0.0).values, np.tile(plain.nll, (len(KINDS), 1)))
 
@@ -220,7 +223,9 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
 def test_perturbed_nll_scores_the_perturbed_text(tiny):
     path, ids, strings = tiny
     model = load_tiny(path, BACKEND)
-    ds = run_perturbations(model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, progress=False)
+    ds = run_perturbations(
+        model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, jitter=JITTER, progress=False
+    )
     for kind in ["token-permute", "word-swap"]:
         order = ds.order.sel(kind=kind, rate=0.2).values
         np.testing.assert_allclose(
@@ -368,11 +373,24 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
     acquire(f"local:{tiny_source('llama')}", model_dir)
     _, tokenizer, _ = load_model(model_dir)
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 3, 48, 0, "embedded"), tmp_path / "windows.h5")
-    common = dict(
-        model_name="tiny", variant="random-seed0", n_samples=2, seq_len=32, dummy_distance=100, config_hash="abc"
-    )
-    perturb_job(model_dir, tmp_path / "windows.h5", tmp_path / "perturb.nc", rates=[0, 0.1, 0.5], seed=5, **common)
-    cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "cap.nc", distance_caps=[4, 64], **common)
+    common = dict(n_samples=2, seq_len=32, dummy_distance=100)
+
+    def job(out, samples=None):
+        windows = tmp_path / "windows.h5"
+        return ModelJob(
+            model_dir,
+            windows,
+            out,
+            model="tiny",
+            variant="random-seed0",
+            dtype="float32",
+            device="cpu",
+            samples=samples,
+            config_hash="abc",
+        )
+
+    perturb_job(job(tmp_path / "perturb.nc"), rates=[0, 0.1, 0.5], seed=5, jitter=JITTER, **common)
+    cap_job(job(tmp_path / "cap.nc"), distance_caps=[4, 64], **common)
     p = open_dataset(tmp_path / "perturb.nc", lazy=False)
     assert dict(p.sizes) == {"kind": 6, "rate": 3, "sample": 2, "layer": 2, "token": 32}
     assert p["kind"].values.tolist() == list(KINDS) and p["rate"].values.tolist() == [0, 0.1, 0.5]
@@ -393,15 +411,15 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
     for key in ["model_source", "weights_sha256", "torch_version", "variant", "dtype", "created"]:
         assert key in p.attrs and key in c.attrs
     with pytest.raises(ValueError, match="perturb.seq_len: 64 exceeds"):
-        cap_job(model_dir, tmp_path / "windows.h5", tmp_path / "x.nc", distance_caps=[4], **{**common, "seq_len": 64})
+        cap_job(job(tmp_path / "x.nc"), distance_caps=[4], **{**common, "seq_len": 64})
     # one job per shard, gathered along sample: the unsharded files (the draws are seeded by global window index)
-    for name, job, options in (
-        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5}),
+    for name, run, options in (
+        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5, "jitter": JITTER}),
         ("cap.nc", cap_job, {"distance_caps": [4, 64]}),
     ):
         parts = [tmp_path / f"shard{start}" / name for start in (0, 1)]
         for start, part in enumerate(parts):
-            job(model_dir, tmp_path / "windows.h5", part, samples=(start, start + 1), **options, **common)
+            run(job(part, samples=(start, start + 1)), **options, **common)
         got = gather(parts, tmp_path / "gathered" / name)
         want = open_dataset(tmp_path / name, lazy=False)
         assert got["sample"].values.tolist() == [0, 1]

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from posgen import plan  # noqa: E402
+from posgen import plan, workflow  # noqa: E402
 from posgen.config import load  # noqa: E402
 from posgen.shapes import SHAPES, parameter_count, shape_config  # noqa: E402
 
@@ -32,6 +32,7 @@ def small_config(**extract) -> dict:
         "extract": {"ref_samples": [0], "ref_layers": [0, -1], **extract},
         "decomposition": {"dummy_distances": [0, 250, 500, 1000, 2000], "dummy_distance": 1000, "bound_samples": 2},
         "perturb": {"n_samples": 4, "seq_len": 256, "rates": [0, 0.01, 0.1], "caps": [8, 32]},
+        "head_ablation": {"n_samples": 2, "seq_len": 32, "probe_samples": 2, "probe_period": 16, "seed": 0},
     }
 
 
@@ -64,7 +65,7 @@ def test_forward_flops_of_llama_8b():
 def test_job_resources_are_sane_and_monotone(tiny_source):
     cfg = small_config()
     tiny = plan.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
-    for rule in plan.HEAVY_RULES:
+    for rule in workflow.MODEL_JOB_RULES:
         for device in ("cpu", "gpu"):
             small = plan.job_resources(rule, tiny, cfg, 4, 1, device)
             big = plan.job_resources(rule, SMOLLM2, cfg, 4, 1, device)
@@ -80,7 +81,7 @@ def test_job_resources_are_sane_and_monotone(tiny_source):
     four = plan.job_resources("extract", LLAMA8B, paper, 4, 1, "gpu")
     assert 16_000 < one["gpu_mem_mb"] < 80_000, one
     assert four["gpu_mem_mb"] == one["gpu_mem_mb"]  # one window at a time
-    for rule in plan.HEAVY_RULES:  # the estimate; the runtime ask has a 10-minute floor
+    for rule in workflow.MODEL_JOB_RULES:  # the estimate; the runtime ask has a 10-minute floor
         for device in ("cpu", "gpu"):
             four = plan.job_cost(rule, LLAMA8B, paper, (0, 4), device).seconds
             assert four > plan.job_cost(rule, LLAMA8B, paper, (0, 1), device).seconds, (rule, device)
@@ -114,7 +115,8 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     import xarray as xr
 
     from posgen.corpus import write_windows
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
     from posgen.models import acquire
 
     model_dir = tmp_path / "model"
@@ -126,7 +128,8 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     coords = {"sample": np.arange(n), "token": np.arange(T)}
     write_windows(xr.Dataset({"token_id": (("sample", "token"), ids)}, coords=coords), windows)
     out = tmp_path / "qk.h5"
-    extract(model_dir, windows, out, model_name="tiny", variant="trained", transparency_tokens=16, check_tokens=16)
+    job = ModelJob(model_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu")
+    extract(job, **default_options(transparency_tokens=16, check_tokens=16))
     cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
     cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
     assert out.stat().st_size == pytest.approx(cost.disk_gb * 1e9, rel=0.05)
@@ -148,6 +151,13 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         **plan.job_resources("perturb", SMOLLM2, cfg, 4, 1, "gpu"),
         "gpu": 2,
     }
+    # head_ablation: one job over its own head_ablation.n_samples windows, on the model's GPUs
+    assert plan.rule_resources("head_ablation", model_dir, entry, "trained", None, cfg) == {
+        **plan.job_resources("head_ablation", SMOLLM2, cfg, 2, 1, "gpu"),
+        "gpu": 2,
+    }
+    assert workflow.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
+    assert workflow.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
     assert "gpu" not in plan.resource_names("bands")
@@ -165,7 +175,8 @@ def test_paper_plan_rows_and_totals():
     store["shards"] = 8
     rows = plan.plan(store, models_dir=ROOT / "no-models", device="gpu")
     # 4 models x 4 variants x 8 shards x (extract, decompose, bands) + x 4 perturb windows in 4 shards x (perturb, cap)
-    assert len(rows) == 16 * (8 * 3 + 4 * 2)
+    # + x one head_ablation job
+    assert len(rows) == 16 * (8 * 3 + 4 * 2 + 1)
     total = plan.totals(rows)
     # every window's float32 q/k of every layer, the whole config: the ~1.5 TB of docs/slurm.md
     qk = sum(4 * 32 * plan.Shape.from_dict(SHAPES[m["name"]]).qk_bytes(4096) for m in paper["models"])
@@ -181,7 +192,8 @@ def test_cli_prints_jobs_and_totals(capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
-    assert last.startswith("total: 6 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+    # 2 variants x (extract, perturb, cap, head_ablation)
+    assert last.startswith("total: 8 jobs, disk") and "reference logits" in last and "CPU-hours" in last
 
 
 def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(tmp_path, capsys):

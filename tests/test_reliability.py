@@ -86,7 +86,7 @@ MALFORMED = [
     ("figure-sample-beyond-n", _set(["figures", "sample"], 8), "config.figures.sample: sample 8 does not exist"),
     ("bound-samples-beyond-n", _set(["decomposition", "bound_samples"], 9), "config.decomposition.bound_samples:"),
     ("perturb-seq-len-beyond", _set(["perturb", "seq_len"], 5000), "config.perturb.seq_len: 5000 exceeds"),
-    ("llm-heads-n-beyond", _set(["llm_heads", "n_samples"], 9), "config.llm_heads.n_samples: 9 exceeds"),
+    ("head-ablation-n-beyond", _set(["head_ablation", "n_samples"], 9), "config.head_ablation.n_samples: 9 exceeds"),
     ("ref-sample-missing", _set(["extract", "ref_samples"], [8]), "config.extract.ref_samples: sample 8"),
     ("local-missing", _set(["models", 0, "source"], lambda t: f"local:{t}/nowhere"), "config.models[0].source:"),
     ("local-is-file", _set(["models", 0, "source"], lambda t: f"local:{ROOT / 'config.yaml'}"), "config.models[0]"),
@@ -240,13 +240,25 @@ def test_snakemake_stops_with_one_line_and_touches_no_result(content, expected, 
 @pytest.fixture(scope="module")
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
 
     tmp = tmp_path_factory.mktemp("reliability")
     acquire(f"local:{tiny_source('llama')}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
     write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
-    extract(tmp / "model", tmp / "windows.h5", tmp / "qk.h5", model_name="tiny", variant="trained")
+    extract(
+        ModelJob(
+            tmp / "model",
+            tmp / "windows.h5",
+            tmp / "qk.h5",
+            model="tiny",
+            variant="trained",
+            dtype="float32",
+            device="cpu",
+        ),
+        **default_options(),
+    )
     write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
     return tmp
 
@@ -537,12 +549,13 @@ out = Path({out!r})
 setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
 import posgen.extract
-from posgen.extract import extract
+from posgen.extract import default_options, extract
+from posgen.model_job import ModelJob
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
 _tqdm = posgen.extract.tqdm
 posgen.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
-extract({model!r}, {windows!r}, out, model_name="tiny", variant="trained")
+extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"), **default_options())
 """
 
 
@@ -550,12 +563,18 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     """The same extraction in this process, on one thread like the subprocess (bit-identical results)."""
     import torch
 
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        extract(tmp / "model", tmp / "windows.h5", out, model_name="tiny", variant="trained")
+        extract(
+            ModelJob(
+                tmp / "model", tmp / "windows.h5", out, model="tiny", variant="trained", dtype="float32", device="cpu"
+            ),
+            **default_options(),
+        )
     finally:
         torch.set_num_threads(threads)
 

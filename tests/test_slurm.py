@@ -154,7 +154,8 @@ def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
 
 def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
     from posgen.config import load, model_entry, variants
-    from posgen.plan import rule_resources, shard_ranges
+    from posgen.plan import rule_resources
+    from posgen.workflow import shard_ranges
 
     paper = load(ROOT / "config.paper.yaml")
     repos = {m["source"].split("@")[0] for m in paper["models"]}

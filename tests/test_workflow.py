@@ -2,12 +2,17 @@
 
 import copy
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import yaml
 from conftest import WorkflowRun, make_run, tiny_config
 
 from posgen.store import open_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARDS = ("0-2", "2-3")  # tiny_config: 3 windows in 2 shards; perturbation: 2 windows in 2 shards
 
@@ -42,7 +47,8 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     from posgen.bands import band_stats
     from posgen.config import load
     from posgen.decomposition import decompose_store
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
     from posgen.perturb import cap_job, perturb_job
 
     config = load(tiny_workflow.configfile)
@@ -50,8 +56,10 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     work, results = tiny_workflow.workdir, tiny_workflow.workdir / "results" / "tiny-llama"
     model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
     dec, per = config["decomposition"], config["perturb"]
-    common = {"model_name": "tiny-llama", "variant": "trained", "device": "cpu"}
-    extract(model, windows, tmp_path / "qk.h5", ref_samples=[0], ref_layers=[0, -1], **common)
+    common = {"model": "tiny-llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    extract(
+        ModelJob(model, windows, tmp_path / "qk.h5", **common), **default_options(ref_samples=[0], ref_layers=[0, -1])
+    )
     want = {
         "decomposition.nc": decompose_store(
             tmp_path / "qk.h5",
@@ -65,16 +73,17 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
         ),
         "bands.nc": band_stats(tmp_path / "qk.h5", tmp_path / "bands.nc", progress=False),
     }
-    options = {
-        "n_samples": per["n_samples"],
-        "seq_len": per["seq_len"],
-        "dummy_distance": dec["dummy_distance"],
-        **common,
-    }
+    options = {"n_samples": per["n_samples"], "seq_len": per["seq_len"], "dummy_distance": dec["dummy_distance"]}
     want["perturb.nc"] = perturb_job(
-        model, windows, tmp_path / "perturb.nc", rates=per["rates"], seed=per["seed"], jitter=per["jitter"], **options
+        ModelJob(model, windows, tmp_path / "perturb.nc", **common),
+        rates=per["rates"],
+        seed=per["seed"],
+        jitter=per["jitter"],
+        **options,
     )
-    want["cap.nc"] = cap_job(model, windows, tmp_path / "cap.nc", distance_caps=per["caps"], **options)
+    want["cap.nc"] = cap_job(
+        ModelJob(model, windows, tmp_path / "cap.nc", **common), distance_caps=per["caps"], **options
+    )
     for name, expected in want.items():
         got = open_dataset(results / "trained" / name, lazy=False)
         assert got.attrs["shards"] == ",".join(SHARDS if name in ("decomposition.nc", "bands.nc") else ("0-1", "1-2"))
@@ -90,6 +99,20 @@ def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
     per_model = (results / "tiny-llama" / "summary.csv").read_text()
     assert (results / "summary.csv").read_text() == per_model
     assert per_model.count("\ntiny-llama,") == 2 * 2 * 2  # variants x methods x sinks
+
+
+def test_synthetic_summary_carries_provenance_like_the_first_family(tiny_workflow):
+    import pandas as pd
+
+    import posgen
+
+    results = tiny_workflow.workdir / "results"
+    first = pd.read_csv(results / "summary.csv", dtype=str)
+    for name in ("summary.csv", "deposit.csv"):
+        table = pd.read_csv(results / "synthetic" / name, dtype=str)
+        assert list(table.columns[-2:]) == list(first.columns[-2:]) == ["config_hash", "posgen_version"], name
+        assert table["config_hash"].str.fullmatch("[0-9a-f]{16}").all(), name
+        assert (table["posgen_version"] == posgen.__version__).all(), name
 
 
 def test_second_run_has_nothing_to_do(tiny_workflow):
@@ -121,7 +144,7 @@ UPSTREAM = {
     "perturb",
     "cap",
     "examples",
-    "llm_heads",
+    "head_ablation",
 }  # fused path: no decompose, bands
 # the second family's jobs before its summary (which reads the interval settings)
 SYNTHETIC_UPSTREAM = {
@@ -203,3 +226,36 @@ def tiny_workflow_pes(run) -> list[str]:
     import yaml
 
     return yaml.safe_load(run.configfile.read_text())["synthetic"]["pes"]
+
+
+# What parsing and planning the workflow must not import: the workflow catalog lints it and draws its rule graph
+# in an environment with snakemake alone.
+HEAVY = ("torch", "transformers", "xarray", "h5py", "h5netcdf")
+
+
+def test_the_embedded_test_config_plans_every_target_without_heavy_packages(tmp_path):
+    """.test/config/config.yaml (the tiny embedded run): its rule graph and a dry run of `all`, `trajectory` and
+    `deposit_study` with torch, transformers, xarray, h5py and h5netcdf unimportable; `all` makes every path of
+    posgen.workflow.final_outputs."""
+    from posgen.config import load
+    from posgen.workflow import final_outputs
+
+    stubs = tmp_path / "stubs"
+    stubs.mkdir()
+    for name in HEAVY:
+        (stubs / f"{name}.py").write_text(f"raise ImportError('{name}: not importable here (a test stub)')\n")
+    env = {"PYTHONPATH": str(stubs)}
+    blocked = subprocess.run([sys.executable, "-c", "import xarray"], env=env, capture_output=True, text=True)
+    assert blocked.returncode != 0 and "not importable here" in blocked.stderr
+    configfile = ROOT / ".test" / "config" / "config.yaml"
+    (tmp_path / "work").mkdir()
+    run = WorkflowRun(tmp_path / "work", configfile)
+    graph = run.snakemake("--rulegraph", "dot", env=env).stdout
+    assert {"extract", "gather", "perturb", "cap", "head_ablation", "reproduction"} <= set(
+        re.findall(r'label = "(\w+)"', graph)
+    )
+    jobs = planned_jobs(run.snakemake("--dry-run", env=env))
+    made = {path for _, outputs in jobs for path in outputs}
+    assert set(final_outputs(load(configfile))) <= made
+    for target, rule in (("trajectory", "train_trajectory"), ("deposit_study", "fig_deposit_study")):
+        assert rule in {rule for rule, _ in planned_jobs(run.snakemake("--dry-run", target, env=env))}

@@ -43,3 +43,26 @@ def setup(snakemake, uses_torch: bool = False) -> None:
     from posgen.testing import fail_once
 
     fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/test_slurm.py)
+
+
+def model_job(snakemake, out: str = "nc"):
+    """The job's :class:`posgen.model_job.ModelJob` from its rule (rules extract, perturb, cap, head_ablation):
+    the model folder beside its manifest, the windows, output ``out``, the wildcards and the shared params
+    (dtype, device, the model's device_map, config_hash); the shard wildcard, where the rule has one."""
+    from posgen.model_job import ModelJob
+    from posgen.workflow import parse_shard
+
+    p, w = snakemake.params, snakemake.wildcards
+    shard = w.get("shard")
+    return ModelJob(
+        model_dir=Path(snakemake.input.manifest).parent,
+        windows=Path(snakemake.input.windows),
+        out=Path(snakemake.output[out]),
+        model=w.model,
+        variant=w.variant,
+        dtype=p.dtype,
+        device=p.device,
+        device_map=p.device_map or None,
+        samples=parse_shard(shard) if shard else None,
+        config_hash=p.config_hash,
+    )

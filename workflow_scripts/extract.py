@@ -1,15 +1,14 @@
-from pathlib import Path
-
-from _common import setup
+from _common import model_job, setup
 
 setup(snakemake, uses_torch=True)
-from posgen.extract import extract  # noqa: E402
+from posgen.extract import OPTIONS, extract  # noqa: E402
 from posgen.fused import Analysis  # noqa: E402
-from posgen.shards import parse_shard  # noqa: E402
 
 p = snakemake.params
 out = snakemake.output
-# the fused path when the rule writes the statistics too (extract.analysis: fused)
+# the fused path writes the shard's statistics too (extract.analysis: fused) and keeps q/k of the first keep_qk
+# windows only; the store path keeps every window's
+fused = p.analysis == "fused"
 analysis = (
     Analysis(
         decomposition_path=out.decomposition,
@@ -21,28 +20,12 @@ analysis = (
         bound_samples=p.bound_samples,
         config_hash=p.config_hash,
     )
-    if "decomposition" in out.keys()
+    if fused
     else None
 )
 extract(
-    Path(snakemake.input.manifest).parent,
-    snakemake.input.windows,
-    out.qk,
-    model_name=snakemake.wildcards.model,
-    variant=snakemake.wildcards.variant,
-    dtype=p.dtype,
-    device=p.device,
-    device_map=p.device_map or None,
-    ref_samples=p.ref_samples,
-    ref_layers=p.ref_layers,
-    check_rtol=p.check_rtol,
-    check_tokens=p.check_tokens,
-    transparency_tokens=p.transparency_tokens,
-    transparency_rtol=p.transparency_rtol,
-    compression=p.compression,
-    samples=parse_shard(snakemake.wildcards.shard),
-    keep_qk=None if p.keep_qk == "all" else p.keep_qk,
-    qk_dtype=p.qk_dtype,
+    model_job(snakemake, out="qk"),
+    **{name: p[name] for name in OPTIONS},
+    keep_qk=p.keep_qk if fused and p.keep_qk != "all" else None,
     analysis=analysis,
-    config_hash=p.config_hash,
 )

@@ -8,6 +8,7 @@ write_summary(
     dict(snakemake.input.items()),
     snakemake.output.csv,
     snakemake.output.deposit,
-    n_boot=p.intervals["bootstrap"],
-    seed=p.intervals["seed"],
+    n_boot=p.n_boot,
+    seed=p.seed,
+    config_hash=p.config_hash,
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import re
@@ -22,6 +23,8 @@ RENAMED = {
     ("decomposition", "bootstrap"): "intervals.bootstrap",
     ("decomposition", "bootstrap_seed"): "intervals.seed",
 }
+# Top-level sections that were renamed: old -> new.
+RENAMED_SECTIONS = {"llm_heads": "head_ablation"}
 
 
 class ConfigError(ValueError):
@@ -63,6 +66,9 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
     for (section, old), new in RENAMED.items():
         if isinstance(config.get(section), dict) and old in config[section]:
             raise ConfigError(f"config.{section}.{old}: renamed to {new}")
+    for old, new in RENAMED_SECTIONS.items():
+        if old in config:
+            raise ConfigError(f"config.{old}: renamed to {new} (rename the section `{old}:` to `{new}:`)")
     try:
         snakemake_validate(config, str(schema), set_default=True)
     except WorkflowError as err:
@@ -82,7 +88,7 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
             raise ConfigError(
                 f"config.extract.ref_samples: sample {i} does not exist (n_samples is {config['n_samples']})"
             )
-    for section in ("perturb", "llm_heads"):  # both read a prefix of the first windows
+    for section in ("perturb", "head_ablation"):  # both read a prefix of the first windows
         for key in ("seq_len", "n_samples"):
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")
@@ -335,6 +341,38 @@ def config_hash(config: dict, keys: list[str] | None = None) -> str:
     sub = copy.deepcopy(config if keys is None else {k: config.get(k) for k in keys})
     blob = json.dumps(sub, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@functools.cache
+def _schema_properties() -> dict:
+    # read once: the resource functions of every job ask (posgen.plan.config_options)
+    return yaml.safe_load(SCHEMA.read_text())["properties"]
+
+
+def _schema_node(path: str) -> dict:
+    node = {"properties": _schema_properties()}
+    for key in path.split("."):
+        node = node.get("properties", {}).get(key)
+        if node is None:
+            raise KeyError(f"config.{path}: not in the schema")
+    return node
+
+
+def schema_default(path: str):
+    """The schema's default of dotted leaf ``path`` (the one place defaults are written)."""
+    node = _schema_node(path)
+    if "default" not in node:
+        raise KeyError(f"config.{path}: no schema default")
+    return copy.deepcopy(node["default"])
+
+
+def schema_defaults(section: str, keys=None) -> dict:
+    """The schema's default of each key of config ``section`` that has one (of ``keys`` only, when given): for a
+    caller of a library function outside the workflow, which takes every config leaf as a required keyword
+    argument."""
+    properties = _schema_node(section)["properties"]
+    keys = [key for key, spec in properties.items() if "default" in spec] if keys is None else list(keys)
+    return {key: schema_default(f"{section}.{key}") for key in keys}
 
 
 def leaf(config: dict, path: str):

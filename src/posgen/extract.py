@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,8 +19,10 @@ from tqdm.auto import tqdm
 
 from posgen import rope
 from posgen.capture import Capture, load_capturing
+from posgen.config import schema_defaults
 from posgen.corpus import read_windows
 from posgen.fused import Analysis
+from posgen.model_job import ModelJob
 from posgen.models import manifest_attrs
 from posgen.rope_table import RopeTable
 from posgen.store import QKWriter, carried_attrs
@@ -117,45 +118,58 @@ def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> 
     return err, own
 
 
-def extract(
-    model_dir: str | Path,
-    windows_path: str | Path,
-    out_path: str | Path,
-    *,
-    model_name: str,
-    variant: str,
-    dtype: str = "float32",
-    device: str = "cpu",
-    ref_samples=(0,),
-    ref_layers=(0, -1),
-    check_rtol: float = 1e-4,
-    check_tokens: int = 256,
-    transparency_tokens: int = 128,
-    transparency_rtol: float = 1e-4,
-    compression: int = 0,
-    samples: tuple[int, int] | None = None,
-    keep_qk: int | None = None,
-    qk_dtype: str = "float32",
-    analysis: Analysis | None = None,
-    device_map: str | None = None,
-    config_hash: str = "",
-) -> dict:
-    """Write ``qk.h5`` for one model variant (one shard of its windows); returns timing and check figures.
+# extract()'s options that are config leaves (extract.<name>); their defaults live in the schema only
+OPTIONS = (
+    "ref_samples",
+    "ref_layers",
+    "check_rtol",
+    "check_tokens",
+    "transparency_tokens",
+    "transparency_rtol",
+    "compression",
+    "qk_dtype",
+)
 
-    ``samples``: the shard, a range ``(start, stop)`` of window indices (None: every window); ``keep_qk``: q/k of
-    the windows with a global index below it are written (None: every window of the shard; a shard past it
-    writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of every window
-    of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer is
-    self-checked (0: the whole window), on the reference windows and the shard's first window;
-    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window);
-    ``device_map="auto"``: the model spread over the node's GPUs (:func:`posgen.models.load_model`).
+
+def default_options(**overrides) -> dict:
+    """:func:`extract`'s config options at the schema's defaults but ``overrides``, for a caller outside the
+    workflow: ``extract(job, **default_options(check_tokens=0))``."""
+    unknown = sorted(set(overrides) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"default_options: not an option of extract: {', '.join(unknown)}")
+    return {**schema_defaults("extract", OPTIONS), **overrides}
+
+
+def extract(
+    job: ModelJob,
+    *,
+    ref_samples,
+    ref_layers,
+    check_rtol: float,
+    check_tokens: int,
+    transparency_tokens: int,
+    transparency_rtol: float,
+    compression: int,
+    qk_dtype: str,
+    keep_qk: int | None = None,
+    analysis: Analysis | None = None,
+) -> dict:
+    """Write ``qk.h5`` (``job.out``) for one model variant (the shard ``job.samples`` of its windows); returns
+    timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's).
+
+    ``keep_qk``: q/k of the windows with a global index below it are written (None: every window of the shard; a
+    shard past it writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of
+    every window of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer
+    is self-checked (0: the whole window), on the reference windows and the shard's first window;
+    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
     """
-    model, _, manifest = load_capturing(model_dir, variant, dtype=dtype, device=device, device_map=device_map)
+    windows_path, out_path, dtype = job.windows, job.out, job.dtype
+    model, _, manifest = load_capturing(
+        job.model_dir, job.variant, dtype=dtype, device=job.device, device_map=job.device_map
+    )
     windows = read_windows(windows_path)
     n_windows, n_tokens = windows["token_id"].shape
-    start, stop = samples if samples is not None else (0, n_windows)
-    if not 0 <= start < stop <= n_windows:
-        raise ValueError(f"shard {start}-{stop}: outside the {n_windows} windows of {windows_path}")
+    start, stop = job.window_range(n_windows, windows_path)
     token_id = windows["token_id"].values
     shard = np.arange(start, stop)  # global window indices
     kept = shard[shard < keep_qk] if keep_qk is not None else shard
@@ -182,7 +196,7 @@ def extract(
             transparency, own_attention = transparency_check(
                 model, capture, first, effective_rtol(transparency_rtol, dtype)
             )
-            for sample in tqdm(shard.tolist(), desc=f"extract {model_name}/{variant}", unit="window"):
+            for sample in tqdm(shard.tolist(), desc=f"extract {job.label}", unit="window"):
                 t0 = time.perf_counter()
                 capture.reset(n_tokens, keep_logits=sample in check_samples)
                 ids = torch.from_numpy(token_id[sample])[None].to(device_obj)
@@ -191,7 +205,7 @@ def extract(
                 if writer is None:
                     params = capture.rope()
                     attrs = {
-                        **manifest_attrs(manifest, model=model_name, variant=variant),
+                        **manifest_attrs(manifest, model=job.model, variant=job.variant),
                         "dtype": dtype,
                         "device": str(device_obj),
                         "softcap": capture.softcap,
@@ -205,7 +219,7 @@ def extract(
                         "transparency_rel_error": transparency,
                         "transparency_tokens": n_check,
                         "transparency_reference": own_attention,
-                        "config_hash": config_hash,
+                        "config_hash": job.config_hash,
                     }
                     writer = QKWriter(
                         out_path,

@@ -106,7 +106,7 @@ FIGURES = {
         _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True),
         # the second paper (docs/method.md section 8): per-head ablation of the pretrained models
         _row(
-            "llm_heads",
+            "head_ablation",
             "14. Pretrained LLMs: single-head ablation",
             {"head_ablation": "results/{model}/{variant}/head_ablation.nc"},
         ),

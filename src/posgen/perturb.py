@@ -25,15 +25,15 @@ Pearson r between perturbed and unperturbed terms over matched pairs, averaged o
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
 from posgen import capture
-from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
+from posgen.draws import KINDS, draw_perturbation, rng_for, word_starts
 from posgen.method_a import Terms, fg_change
+from posgen.model_job import ModelJob
 
 # --------------------------------------------------------------------------------------------------------
 # Experiments
@@ -62,7 +62,7 @@ def run_perturbations(
     rates: list[float],
     seed: int,
     dummy_distance: int,
-    jitter: int = JITTER,
+    jitter: int,
     kinds: tuple[str, ...] = KINDS,
     sample_ids=None,
     progress: bool = True,
@@ -215,73 +215,46 @@ def run_caps(
 # Jobs (one model variant each; called by workflow_scripts/perturb.py and cap.py)
 
 
-def _run_job(
-    experiment,
-    model_dir,
-    windows_path,
-    out_path,
-    *,
-    model_name: str,
-    variant: str,
-    n_samples: int,
-    seq_len: int,
-    dtype: str,
-    device: str,
-    config_hash: str,
-    samples: tuple[int, int] | None = None,
-    backend=None,
-    device_map: str | None = None,
-) -> xr.Dataset:
-    """Read the windows (the shard ``samples = (start, stop)`` of them; None: all), load the model with a
-    capturing ``backend`` (None: the one its config needs), run ``experiment(model, tokenizer, token_ids,
-    sample_ids)``, write its dataset with provenance."""
+def _run_job(experiment, job: ModelJob, *, n_samples: int, seq_len: int, backend=None) -> xr.Dataset:
+    """Read the windows (the shard ``job.samples`` of them; None: all), load the model with a capturing
+    ``backend`` (None: the one its config needs), run ``experiment(model, tokenizer, token_ids, sample_ids)``,
+    write its dataset with provenance to ``job.out``."""
     from posgen.corpus import read_windows
     from posgen.models import manifest_attrs
     from posgen.store import provenance, write_netcdf
 
     start = time.perf_counter()
-    windows = read_windows(windows_path, n_samples, seq_len, section="perturb")
-    start_, stop = samples if samples is not None else (0, n_samples)
-    if not 0 <= start_ < stop <= n_samples:
-        raise ValueError(f"shard {start_}-{stop}: outside the {n_samples} windows of perturb.n_samples")
+    windows = read_windows(job.windows, n_samples, seq_len, section="perturb")
+    start_, stop = job.window_range(n_samples, "perturb.n_samples")
     token_ids = windows["token_id"].values[start_:stop].astype(np.int64)
     model, tokenizer, manifest = capture.load_capturing(
-        model_dir, variant, dtype=dtype, device=device, backend=backend, device_map=device_map
+        job.model_dir, job.variant, dtype=job.dtype, device=job.device, backend=backend, device_map=job.device_map
     )
     ds = experiment(model, tokenizer, token_ids, np.arange(start_, stop))
     ds.attrs = provenance(
         **ds.attrs,
-        **manifest_attrs(manifest, model=model_name, variant=variant),
-        dtype=dtype,
+        **manifest_attrs(manifest, model=job.model, variant=job.variant),
+        dtype=job.dtype,
         device=str(model.device),
         attn_implementation=model.config._attn_implementation,
         runtime_s=round(time.perf_counter() - start, 2),
-        config_hash=config_hash,
+        config_hash=job.config_hash,
     )
-    write_netcdf(ds, out_path)
+    write_netcdf(ds, job.out)
     return ds
 
 
 def perturb_job(
-    model_dir: str | Path,
-    windows_path: str | Path,
-    out_path: str | Path,
+    job: ModelJob,
     *,
-    model_name: str,
-    variant: str,
     n_samples: int,
     seq_len: int,
     rates: list[float],
     seed: int,
     dummy_distance: int,
-    jitter: int = JITTER,
-    dtype: str = "float32",
-    device: str = "cpu",
-    samples: tuple[int, int] | None = None,
-    device_map: str | None = None,
-    config_hash: str = "",
+    jitter: int,
 ) -> xr.Dataset:
-    """Write ``perturb.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
+    """Write ``perturb.nc`` of one model variant, or of its shard ``job.samples`` (docs/data-model.md)."""
 
     def experiment(model, tokenizer, token_ids, sample_ids):
         strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
@@ -298,60 +271,22 @@ def perturb_job(
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
 
-    return _run_job(
-        experiment,
-        model_dir,
-        windows_path,
-        out_path,
-        model_name=model_name,
-        variant=variant,
-        n_samples=n_samples,
-        seq_len=seq_len,
-        dtype=dtype,
-        device=device,
-        config_hash=config_hash,
-        samples=samples,
-        device_map=device_map,
-    )
+    return _run_job(experiment, job, n_samples=n_samples, seq_len=seq_len)
 
 
 def cap_job(
-    model_dir: str | Path,
-    windows_path: str | Path,
-    out_path: str | Path,
+    job: ModelJob,
     *,
-    model_name: str,
-    variant: str,
     n_samples: int,
     seq_len: int,
     distance_caps: list[int],
     dummy_distance: int,
-    dtype: str = "float32",
-    device: str = "cpu",
-    samples: tuple[int, int] | None = None,
-    device_map: str | None = None,
-    config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``cap.nc`` of one model variant, or of its shard ``samples`` (docs/data-model.md)."""
+    """Write ``cap.nc`` of one model variant, or of its shard ``job.samples`` (docs/data-model.md)."""
 
     def experiment(model, _tokenizer, token_ids, sample_ids):
         return run_caps(
             model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance, sample_ids=sample_ids
         )
 
-    return _run_job(
-        experiment,
-        model_dir,
-        windows_path,
-        out_path,
-        model_name=model_name,
-        variant=variant,
-        n_samples=n_samples,
-        seq_len=seq_len,
-        dtype=dtype,
-        device=device,
-        config_hash=config_hash,
-        samples=samples,
-        backend=capture.CAPPED_BACKEND,
-        device_map=device_map,
-    )
+    return _run_job(experiment, job, n_samples=n_samples, seq_len=seq_len, backend=capture.CAPPED_BACKEND)

@@ -19,6 +19,7 @@ Method B's reduced system, n_delta = T or the sliding window):
 * error of A and section 5 bound on the ``bound_samples`` windows, float32, per (window, layer):
   ``(4 d + 3 d / 2 + 8) H T^2`` (two sinks, T^2 / 2 entries each; 8 elementwise operations per entry).
 * feature bands: a few passes over q/k (negligible next to the above).
+* head ablation, per sequence: one forward, ``H L (L + 1) / 2`` layer passes and the LM head at the scored targets.
 * bytes: q/k of a kept window ``L (H + H_kv) T d b`` with b the bytes of ``extract.qk_dtype``, reference logits
   ``H T^2 4`` per (reference window, reference layer), decomposition.nc ``(44 + 2 nD) 8`` bytes per
   (window, layer, head), bands.nc ``6 (H + H_kv) d / 2 8`` bytes per (window, layer).
@@ -44,12 +45,19 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from posgen.config import schema_default, schema_defaults, variants
 from posgen.shapes import SHAPES
-from posgen.shards import parse_shard, shard_ranges
+from posgen.workflow import (
+    GPU_RULES,
+    MODEL_JOB_RULES,
+    MODELS_DIR,
+    parse_shard,
+    planned_rules,
+    rule_shards,
+    rule_windows,
+)
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-HEAVY_RULES = ("extract", "decompose", "bands", "perturb", "cap")
-GPU_RULES = ("extract", "decompose", "perturb", "cap")  # bands reads q/k on the CPU
 RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
 CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
 RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
@@ -173,7 +181,7 @@ class Shape:
         return self.n_heads * n_tokens * n_tokens * 4
 
 
-def model_shape(entry: dict, models_dir: str | Path = "resources/models") -> Shape | None:
+def model_shape(entry: dict, models_dir: str | Path = MODELS_DIR) -> Shape | None:
     """The shape of a config's model entry: its acquired config.json, else a recorded shape, else None."""
     acquired = Path(models_dir) / entry["name"] / "config.json"
     if acquired.exists():
@@ -279,24 +287,23 @@ class Cost:
 
 
 def config_options(cfg: dict) -> dict:
-    """The scale options of docs/slurm.md with their defaults (keys may be absent from older configs)."""
-    extract = cfg.get("extract", {})
-    keep = extract.get("keep_qk", 1)
-    analysis = extract.get("analysis", "fused")
+    """The scale options of docs/slurm.md; a key absent from ``cfg`` (an older config, one not validated) takes
+    the schema's default."""
+    extract = {**schema_defaults("extract"), **cfg.get("extract", {})}
+    keep, analysis, qk_dtype = extract["keep_qk"], extract["analysis"], extract["qk_dtype"]
     if analysis not in ("fused", "store"):
         raise ValueError(f"extract.analysis: {analysis!r} (fused | store)")
-    qk_dtype = extract.get("qk_dtype", "float32")
     if qk_dtype not in DTYPE_BYTES:
         raise ValueError(f"extract.qk_dtype: {qk_dtype!r} ({' | '.join(DTYPE_BYTES)})")
     if analysis == "store" or keep == "all":
         keep = cfg["n_samples"]
     return {
-        "shards": int(cfg.get("shards", 1)),
+        "shards": int(cfg.get("shards", schema_default("shards"))),
         "analysis": analysis,
         "keep_qk": int(keep),
         "qk_dtype": qk_dtype,
-        "ref_samples": list(extract.get("ref_samples", [0])),
-        "ref_layers": list(extract.get("ref_layers", [0, -1])),
+        "ref_samples": list(extract["ref_samples"]),
+        "ref_layers": list(extract["ref_layers"]),
     }
 
 
@@ -401,7 +408,36 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         host = (weights if on_gpu else device_bytes) + n * shape.qk_bytes(Tp) * 2
         disk = passes * n * (shape.n_layers * 16 + 2 * Tp * 8)
         return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
-    raise ValueError(f"rule {rule!r}: the plan knows {', '.join(HEAVY_RULES)}")
+    if rule == "head_ablation":
+        return _head_ablation_cost(shape, cfg["head_ablation"], n, dtype, rates, load_s, weights, on_gpu)
+    raise ValueError(f"rule {rule!r}: the plan knows {', '.join(MODEL_JOB_RULES)}")
+
+
+def _head_ablation_cost(
+    shape: Shape, opts: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, on_gpu: bool
+) -> Cost:
+    """posgen.head_ablation over ``n`` corpus windows and the repeat probe: per sequence of T tokens one clean
+    forward, H ablated copies through layers l..L-1 for every layer l (``H L (L + 1) / 2`` layer passes) and
+    the LM head at the scored targets of each copy (measured 84-112 s per job of 4 x 32 tokens for SmolLM2 on
+    the 2-core machine, docs/results.md; this predicts 75)."""
+    L, H = shape.n_layers, shape.n_heads
+    period = opts["probe_period"]
+    # (tokens, scored targets): the windows' prefixes, then the probe (BOS and two copies; its second copy less one)
+    sequences = [(opts["seq_len"], opts["seq_len"] - 1)] * n
+    sequences += [(2 * period + 1, period - 1)] * opts["probe_samples"]
+    lm_head = 2 * shape.vocab * shape.hidden  # FLOPs per scored position
+    flops = 0.0
+    for tokens, targets in sequences:
+        forward = forward_flops(shape, tokens)
+        flops += forward + H * L * (L + 1) / 2 * forward / L + (1 + H * L) * targets * lm_head
+    longest = max(tokens for tokens, _ in sequences)
+    # every layer's cached input, the H ablated copies' activations and their logits at the targets
+    cached = L * longest * shape.hidden * DTYPE_BYTES[dtype]
+    device_bytes = weights + cached + _activation_bytes(shape, longest, dtype, H) + H * longest * shape.vocab * 4
+    host = weights if on_gpu else device_bytes
+    n_rows = max(n, opts["probe_samples"])
+    disk = 2 * n_rows * L * H * 8 + 12 * L * H * 8  # per-sample losses of both probes, per-head tables
+    return _cost("head_ablation", device_bytes if on_gpu else 0, host, disk, load_s + flops / rates.forward)
 
 
 def _cost(rule: str, device_bytes: float, host_bytes: float, disk_bytes: float, seconds: float) -> Cost:
@@ -460,10 +496,7 @@ def rule_resources(
     shape from ``model_dir/config.json`` (else its recorded shape), the windows from ``shard`` ("<start>-<stop>";
     None: all windows of the rule), ``gpu`` = the entry's ``gpus`` (default 1) on GPU rules; the figures are those
     of a GPU job unless the config's ``device`` is ``cpu``."""
-    if rule in ("perturb", "cap"):
-        total = cfg["perturb"]["n_samples"]
-    else:
-        total = cfg["n_samples"]
+    total = rule_windows(rule, cfg)
     start, stop = parse_shard(shard) if shard else (0, total)
     device = "cpu" if cfg.get("device") == "cpu" else "gpu"
     shape = model_shape_at(model_dir, entry, variant)
@@ -484,20 +517,9 @@ class Row:
     cost: Cost | None  # None: shape unknown
 
 
-def planned_rules(cfg: dict) -> tuple[str, ...]:
-    if config_options(cfg)["analysis"] == "fused":
-        return ("extract", "perturb", "cap")
-    return ("extract", "decompose", "bands", "perturb", "cap")
-
-
-def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str = "gpu") -> list[Row]:
-    """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap) per
-    (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
-    from posgen.config import variants
-
-    opts = config_options(cfg)
-    shards = shard_ranges(cfg["n_samples"], opts["shards"])
-    perturb_shards = shard_ranges(cfg["perturb"]["n_samples"], min(opts["shards"], cfg["perturb"]["n_samples"]))
+def plan(cfg: dict, *, models_dir: str | Path = MODELS_DIR, device: str = "gpu") -> list[Row]:
+    """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap,
+    head_ablation) per (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)
@@ -506,7 +528,7 @@ def plan(cfg: dict, *, models_dir: str | Path = "resources/models", device: str 
                 rows.append(Row(entry["name"], variant, "-", None))
                 continue
             for rule in planned_rules(cfg):
-                for start, stop in perturb_shards if rule in ("perturb", "cap") else shards:
+                for start, stop in rule_shards(rule, cfg):
                     cost = job_cost(rule, shape, cfg, (start, stop), device)
                     rows.append(Row(entry["name"], variant, f"{start}-{stop}", cost))
     return rows
@@ -529,7 +551,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posgen.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--configfile", default="config.yaml")
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
-    parser.add_argument("--models-dir", default="resources/models")
+    parser.add_argument("--models-dir", default=MODELS_DIR)
     parser.add_argument("--totals", action="store_true", help="print the totals only")
     args = parser.parse_args(argv)
     try:

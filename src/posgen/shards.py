@@ -1,13 +1,13 @@
-"""Shards: the windows of one (model, variant) split into contiguous ranges, one job each, and the gather that
-merges their outputs along ``sample`` (docs/data-model.md, "Shards").
+"""The gather of shards: the outputs of the jobs of one (model, variant), each over a contiguous range of its
+windows, merged along ``sample`` (docs/data-model.md, "Shards").
 
-A shard is named ``<start>-<stop>`` (global window indices, stop exclusive), e.g. ``0-16``; every output of a
-shard carries the global indices as its ``sample`` coordinate, so the gathered file is the unsharded one.
+A shard is named ``<start>-<stop>`` (global window indices, stop exclusive), e.g. ``0-16``
+(:func:`posgen.workflow.shard_ranges`, light for the Snakefile); every output of a shard carries the global indices
+as its ``sample`` coordinate, so the gathered file is the unsharded one.
 """
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -15,40 +15,11 @@ import xarray as xr
 
 from posgen.store import open_dataset, provenance, write_netcdf
 
-SHARD_NAME = re.compile(r"(\d+)-(\d+)")
 # attrs that differ between shards and how the gather combines them; any other attr is the first shard's
 SUMMED_ATTRS = ("n_samples", "bound_samples", "runtime_s")
 MAXIMUM_ATTRS = ("self_check_max_rel_error", "lstsq_residual_max", "transparency_rel_error")
 # bands.nc: means over windows, combined weighted by each shard's n_samples
 BAND_MEANS = ("q_mean_sq", "q_var", "k_mean_sq", "k_var")
-
-
-def shard_ranges(n_samples: int, n_shards: int) -> list[tuple[int, int]]:
-    """``n_shards`` contiguous ranges covering ``range(n_samples)``, sizes differing by at most one."""
-    if not 1 <= n_shards <= n_samples:
-        raise ValueError(f"shards: {n_shards} must be between 1 and the {n_samples} windows")
-    parts = np.array_split(np.arange(n_samples), n_shards)  # the first n_samples % n_shards get one more
-    return [(int(part[0]), int(part[-1]) + 1) for part in parts]
-
-
-def shard_names(n_samples: int, n_shards: int) -> list[str]:
-    return [f"{start}-{stop}" for start, stop in shard_ranges(n_samples, n_shards)]
-
-
-def parse_shard(name: str) -> tuple[int, int]:
-    """``'<start>-<stop>'`` -> (start, stop)."""
-    match = SHARD_NAME.fullmatch(name)
-    if not match or int(match[1]) >= int(match[2]):
-        raise ValueError(f"shard {name!r}: not a window range <start>-<stop>")
-    return int(match[1]), int(match[2])
-
-
-def shard_of(sample: int, n_samples: int, n_shards: int) -> str:
-    """The name of the shard that holds window ``sample``."""
-    for start, stop in shard_ranges(n_samples, n_shards):
-        if start <= sample < stop:
-            return f"{start}-{stop}"
-    raise IndexError(f"window {sample} is not one of the {n_samples} windows")
 
 
 def _gathered_attrs(parts: list[xr.Dataset], paths) -> dict:

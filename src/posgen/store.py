@@ -100,7 +100,7 @@ WRITTEN_BY = {
     "perturb.nc": "perturb",
     "cap.nc": "cap",
     "examples.nc": "examples",
-    "head_ablation.nc": "llm_heads",
+    "head_ablation.nc": "head_ablation",
     "summary.nc": "summarize",
     "train.nc": "synthetic_train",
     "ablation.nc": "synthetic_ablate",

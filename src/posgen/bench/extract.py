@@ -22,9 +22,10 @@ from posgen.capture import Capture, load_capturing
 from posgen.config import load
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.extract import extract, verify_logits
+from posgen.extract import default_options, extract, verify_logits
 from posgen.families import plain_backend
 from posgen.fused import Analysis
+from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import write_netcdf
 
@@ -89,20 +90,19 @@ def main(argv=None):
     }
     with tempfile.TemporaryDirectory() as tmp:
         windows_path = Path(tmp) / "windows.h5"
+
+        def job(out):
+            return ModelJob(
+                model_dir, windows_path, out, model="bench", variant="trained", dtype="float32", device="cpu"
+            )
+
         write_netcdf(windows, windows_path)
         _plain(plain, ids[:1])  # warm-up (allocator, thread pool)
         for _ in range(args.rounds):
             results["plain forward"] += _plain(plain, ids)
             results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
             for level, name in [(1, "capture + HDF5 (gzip 1)"), (0, "capture + HDF5 (no gzip)")]:
-                report = extract(
-                    model_dir,
-                    windows_path,
-                    Path(tmp) / "qk.h5",
-                    model_name="bench",
-                    variant="trained",
-                    compression=level,
-                )
+                report = extract(job(Path(tmp) / "qk.h5"), **default_options(compression=level))
                 results[name] += report["seconds_per_window"]
             # the store path: the no-gzip extraction's windows plus the two jobs reading its qk.h5, per window
             start = time.perf_counter()
@@ -116,15 +116,7 @@ def main(argv=None):
                 device="cpu",
                 **settings,
             )
-            report = extract(
-                model_dir,
-                windows_path,
-                Path(tmp) / "fused-qk.h5",
-                model_name="bench",
-                variant="trained",
-                keep_qk=0,
-                analysis=analysis,
-            )
+            report = extract(job(Path(tmp) / "fused-qk.h5"), **default_options(), keep_qk=0, analysis=analysis)
             results["fused (keep_qk 0)"] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
     print(

@@ -103,12 +103,12 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
 def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str) -> dict:
     import torch
 
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
 
     torch.set_num_threads(threads)
-    report = extract(
-        model_dir, windows, out, model_name="bench", variant=VARIANT, dtype=dtype, device=device, ref_layers=(0, -1)
-    )
+    job = ModelJob(model_dir, windows, out, model="bench", variant=VARIANT, dtype=dtype, device=device)
+    report = extract(job, **default_options(ref_layers=(0, -1)))
     seconds = report["seconds_per_window"]
     return {
         # the first window also runs the self-check and opens the file
@@ -124,8 +124,9 @@ def _stage_fused(
 ) -> dict:
     import torch
 
-    from posgen.extract import extract
+    from posgen.extract import default_options, extract
     from posgen.fused import Analysis
+    from posgen.model_job import ModelJob
 
     torch.set_num_threads(threads)
     out = Path(out)
@@ -139,13 +140,8 @@ def _stage_fused(
         bound_samples=1,
     )
     report = extract(
-        model_dir,
-        windows,
-        out / "qk.h5",
-        model_name="bench",
-        variant=VARIANT,
-        dtype=dtype,
-        device=device,
+        ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
+        **default_options(),
         keep_qk=0,
         analysis=analysis,
     )

@@ -34,7 +34,7 @@ SPECS = {
     "perturb_fg": Spec(llm.fig_perturb_fg, llm.load_perturb),
     "cap": Spec(llm.fig_cap, llm.load_cap),
     # the pretrained LLMs' per-head ablation
-    "llm_heads": Spec(head_ablation.fig_head_ablation, head_ablation.load_head_ablation),
+    "head_ablation": Spec(head_ablation.fig_head_ablation, head_ablation.load_head_ablation),
     # the second paper
     "synthetic_probe": Spec(synthetic.fig_position_probe, synthetic.load_probe),
     "synthetic_accuracy": Spec(synthetic.fig_accuracy, synthetic.load_gathered("training")),

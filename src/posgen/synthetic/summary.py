@@ -8,7 +8,7 @@ import pandas as pd
 import xarray as xr
 
 from posgen.stats import MIN_TOP_DROP, seed_interval
-from posgen.store import atomic_path, open_dataset
+from posgen.store import atomic_path, open_dataset, provenance
 
 DEPOSIT_VARIABLES = ["top_drop", "second_drop", "top_head", "deposit_index", "deposit", "layer_ablated_accuracy"]
 
@@ -129,15 +129,19 @@ def deposit_table(ablation: xr.Dataset) -> pd.DataFrame:
     return table[["experiment", "task", "pe", "seed", "layer", "base_accuracy"] + DEPOSIT_VARIABLES]
 
 
-def write_summary(inputs: dict, csv_path, deposit_path, n_boot: int = 1000, seed: int = 0) -> pd.DataFrame:
+def write_summary(
+    inputs: dict, csv_path, deposit_path, *, n_boot: int, seed: int, config_hash: str = ""
+) -> pd.DataFrame:
     """``summary.csv`` and ``deposit.csv`` from the gathered NetCDFs ``inputs`` (training, ablation, toeplitz,
-    probe, baselines)."""
+    probe, baselines); provenance as constant columns ``config_hash`` and ``posgen_version``, as results/summary.csv."""
     data = {name: open_dataset(path, lazy=False) for name, path in inputs.items()}
     table = summary_table(
         data["training"], data["ablation"], data["toeplitz"], data["probe"], data["baselines"], n_boot, seed
     )
+    keep = {"config_hash": config_hash, "posgen_version": provenance()["posgen_version"]}
+    table = table.assign(**keep)
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(deposit_path) as tmp:
-        deposit_table(data["ablation"]).to_csv(tmp, index=False, float_format="%.6g")
+        deposit_table(data["ablation"]).assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     return table

@@ -1,4 +1,4 @@
-"""Per-head ablation on pretrained LLMs (posgen.synthetic.llm_heads) on a tiny random Llama."""
+"""Per-head ablation on pretrained LLMs (posgen.head_ablation) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -9,15 +9,16 @@ import pytest
 import torch
 import xarray as xr
 
+from posgen import head_ablation as ha
 from posgen.figures.head_ablation import fig_head_ablation
+from posgen.model_job import ModelJob
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap
-from posgen.synthetic import llm_heads as lh
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tiny_source, tmp_path_factory):
-    path = tmp_path_factory.mktemp("llm-heads-model")
+    path = tmp_path_factory.mktemp("head-ablation-model")
     src = tiny_source("llama")
     for f in src.iterdir():
         (path / f.name).write_bytes(f.read_bytes())
@@ -38,7 +39,7 @@ def _sequence(n_tokens: int = 40, seed: int = 0) -> torch.Tensor:
 def test_repeat_probe_second_copy_repeats_at_distance_period():
     vocab = np.arange(5, 300)
     period = 17
-    probe = lh.repeat_probe(vocab, n_samples=3, period=period, seed=4, bos_id=0)
+    probe = ha.repeat_probe(vocab, n_samples=3, period=period, seed=4, bos_id=0)
     assert probe.shape == (3, 1 + 2 * period)
     assert (probe[:, 0] == 0).all()
     body = probe[:, 1:]
@@ -47,13 +48,13 @@ def test_repeat_probe_second_copy_repeats_at_distance_period():
         assert len(set(row[:period].tolist())) == period  # distinct: no other look-back distance predicts
         assert np.isin(row, vocab).all()
     # the scored targets lie in the second copy and equal the token `period` positions back
-    targets = lh.repeat_targets(period, bos=True)
+    targets = ha.repeat_targets(period, bos=True)
     assert len(targets) == period - 1
     np.testing.assert_array_equal(probe[:, targets], probe[:, targets - period])
     assert targets.min() == 1 + period + 1 and targets.max() == 2 * period
     # seeded: same seed same probe, other seed other probe
-    np.testing.assert_array_equal(probe, lh.repeat_probe(vocab, 3, period, 4, bos_id=0))
-    assert not np.array_equal(probe, lh.repeat_probe(vocab, 3, period, 5, bos_id=0))
+    np.testing.assert_array_equal(probe, ha.repeat_probe(vocab, 3, period, 4, bos_id=0))
+    assert not np.array_equal(probe, ha.repeat_probe(vocab, 3, period, 5, bos_id=0))
 
 
 def test_deposit_index_and_gap_of_constructed_pattern():
@@ -61,10 +62,10 @@ def test_deposit_index_and_gap_of_constructed_pattern():
         [[0.6, 0.1, 0.1, -0.2], [0.2, 0.2, 0.2, 0.2], [-0.1, -0.3, -0.2, -0.4]],
         dims=("layer", "head"),
     )
-    index = lh.per_layer(deposit_index, increase).values
+    index = ha.per_layer(deposit_index, increase).values
     np.testing.assert_allclose(index[:2], [0.6 / 0.8, 0.25])
     assert np.isnan(index[2])  # no head increases the loss
-    np.testing.assert_allclose(lh.per_layer(top_gap, increase).values, [0.5, 0.0, 0.1])
+    np.testing.assert_allclose(ha.per_layer(top_gap, increase).values, [0.5, 0.0, 0.1])
 
 
 def test_spearman_is_rank_correlation():
@@ -79,13 +80,13 @@ def test_ablating_a_head_with_zero_output_changes_nothing(tiny):
     ids = _sequence()
     targets = torch.arange(1, len(ids))
     attention = model.model.layers[1].self_attn
-    n_heads, head_dim = lh._head_shape(model)
+    n_heads, head_dim = ha._head_shape(model)
     n_rep = n_heads // model.config.num_key_value_heads
     original = attention.v_proj.weight.detach().clone()
     try:
         with torch.no_grad():
             attention.v_proj.weight[:head_dim] = 0  # KV head 0: query heads 0..n_rep-1 output zero
-        base, ablated = lh.ablate_sequence(model, ids, targets)
+        base, ablated = ha.ablate_sequence(model, ids, targets)
     finally:
         with torch.no_grad():
             attention.v_proj.weight.copy_(original)
@@ -99,10 +100,10 @@ def test_pre_hook_equals_zeroed_o_proj_columns(tiny):
     model, _ = tiny
     ids = _sequence(seed=1)
     targets = torch.arange(1, len(ids))
-    n_heads, head_dim = lh._head_shape(model)
+    n_heads, head_dim = ha._head_shape(model)
     layer, head = 0, 2
     attention = model.model.layers[layer].self_attn
-    with lh.ablated(attention, lh.head_masks([head], n_heads, head_dim, torch.float64, "cpu")):
+    with ha.ablated(attention, ha.head_masks([head], n_heads, head_dim, torch.float64, "cpu")):
         hooked = model(ids[None]).logits
     original = attention.o_proj.weight.detach().clone()
     try:
@@ -117,7 +118,7 @@ def test_pre_hook_equals_zeroed_o_proj_columns(tiny):
     # the hook is gone after the block
     with torch.no_grad():
         clean = float(torch.nn.functional.cross_entropy(model(ids[None]).logits[0, :-1], ids[1:]))
-    assert lh.sequence_loss(model, ids, targets) == pytest.approx(clean)
+    assert ha.sequence_loss(model, ids, targets) == pytest.approx(clean)
 
 
 @pytest.mark.parametrize("head_batch", [0, 3])
@@ -125,9 +126,9 @@ def test_cached_prefix_equals_naive_forward(tiny, head_batch):
     model, _ = tiny
     ids = _sequence(seed=2)
     targets = torch.arange(20, len(ids))
-    base, fast = lh.ablate_sequence(model, ids, targets, head_batch=head_batch)
-    naive = lh.ablate_naive(model, ids, targets)
-    assert base == pytest.approx(lh.sequence_loss(model, ids, targets), abs=1e-12)
+    base, fast = ha.ablate_sequence(model, ids, targets, head_batch=head_batch)
+    naive = ha.ablate_naive(model, ids, targets)
+    assert base == pytest.approx(ha.sequence_loss(model, ids, targets), abs=1e-12)
     np.testing.assert_allclose(fast, naive, rtol=0, atol=1e-9)
     assert np.abs(fast - base).max() > 1e-4  # ablations do change the loss
 
@@ -153,23 +154,23 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         coords={"method": ["A", "B"], "sink": ["with", "without"]},
     )
     decomposition.to_netcdf(tmp_path / "decomposition.nc", engine="h5netcdf")
-    lh.head_ablation_job(
-        tiny_dir,
-        tmp_path / "windows.h5",
+
+    def job(out, **extra):
+        windows = tmp_path / "windows.h5"
+        return ModelJob(tiny_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu", **extra)
+
+    ha.head_ablation_job(
+        job(tmp_path / "out.nc", config_hash="abc"),
         tmp_path / "decomposition.nc",
-        tmp_path / "out.nc",
-        model_name="tiny",
-        variant="trained",
         n_samples=2,
         seq_len=16,
         probe_samples=3,
         probe_period=6,
         seed=0,
-        config_hash="abc",
     )
     ds = open_dataset(tmp_path / "out.nc", lazy=False)
     assert ds["loss_increase"].dims == ("probe", "layer", "head")
-    assert list(ds["probe"].values) == list(lh.PROBES)
+    assert list(ds["probe"].values) == list(ha.PROBES)
     np.testing.assert_allclose(ds["loss_increase"], ds["ablated_loss"] - ds["base_loss"])
     np.testing.assert_array_equal(ds["n_samples"], [2, 3])
     np.testing.assert_array_equal(ds["n_targets"], [15, 5])
@@ -184,15 +185,11 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         logits = model(ids).logits
     ce = [float(torch.nn.functional.cross_entropy(logits[s, :-1], ids[s, 1:])) for s in range(2)]
     assert float(ds["base_loss"].sel(probe="windows")) == pytest.approx(np.mean(ce), rel=1e-5)
-    # a too-long window prefix names the llm_heads key
-    with pytest.raises(ValueError, match="llm_heads.seq_len"):
-        lh.head_ablation_job(
-            tiny_dir,
-            tmp_path / "windows.h5",
+    # a too-long window prefix names the head_ablation key
+    with pytest.raises(ValueError, match="head_ablation.seq_len"):
+        ha.head_ablation_job(
+            job(tmp_path / "bad.nc"),
             tmp_path / "decomposition.nc",
-            tmp_path / "bad.nc",
-            model_name="tiny",
-            variant="trained",
             n_samples=2,
             seq_len=999,
             probe_samples=1,
@@ -215,7 +212,7 @@ def test_figure_draws_heatmaps_and_scatter(tmp_path):
             "f_share": (("variant", "layer", "head"), rng.uniform(0, 1, (2, n_layers, n_heads))),
             "deposit_index": (("variant", "probe", "layer"), rng.uniform(0, 1, (2, 2, n_layers))),
         },
-        coords={"variant": variants, "probe": list(lh.PROBES)},
+        coords={"variant": variants, "probe": list(ha.PROBES)},
     )
     fig = fig_head_ablation(ablation)
     heatmap = fig.axes[0].images[0].get_array()

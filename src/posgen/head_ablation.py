@@ -1,4 +1,5 @@
 """Per-head ablation on pretrained LLMs (docs/method.md section 8.6): which attention head carries position?
+A first-family model job beside perturb and cap (rule head_ablation, config section ``head_ablation``).
 
 Ablation
 --------
@@ -51,6 +52,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from posgen.model_job import ModelJob
 from posgen.stats import deposit_index, spearman, top_gap
 
 PROBES = ("windows", "repeat")
@@ -71,7 +73,7 @@ def repeat_probe(
     """(n_samples, [1 +] 2 * period) int64: ``period`` distinct ids from ``vocab_ids``, twice, after ``bos_id``."""
     vocab_ids = np.asarray(vocab_ids, dtype=np.int64)
     if period > len(vocab_ids):
-        raise ValueError(f"llm_heads.probe_period: {period} exceeds the {len(vocab_ids)} ordinary token ids")
+        raise ValueError(f"head_ablation.probe_period: {period} exceeds the {len(vocab_ids)} ordinary token ids")
     rows = []
     for sample in range(n_samples):
         rng = np.random.default_rng([seed, sample])
@@ -140,7 +142,8 @@ def ablated(attention, mask: torch.Tensor):
 
     def pre_hook(_module, args):
         x = args[0]  # (batch, tokens, n_heads * head_dim)
-        return (x * mask.to(x.dtype),) + tuple(args[1:])
+        # device too: with device_map="auto" the layer may sit on another GPU than the inputs
+        return (x * mask.to(device=x.device, dtype=x.dtype),) + tuple(args[1:])
 
     handle = attention.o_proj.register_forward_pre_hook(pre_hook)
     try:
@@ -155,7 +158,7 @@ def _nll(logits: torch.Tensor, token_ids: torch.Tensor, targets: torch.Tensor, s
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     log_probs = torch.log_softmax(logits, dim=-1)  # (batch, target, vocab)
-    index = token_ids[targets].expand(logits.shape[0], -1).unsqueeze(-1)  # (batch, target, 1)
+    index = token_ids[targets].to(logits.device).expand(logits.shape[0], -1).unsqueeze(-1)  # (batch, target, 1)
     return -log_probs.gather(-1, index).squeeze(-1).mean(-1)  # (batch,)
 
 
@@ -164,7 +167,7 @@ def _head_logits(model, normed: torch.Tensor, targets: torch.Tensor) -> torch.Te
 
     ``normed``: the decoder's output, final norm included (``last_hidden_state``).
     """
-    return model.get_output_embeddings()(normed[:, targets - 1])
+    return model.get_output_embeddings()(normed[:, (targets - 1).to(normed.device)])
 
 
 @torch.no_grad()
@@ -243,7 +246,7 @@ def ablate_sequence(model, token_ids: torch.Tensor, targets: torch.Tensor, head_
                 _, later_args, later_kwargs = _layer_input(calls[later])
                 x = layers[later](x, *later_args, **later_kwargs)
                 x = x[0] if isinstance(x, tuple) else x
-            logits = lm_head(norm(x[:, targets - 1]))  # (copy, target, vocab)
+            logits = lm_head(norm(x[:, (targets - 1).to(x.device)]))  # (copy, target, vocab)
             out[start_layer, first : first + len(heads)] = _nll(logits, token_ids, targets, softcap).cpu().numpy()
     return base, out
 
@@ -349,30 +352,28 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
 
 
 def head_ablation_job(
-    model_dir: str | Path,
-    windows_path: str | Path,
+    job: ModelJob,
     decomposition_path: str | Path,
-    out_path: str | Path,
     *,
-    model_name: str,
-    variant: str,
     n_samples: int,
     seq_len: int,
     probe_samples: int,
     probe_period: int,
     seed: int,
-    dtype: str = "float32",
-    device: str = "cpu",
-    config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``head_ablation.nc`` of one model variant."""
+    """Write ``head_ablation.nc`` (``job.out``) of one model variant, beside the heads' numbers of its gathered
+    ``decomposition.nc``. One job over all its windows: ``job.samples`` must be None (not sharded)."""
     from posgen.corpus import read_windows
     from posgen.models import load_model, manifest_attrs
     from posgen.store import open_dataset, provenance, write_netcdf
 
+    if job.samples is not None:
+        raise ValueError(f"head_ablation: one job over every window, not a shard ({job.samples})")
     start = time.perf_counter()
-    windows = read_windows(windows_path, n_samples, seq_len, section="llm_heads")["token_id"].values
-    model, tokenizer, manifest = load_model(model_dir, variant, dtype=dtype, device=device)
+    windows = read_windows(job.windows, n_samples, seq_len, section="head_ablation")["token_id"].values
+    model, tokenizer, manifest = load_model(
+        job.model_dir, job.variant, dtype=job.dtype, device=job.device, device_map=job.device_map
+    )
     ds = head_ablation(
         model,
         tokenizer,
@@ -380,19 +381,19 @@ def head_ablation_job(
         probe_samples=probe_samples,
         probe_period=probe_period,
         seed=seed,
-        desc=f"heads {model_name}/{variant}",
+        desc=f"heads {job.label}",
     )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
         ds = join_decomposition(ds, decomposition)
     ds.attrs = provenance(
         **ds.attrs,
-        **manifest_attrs(manifest, model=model_name, variant=variant),
-        dtype=dtype,
+        **manifest_attrs(manifest, model=job.model, variant=job.variant),
+        dtype=job.dtype,
         device=str(model.device),
         windows_n_samples=int(n_samples),
         windows_seq_len=int(seq_len),
         runtime_s=round(time.perf_counter() - start, 2),
-        config_hash=config_hash,
+        config_hash=job.config_hash,
     )
-    write_netcdf(ds, out_path)
+    write_netcdf(ds, job.out)
     return ds
