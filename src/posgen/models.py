@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from posgen.config import init_seed, revision_variant, variant_step
+from posgen.device import resolve_device
 
 EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
@@ -227,14 +228,14 @@ def follow_umask(folder: Path) -> None:
 
 def sweep_stale_work_folders(dest: Path) -> list[Path]:
     """Remove acquisition folders ``.<name>.<pid>.*`` of ``dest`` left by a killed job whose pid is gone."""
-    from posgen.store import _alive
+    from posgen.store import process_alive
 
     # exactly ".<name>.<pid>.<mkdtemp suffix>": model "m" must not sweep the folders of a model named "m.x"
     pattern = re.compile(rf"\.{re.escape(dest.name)}\.(\d+)\.[^.]+")
     removed = []
     for work in dest.parent.glob(f".{dest.name}.*"):
         match = pattern.fullmatch(work.name)
-        if match and work.is_dir() and not _alive(int(match.group(1))):
+        if match and work.is_dir() and not process_alive(int(match.group(1))):
             shutil.rmtree(work, ignore_errors=True)
             removed.append(work)
     return removed
@@ -314,14 +315,6 @@ def read_manifest(model_dir: str | Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path}: missing; acquire the model first (rule get_model)")
     return json.loads(path.read_text())
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: cuda requested but no GPU is visible to this job")
-    return torch.device(device)
 
 
 def manifest_attrs(manifest: dict, *, model: str, variant: str) -> dict:

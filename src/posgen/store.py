@@ -164,13 +164,14 @@ def sweep_stale_temporaries(path: str | Path) -> list[Path]:
     removed = []
     for tmp in path.parent.glob(f".{path.name}.*.tmp"):
         pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
-        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             tmp.unlink(missing_ok=True)
             removed.append(tmp)
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a temporary whose writer is gone may be swept)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -285,7 +285,7 @@ STAGE_NAMES = {
 
 def main(argv=None):
     from posgen import plan
-    from posgen.models import resolve_device
+    from posgen.device import resolve_device
 
     parser = argparse.ArgumentParser(prog="python -m posgen.bench scale", description=__doc__)
     parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))

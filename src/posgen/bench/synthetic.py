@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posgen.config import SCHEMA
-from posgen.models import resolve_device
+from posgen.device import resolve_device
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task

@@ -15,8 +15,8 @@ from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
 from posgen.decomposition.operands import UnitOperands, unit_operands
+from posgen.device import resolve_device
 from posgen.layer_types import used_dummy_distance
-from posgen.models import resolve_device
 from posgen.rope_table import LayerRope
 from posgen.stats import pearson_from_sums
 

@@ -12,7 +12,7 @@ import json
 import numpy as np
 import xarray as xr
 
-from posgen.models import resolve_device
+from posgen.device import resolve_device
 from posgen.stats import deposit_statistics
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy

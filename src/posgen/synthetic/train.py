@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import xarray as xr
 from tqdm import tqdm
 
-from posgen.models import resolve_device
+from posgen.device import resolve_device
 from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.experiments import parse_pe
