@@ -1,7 +1,7 @@
 #!/bin/sh
-# Install what tests/test_slurm.py needs for its one-node SLURM cluster: Debian slurm-wlm (slurmctld, slurmd,
+# Install what tests/workflow/test_slurm.py needs for its one-node SLURM cluster: Debian slurm-wlm (slurmctld, slurmd,
 # sbatch, srun, squeue) and munge. Idempotent; root only (apt-get). The test itself starts and stops the
-# daemons (tests/slurm_cluster.py), so nothing is started here.
+# daemons (tests/workflow/slurm_cluster.py), so nothing is started here.
 set -eu
 
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }

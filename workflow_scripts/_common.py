@@ -40,9 +40,9 @@ def setup(snakemake, uses_torch: bool = False) -> None:
         # changes no result beyond 1e-38.
         torch.set_flush_denormal(True)
         torch.set_num_threads(max(1, snakemake.threads))
-    from posgen.testing import fail_once
+    from posgen.testing.faults import fail_once
 
-    fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/test_slurm.py)
+    fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/workflow/test_slurm.py)
 
 
 def model_job(snakemake, out: str = "nc"):

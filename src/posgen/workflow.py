@@ -3,7 +3,7 @@ the path templates of its files, the model jobs (threads, priorities, the window
 rules of the fused and the store path, and what rule `all` builds (:func:`final_outputs`).
 
 Light on purpose: the Snakefile imports it while parsing, in an environment that may hold snakemake alone
-(no torch, transformers, xarray, h5py, h5netcdf; tests/test_workflow.py checks it).
+(no torch, transformers, xarray, h5py, h5netcdf; tests/workflow/test_workflow.py checks it).
 """
 
 from __future__ import annotations

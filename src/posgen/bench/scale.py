@@ -49,14 +49,14 @@ def _synchronize(device: str) -> None:
 def _model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
     """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none);
     ``n_layers`` None keeps the full depth."""
-    from posgen.tiny import _tokenizer
+    from posgen.testing.tiny import corpus_tokenizer
 
     model_dir = root / shape
     model_dir.mkdir()
     config = shape_config(shape, n_layers)
     config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"]
     config.save_pretrained(model_dir)
-    _tokenizer(512).save_pretrained(model_dir)
+    corpus_tokenizer(512).save_pretrained(model_dir)
     manifest = {"source": f"shape:{shape}", "revision": "random-init", "architecture": config.architectures[0]}
     (model_dir / "manifest.json").write_text(json.dumps({**manifest, "files": {}}, indent=2) + "\n")
     return model_dir

@@ -1,13 +1,12 @@
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from posgen.config import ConfigError, config_hash, job_hash, leaf, load, schema_defaults, validate
+from posgen.testing.runs import ROOT
 from posgen.workflow import STEP_LEAVES, leaves, step_leaves
 
-ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 
 

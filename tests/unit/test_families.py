@@ -15,7 +15,7 @@ from posgen.extract import TransparencyError, default_options, extract
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
-from posgen.tiny import _tokenizer, make_tiny
+from posgen.testing.tiny import corpus_tokenizer, make_tiny
 
 # arch: (rope_layout per attention layer, rotary_dims per layer, model layer index of each)
 SUPPORTED = {
@@ -53,7 +53,7 @@ REFUSED = {
 def workspace(tmp_path_factory):
     """A shared tokenizer and a 2-window windows.h5 (40 tokens: longer than the 16-token sliding windows)."""
     tmp = tmp_path_factory.mktemp("families")
-    tokenizer = _tokenizer(512)
+    tokenizer = corpus_tokenizer(512)
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 40, 0, "embedded"), tmp / "windows.h5")
     return tmp, tokenizer
 

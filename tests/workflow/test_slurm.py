@@ -1,4 +1,4 @@
-"""SLURM dispatch, proven against a real one-node SLURM cluster started on this host (tests/slurm_cluster.py).
+"""SLURM dispatch, proven against a real one-node SLURM cluster started on this host (tests/workflow/slurm_cluster.py).
 
 One workflow run covers the acceptance of issue 5: the tiny end-to-end workflow runs with
 ``--profile profiles/slurm`` (snakemake-executor-plugin-slurm), a recording ``sbatch`` first in PATH logs every
@@ -23,11 +23,11 @@ import pandas as pd
 import pytest
 import xarray as xr
 import yaml
-from conftest import ROOT, SNAKEMAKE, make_run
 from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 
-from posgen.testing import ENV as FAIL_ONCE_ENV
-from posgen.testing import InjectedFailure, fail_once
+from posgen.testing.faults import ENV as FAIL_ONCE_ENV
+from posgen.testing.faults import InjectedFailure, fail_once
+from posgen.testing.runs import ROOT, SNAKEMAKE, make_run
 
 PROFILE = ROOT / "profiles" / "slurm"
 FAIL_RULE = "extract"
@@ -406,7 +406,9 @@ def test_extract_submission_asks_for_gpu_cpus_memory(slurm_run, cluster):
 @needs_slurm
 def test_injected_failure_is_retried(slurm_run, cluster):
     r = slurm_run
-    assert r.marker.exists(), "POSGEN_FAIL_ONCE did not fire: workflow scripts must call posgen.testing.fail_once"
+    assert r.marker.exists(), (
+        "POSGEN_FAIL_ONCE did not fire: workflow scripts must call posgen.testing.faults.fail_once"
+    )
     rule, host, _pid, failed_id = r.marker.read_text().split()
     assert rule == FAIL_RULE and failed_id != "-", "the injected failure happened outside SLURM"
     assert _job_info(cluster, failed_id)["JobState"] == "FAILED"

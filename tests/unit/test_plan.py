@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from posgen import plan, workflow  # noqa: E402
-from posgen.config import load  # noqa: E402
-from posgen.shapes import SHAPES, parameter_count, shape_config  # noqa: E402
+from posgen import plan, workflow
+from posgen.config import load
+from posgen.shapes import SHAPES, parameter_count, shape_config
+from posgen.testing.runs import ROOT
 
 SMOLLM2 = plan.Shape.from_dict(SHAPES["smollm2-135m"])
 LLAMA8B = plan.Shape.from_dict(SHAPES["llama-3.1-8b"])

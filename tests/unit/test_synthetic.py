@@ -1,21 +1,15 @@
-"""The second paper's family: task generators, PE registry, classifier, ablation, Toeplitz view, workflow."""
+"""The second paper's family: task generators, PE registry, classifier, ablation, Toeplitz view (its workflow run:
+tests/workflow/test_synthetic_workflow.py)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-import pandas as pd
 import pytest
 import torch
-import xarray as xr
-from conftest import TINY_SYNTHETIC
 
 from posgen.decomposition import toeplitz_shares
 from posgen.decomposition.design import AdditiveDesign
-from posgen.reproduction import synthetic_reproduction_markdown, synthetic_reproduction_rows
 from posgen.stats import deposit_index, top_gap
-from posgen.store import open_dataset
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe
@@ -278,74 +272,6 @@ def test_training_is_deterministic_and_learns():
         assert torch.equal(value, runs[1][0][key]), key
     assert runs[0][1]["test_accuracy"] == runs[1][1]["test_accuracy"]
     assert runs[0][1]["train_loss"][-1] < runs[0][1]["train_loss"][0]
-
-
-# -------------------------------------------------------------------------------------- workflow
-
-
-@pytest.fixture(scope="module")
-def synthetic_run(tiny_workflow):
-    """The synthetic family runs inside the shared tiny end-to-end run (its config has TINY_SYNTHETIC)."""
-    return tiny_workflow
-
-
-def test_tiny_synthetic_run(synthetic_run):
-    root = synthetic_run.workdir / "results/synthetic"
-    ablation = open_dataset(root / "ablation.nc", lazy=False)
-    sizes = {"experiment": 1, "task": 2, "pe": 4, "seed": 2, "layer": 2, "head": 2}
-    assert dict(ablation["drop"].sizes) == sizes
-    assert sorted(ablation["pe"].values.tolist()) == sorted(TINY_SYNTHETIC["pes"])
-    np.testing.assert_allclose(ablation["drop"], ablation["base_accuracy"] - ablation["ablated_accuracy"])
-    toeplitz = open_dataset(root / "toeplitz.nc", lazy=False)
-    assert dict(toeplitz["toeplitz_share"].sizes) == sizes
-    # ALiBi adds an exact Toeplitz term; NoPE logits hold no position at all
-    share = toeplitz["toeplitz_share"]
-    assert ((share >= -1e-9) & (share <= toeplitz["additive_share"] + 1e-9)).all()
-    training = open_dataset(root / "training.nc", lazy=False)
-    assert training.sizes["step"] == 2 and training.attrs["config_hash"]
-    summary = pd.read_csv(root / "summary.csv")
-    assert len(summary) == 8 and summary["test_accuracy"].between(0, 1).all()
-    assert (summary["experiment"] == "clean").all()
-    # every accuracy sits beside the task's position-free baselines
-    assert summary[["baseline_majority", "baseline_length", "baseline_bag"]].notna().all().all()
-    assert (summary.loc[summary["task"] == "count", "baseline_bag"] == 1.0).all()
-    log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance/rope/seed1.log").read_text()
-    assert "train clean/distance/rope/seed1: 100%" in log
-    rows = synthetic_reproduction_rows(summary)
-    assert "| clean | distance | nope | fails |" in synthetic_reproduction_markdown(rows)
-    reproduction = (synthetic_run.workdir / "results/reproduction.md").read_text()
-    assert "## Verdict per claim" in reproduction and "results/synthetic/summary.csv" in reproduction
-    proc = synthetic_run.snakemake("--cores", "1", "--dry-run", "results/synthetic/summary.csv")
-    assert "Nothing to be done" in proc.stdout + proc.stderr
-
-
-def test_tiny_synthetic_data_matches_its_task_file(synthetic_run):
-    ds = open_dataset(synthetic_run.workdir / "results/synthetic/tasks/distance.nc", lazy=False)
-    fresh = make_task("distance", {"vocab_size": 32, "test_fraction": 0.3, **TINY_SYNTHETIC}, seed=0)
-    xr.testing.assert_equal(ds[["tokens", "label", "split"]], fresh[["tokens", "label", "split"]])
-    assert math.isclose(float((ds["split"] == TEST).mean()), 0.3, abs_tol=0.01)
-
-
-def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
-    from posgen.figure_table import FIGURES as TABLE
-    from posgen.figures.registry import SPECS
-
-    n_tasks, n_pes = 2, len(TINY_SYNTHETIC["pes"])
-    panels = {
-        "synthetic_accuracy": 1,
-        "synthetic_ablation": n_tasks * n_pes,
-        "synthetic_deposit": n_tasks,
-        "synthetic_toeplitz": n_tasks,
-        "synthetic_probe": n_tasks,
-    }
-    assert {name for name in TABLE if name.startswith("synthetic_")} == set(panels)
-    for name, n_panels in panels.items():
-        inputs = {role: [synthetic_run.workdir / path] for role, path in TABLE[name].inputs.items()}
-        data = SPECS[name].loader(inputs, [])
-        fig = SPECS[name].func(data, n_boot=100) if TABLE[name].bootstrap else SPECS[name].func(data)
-        assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == n_panels, name
-        # the workflow drew the same figure through its fig_<name> rule
-        assert (synthetic_run.workdir / TABLE[name].output("png")).stat().st_size > 5000
 
 
 def test_seed_interval_of_two_seeds():

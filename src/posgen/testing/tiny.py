@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 
-def _tokenizer(vocab_size: int):
+def corpus_tokenizer(vocab_size: int):
     """A byte-level BPE trained on the first 200 k characters of the embedded corpus."""
     from posgen.corpus import load_text
     from posgen.trajectory.train import train_tokenizer
@@ -180,7 +180,7 @@ def make_tiny(path: str | Path, arch: str = "llama", seed: int = 1234, tokenizer
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    tokenizer = tokenizer or _tokenizer(512)
+    tokenizer = tokenizer or corpus_tokenizer(512)
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,

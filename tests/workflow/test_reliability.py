@@ -23,12 +23,12 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, SNAKEMAKE, make_run, tiny_config
 
 from posgen.config import ConfigError, configfiles_in_argv, load, validate
 from posgen.corpus import CorpusError, cut_windows, load_text, read_windows, windows_job, write_windows
 from posgen.models import CheckpointError, acquire, load_model
 from posgen.store import StoreError, open_dataset, write_netcdf
+from posgen.testing.runs import ROOT, SNAKEMAKE, make_run, tiny_config
 
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 

@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import torch
 import xarray as xr
-from conftest import make_run, tiny_config
 
 from posgen.config import ConfigError, init_seed, validate, variant_order, variant_step, variants
 from posgen.corpus import load_text
 from posgen.models import load_model
+from posgen.testing.runs import make_run, tiny_config
 from posgen.trajectory import heatmap_variants
 from posgen.trajectory.table import low_frequency_share
 from posgen.trajectory.train import learning_rate, train_trajectory
@@ -50,7 +50,7 @@ def _with_trajectory(config: dict, *entries, rates=(0, 0.05, 0.2)) -> dict:
     lack the default sensitivity rates)."""
     config = copy.deepcopy(config)
     config["perturb"]["rates"] = list(rates)
-    config["shards"] = 1  # shards are tests/test_workflow.py's; one job per step keeps this run short
+    config["shards"] = 1  # shards are tests/workflow/test_workflow.py's; one job per step keeps this run short
     config["trajectory"] = {"models": list(entries)}
     return validate(config, check_paths=False)  # the trajectory rules under test, not the fake model folder
 

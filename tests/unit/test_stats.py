@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +12,9 @@ import xarray as xr
 
 from posgen.stats import bootstrap_indices, bootstrap_mean, interval, pearson, pearson_from_sums
 from posgen.store import carried_attrs, provenance, require
+from posgen.testing.runs import ROOT
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = ROOT / "src"
 
 
 def test_pearson_matches_corrcoef_for_numpy_and_torch():

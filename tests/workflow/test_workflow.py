@@ -4,15 +4,12 @@ import copy
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import yaml
-from conftest import WorkflowRun, make_run, tiny_config
 
 from posgen.store import open_dataset
-
-ROOT = Path(__file__).resolve().parents[1]
+from posgen.testing.runs import ROOT, WorkflowRun, make_run, tiny_config
 
 SHARDS = ("0-2", "2-3")  # tiny_config: 3 windows in 2 shards; perturbation: 2 windows in 2 shards
 
