@@ -7,8 +7,7 @@ import pytest
 import xarray as xr
 
 from posgen.bands import band_moments, band_stats
-from posgen.rope_table import RopeTable
-from posgen.store import QKWriter
+from posgen.testing.qk_store import toy_rope, write_qk_store
 
 
 def test_band_moments_pair_dims_l_and_l_plus_half():
@@ -37,28 +36,9 @@ def store(tmp_path):
     q[0, ..., 0], q[1, ..., 0] = 1.0, 3.0  # band 0 of q: |mean|^2 = 1 and 9 -> average 5, variance 0
     k[..., 1] = np.where(np.arange(T) % 2, 1.0, -1.0)  # band 1 of k: +-1 alternating: mean 0, variance 1
     theta = np.array([[1.0, 0.01], [1.0, 0.0]], np.float32)
-    with QKWriter(
-        tmp_path / "qk.h5",
-        samples=range(N),
-        n_layers=L,
-        n_heads=H,
-        n_kv_heads=1,
-        n_tokens=T,
-        head_dim=d,
-        ref_samples=[0],
-        ref_layers=[0],
-        rope=RopeTable(
-            inv_freq=theta,
-            attention_scaling=np.ones(L),
-            scaling=np.full(L, 0.5),
-            sliding_window=np.zeros(L),
-            kv_group=np.zeros(H),
-        ),
-        attrs={"model": "toy", "variant": "random-seed1", "init_seed": 1},
-    ) as w:
-        for s in range(N):
-            w.write_sample(s, q[s], k[s], np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
-    return tmp_path / "qk.h5", theta
+    attrs = {"model": "toy", "variant": "random-seed1", "init_seed": 1}
+    rope = toy_rope(theta, np.zeros(H), scaling=0.5)
+    return write_qk_store(tmp_path / "qk.h5", q, k, rope, attrs=attrs), theta
 
 
 def test_band_stats_file(store, tmp_path):

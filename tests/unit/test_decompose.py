@@ -13,8 +13,8 @@ from posgen.decomposition.mask import MaskInfo
 from posgen.decomposition.moments import masked_moments
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
-from posgen.rope_table import LayerRope, RopeTable
-from posgen.store import QKWriter
+from posgen.rope_table import LayerRope
+from posgen.testing.qk_store import toy_rope, write_qk_store
 
 
 def inv_freq(d: int, base: float = 10000.0) -> torch.Tensor:
@@ -303,28 +303,13 @@ def write_store(path, q, k, kv_group, theta, window=0, n_samples=2):
     """qk.h5 with the same layer params for every layer (or ``theta (L, band)`` per layer); odd layers have the
     sliding ``window``; q (N, L, H, T, d), k (N, L, H_kv, T, d)."""
     N, L, H, T, d = q.shape
-    with QKWriter(
-        path,
-        samples=range(N),
-        n_layers=L,
-        n_heads=H,
-        n_kv_heads=k.shape[2],
-        n_tokens=T,
-        head_dim=d,
-        ref_samples=[0],
-        ref_layers=[0],
-        rope=RopeTable(
-            inv_freq=theta if np.ndim(theta) == 2 else np.tile(theta, (L, 1)),  # one row per layer, or shared
-            attention_scaling=np.ones(L),
-            scaling=np.full(L, d**-0.5),
-            sliding_window=np.array([window if layer % 2 else 0 for layer in range(L)]),
-            kv_group=kv_group,
-        ),
-        attrs={"model": "toy", "variant": "trained", "init_seed": -1},
-    ) as w:
-        for s in range(N):
-            w.write_sample(s, q[s], k[s], np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
-    return path
+    rope = toy_rope(
+        theta if np.ndim(theta) == 2 else np.tile(theta, (L, 1)),  # one row per layer, or shared
+        kv_group,
+        scaling=d**-0.5,
+        sliding_window=np.array([window if layer % 2 else 0 for layer in range(L)]),
+    )
+    return write_qk_store(path, q, k, rope)
 
 
 def test_store_to_netcdf(tmp_path):

@@ -13,9 +13,9 @@ from posgen.extract import default_options, extract
 from posgen.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
-from posgen.rope_table import RopeTable
 from posgen.shards import gather
-from posgen.store import QKWriter, open_dataset, write_netcdf
+from posgen.store import open_dataset, write_netcdf
+from posgen.testing.qk_store import toy_rope, write_qk_store
 from posgen.workflow import parse_shard, shard_names, shard_of, shard_ranges
 
 DECOMPOSITION = {"dummy_distances": [0, 8, 100], "dummy_distance": 100, "lstsq_tol": 1e-8, "bound_samples": 2}
@@ -113,42 +113,22 @@ def test_fused_path_keeps_only_the_first_windows(both_paths):
     assert np.isfinite(rest["self_check_rel_error"].values).all()
 
 
-def _writer(path, samples, qk_dtype):
-    return QKWriter(
-        path,
-        samples=samples,
-        n_layers=1,
-        n_heads=2,
-        n_kv_heads=1,
-        n_tokens=4,
-        head_dim=4,
-        ref_samples=[0],
-        ref_layers=[0],
-        rope=RopeTable(
-            inv_freq=np.ones((1, 2), np.float32),
-            attention_scaling=[1.0],
-            scaling=[0.5],
-            sliding_window=[0],
-            kv_group=[0, 0],
-        ),
-        attrs={},
-        qk_dtype=qk_dtype,
-    )
+def _write(path, samples, q, k, qk_dtype):
+    """Windows ``samples`` of one layer, 2 heads / 1 KV head, 4 tokens, head dim 4: q (sample, ...), k (sample, ...)."""
+    rope = toy_rope(np.ones((1, 2), np.float32), [0, 0], scaling=0.5)
+    return write_qk_store(path, q, k, rope, samples=samples, attrs={}, qk_dtype=qk_dtype)
 
 
 def test_float16_storage_round_trips_and_refuses_overflow(tmp_path):
     rng = np.random.default_rng(0)
     q, k = rng.normal(size=(1, 2, 4, 4)).astype(np.float32), rng.normal(size=(1, 1, 4, 4)).astype(np.float32)
-    with _writer(tmp_path / "qk.h5", [3, 4], "float16") as w:
-        for sample in (3, 4):
-            w.write_sample(sample, q * sample, k, np.zeros(4, np.int64))
+    _write(tmp_path / "qk.h5", [3, 4], np.stack([q * 3, q * 4]), np.stack([k, k]), "float16")
     ds = open_dataset(tmp_path / "qk.h5", lazy=False)
     assert ds["q"].dtype == np.float16 and ds.attrs["qk_dtype"] == "float16"
     assert ds["sample"].values.tolist() == [3, 4] and ds.sizes["ref_sample"] == 0
     np.testing.assert_allclose(ds["q"].sel(sample=4).values, q * 4, rtol=1e-3)
     with pytest.raises(OverflowError, match="extract.qk_dtype: float16 overflows on q of window 3"):
-        with _writer(tmp_path / "big.h5", [3], "float16") as w:
-            w.write_sample(3, q * 1e5, k, np.zeros(4, np.int64))
+        _write(tmp_path / "big.h5", [3], (q * 1e5)[None], k[None], "float16")
     assert not (tmp_path / "big.h5").exists()
     with pytest.raises(ValueError, match="extract.qk_dtype: 'bfloat16'"):
-        _writer(tmp_path / "bf.h5", [0], "bfloat16")
+        _write(tmp_path / "bf.h5", [0], q[None], k[None], "bfloat16")

@@ -196,36 +196,18 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
     """qk.h5 with a global, a sliding-window (6 < T) and a NoPE layer (inv_freq 0) -> decomposition -> summary: the
     'rope' rows average the first two layers only; the NoPE layer (Method A exact there) has rows of its own."""
     from posgen.decomposition import decompose_store
-    from posgen.rope_table import RopeTable
-    from posgen.store import QKWriter
+    from posgen.testing.qk_store import toy_rope, write_qk_store
 
     g = np.random.default_rng(4)
     N, L, H, T, d = 3, 3, 2, 16, 8
     theta = np.tile(10000.0 ** (-np.arange(d // 2) / (d // 2)), (L, 1)).astype(np.float32)
     theta[2] = 0.0
-    with QKWriter(
-        tmp_path / "qk.h5",
-        samples=range(N),
-        n_layers=L,
-        n_heads=H,
-        n_kv_heads=1,
-        n_tokens=T,
-        head_dim=d,
-        ref_samples=[0],
-        ref_layers=[0],
-        rope=RopeTable(
-            inv_freq=theta,
-            attention_scaling=np.ones(L),
-            scaling=np.full(L, d**-0.5),
-            sliding_window=np.array([0, 6, 0]),
-            kv_group=np.zeros(H),
-        ),
-        attrs={"model": "toy", "variant": "trained", "init_seed": -1},
-    ) as w:
-        for s in range(N):
-            q = g.standard_normal((L, H, T, d)).astype(np.float32)
-            k = (g.standard_normal((L, 1, T, d)) + 1).astype(np.float32)
-            w.write_sample(s, q, k, np.zeros(T, np.int64), np.zeros((1, H, T, T), np.float32))
+    q, k = [], []
+    for _ in range(N):  # drawn window by window, as before
+        q.append(g.standard_normal((L, H, T, d)).astype(np.float32))
+        k.append((g.standard_normal((L, 1, T, d)) + 1).astype(np.float32))
+    rope = toy_rope(theta, np.zeros(H), scaling=d**-0.5, sliding_window=np.array([0, 6, 0]))
+    write_qk_store(tmp_path / "qk.h5", np.stack(q), np.stack(k), rope)
     dec = decompose_store(
         tmp_path / "qk.h5", tmp_path / "dec.nc", dummy_distances=[0, 100], dummy_distance=100, progress=False
     )
