@@ -28,11 +28,12 @@ from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 from posgen.testing.faults import ENV as FAIL_ONCE_ENV
 from posgen.testing.faults import InjectedFailure, fail_once
 from posgen.testing.runs import ROOT, SNAKEMAKE, make_run
+from posgen.workflow import GPU_RULES
 
 PROFILE = ROOT / "profiles" / "slurm"
 FAIL_RULE = "extract"
 # GPU rules whose memory, runtime and GPU count follow the model (rules/resources.smk): the profile pins only CPUs
-MODEL_RULES = {"extract", "decompose", "perturb", "cap"}
+MODEL_RULES = set(GPU_RULES)  # their memory and time follow the model (posgen.plan)
 # rules that must run on the submitting host: downloads (compute nodes are often offline), the corpus, and
 # the figures (fig_*) and report tables
 LOCAL_RULES = {"get_model", "windows", "reproduction"}
