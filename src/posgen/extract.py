@@ -118,6 +118,28 @@ def transparency_check(model, capture, token_ids: torch.Tensor, rtol: float) -> 
     return err, own
 
 
+def capture_window(model, capture: Capture, token_ids: np.ndarray, positions: torch.Tensor, keep_logits: bool = False):
+    """One window's forward pass inside a running ``capture``: its pre-RoPE (q, k), (layer, head, token, dim) and
+    (layer, kv_head, token, dim). ``token_ids`` (T,); ``positions`` (1, T) on the model's device."""
+    capture.reset(len(token_ids), keep_logits=keep_logits)
+    ids = torch.from_numpy(np.asarray(token_ids))[None].to(positions.device)
+    model.base_model(input_ids=ids, position_ids=positions, use_cache=False)
+    return capture.stacked()
+
+
+def capture_attrs(model, capture: Capture, manifest: dict, *, model_name: str, variant: str, dtype: str) -> dict:
+    """qk.h5's attrs that name the model, its weights and how it was captured (after one captured pass)."""
+    return {
+        **manifest_attrs(manifest, model=model_name, variant=variant),
+        "dtype": dtype,
+        "device": str(next(model.parameters()).device),
+        "softcap": capture.softcap,
+        "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
+        "capture_point": capture.capture_point,
+        "attn_implementation": model.config._attn_implementation,
+    }
+
+
 # extract()'s options that are config leaves (extract.<name>); their defaults live in the schema only
 OPTIONS = (
     "ref_samples",
@@ -198,20 +220,13 @@ def extract(
             )
             for sample in tqdm(shard.tolist(), desc=f"extract {job.label}", unit="window"):
                 t0 = time.perf_counter()
-                capture.reset(n_tokens, keep_logits=sample in check_samples)
-                ids = torch.from_numpy(token_id[sample])[None].to(device_obj)
-                model.base_model(input_ids=ids, position_ids=positions, use_cache=False)
-                q, k = capture.stacked()
+                q, k = capture_window(model, capture, token_id[sample], positions, keep_logits=sample in check_samples)
                 if writer is None:
                     params = capture.rope()
                     attrs = {
-                        **manifest_attrs(manifest, model=job.model, variant=job.variant),
-                        "dtype": dtype,
-                        "device": str(device_obj),
-                        "softcap": capture.softcap,
-                        "rope_parameters": getattr(model.config, "rope_parameters", None) or {},
-                        "capture_point": capture.capture_point,
-                        "attn_implementation": model.config._attn_implementation,
+                        **capture_attrs(
+                            model, capture, manifest, model_name=job.model, variant=job.variant, dtype=dtype
+                        ),
                         "corpus_source": windows.attrs.get("corpus_source", ""),
                         "window_seed": int(windows.attrs.get("window_seed", -1)),
                         "check_rtol": rtol,

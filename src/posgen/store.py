@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import xarray as xr
 
-import posgen
 from posgen.rope_table import ROPE_VARIABLES, RopeTable
+from posgen.version import VERSION
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
 QK_DTYPES = ("float32", "float16")
@@ -46,7 +46,7 @@ def _version(package: str) -> str:
 def provenance(**extra) -> dict:
     """Attrs every posgen output carries: library versions, time, plus the caller's own keys."""
     attrs = {
-        "posgen_version": posgen.__version__,
+        "posgen_version": VERSION,
         "torch_version": _version("torch"),
         "transformers_version": _version("transformers"),
         "xarray_version": xr.__version__,
@@ -237,6 +237,34 @@ def read_rope(ds: xr.Dataset) -> RopeTable:
     return RopeTable(**present)
 
 
+def rope_variables(rope: RopeTable) -> dict:
+    """qk.h5's variables of a RoPE table: name -> (dims, array), in the order :class:`QKWriter` writes them."""
+    return {name: (dims, getattr(rope, name)) for name, (dims, _) in ROPE_VARIABLES.items()}
+
+
+def qk_dataset(q: np.ndarray, k: np.ndarray, token_id: np.ndarray, rope: RopeTable, samples, attrs: dict) -> xr.Dataset:
+    """qk.h5's windows as a dataset in memory, named as :class:`QKWriter` writes them (docs/data-model.md; no
+    reference logits): q (sample, layer, head, token, dim), k (sample, layer, kv_head, token, dim), token_id
+    (sample, token), the RoPE table; ``samples`` the windows' global indices; ``attrs`` added to the provenance."""
+    n_samples, n_layers, n_heads, n_tokens, head_dim = q.shape
+    coords = {
+        "sample": np.asarray(samples, dtype=np.int64),
+        "layer": np.arange(n_layers),
+        "head": np.arange(n_heads),
+        "kv_head": np.arange(k.shape[2]),
+        "token": np.arange(n_tokens),
+        "dim": np.arange(head_dim),
+        "band": np.arange(head_dim // 2),
+    }
+    data = {
+        "q": (("sample", "layer", "head", "token", "dim"), q),
+        "k": (("sample", "layer", "kv_head", "token", "dim"), k),
+        "token_id": (("sample", "token"), np.asarray(token_id, dtype=np.int64)),
+        **rope_variables(rope),
+    }
+    return xr.Dataset(data, coords=coords, attrs=provenance(qk_dtype=q.dtype.name, **attrs))
+
+
 class QKWriter:
     """Writes ``qk.h5`` one sample at a time (see docs/data-model.md).
 
@@ -322,8 +350,9 @@ class QKWriter:
         )
         # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
         # to the model's own; docs/data-model.md)
-        for name, (dims, dtype) in ROPE_VARIABLES.items():
-            f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=getattr(rope, name))
+        for name, (dims, values) in rope_variables(rope).items():
+            dtype = ROPE_VARIABLES[name][1]
+            f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         self.written = np.zeros(n_samples, dtype=bool)
 

@@ -95,6 +95,33 @@ class DecompositionTable:
         )
 
 
+def decompose_dataset(
+    ds: xr.Dataset,
+    *,
+    dummy_distances,
+    dummy_distance: int,
+    device: str = "auto",
+    lstsq_tol: float = LSTSQ_TOL,
+    bound_samples: int = 0,
+    progress: bool = True,
+    attrs: dict | None = None,
+    what: str = "q/k dataset",
+) -> xr.Dataset:
+    """decomposition.nc of ``ds``, a dataset named as qk.h5 (opened from the file, or captured in memory by
+    :func:`posgen.api.capture_qk`), one (sample, layer) at a time; ``attrs`` are added to its provenance, before
+    the carried attrs of ``ds``; ``what`` names ``ds`` in errors. The options are :func:`decompose_store`'s."""
+    _check_store(ds, what)
+    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
+    table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
+    units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
+    label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
+    for s_, l_ in tqdm(units, desc=label, unit="layer", disable=not progress):
+        q = ds["q"].isel(sample=s_, layer=l_).values
+        k = ds["k"].isel(sample=s_, layer=l_).values
+        table.add(int(table.samples[s_]), l_, q, k)
+    return table.dataset({**(attrs or {}), **carried_attrs(ds)})
+
+
 def decompose_store(
     qk_path,
     out_path,
@@ -118,16 +145,17 @@ def decompose_store(
     """
     # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
     ds = open_dataset(qk_path, lazy=False)
-    _check_store(ds, qk_path)
-    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
-    table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
-    units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
-    label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
-    for s_, l_ in tqdm(units, desc=label, unit="layer", disable=not progress):
-        q = ds["q"].isel(sample=s_, layer=l_).values
-        k = ds["k"].isel(sample=s_, layer=l_).values
-        table.add(int(table.samples[s_]), l_, q, k)
-    out = table.dataset({"config_hash": config_hash, "analysis": "store", "source": str(qk_path), **carried_attrs(ds)})
+    out = decompose_dataset(
+        ds,
+        dummy_distances=dummy_distances,
+        dummy_distance=dummy_distance,
+        device=device,
+        lstsq_tol=lstsq_tol,
+        bound_samples=bound_samples,
+        progress=progress,
+        attrs={"config_hash": config_hash, "analysis": "store", "source": str(qk_path)},
+        what=str(qk_path),
+    )
     ds.close()
     write_netcdf(out, out_path)
     return out

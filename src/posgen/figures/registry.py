@@ -1,10 +1,13 @@
 """The top of the figures: every figure of posgen.figure_table mapped to its loader and drawing function
-(:data:`SPECS`), and :func:`render`, which the figure rules run."""
+(:data:`SPECS`), :func:`draw`, and :func:`render`, which the figure rules run."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+
+import xarray as xr
+from matplotlib.figure import Figure
 
 from posgen.figure_table import FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
 from posgen.figures import head_ablation, llm, synthetic, trajectory
@@ -59,6 +62,18 @@ def check_table() -> None:
         raise KeyError(f"figure specs and posgen.figure_table differ in {', '.join(differ)}")
 
 
+def draw(name: str, inputs: dict, *, variants=(), n_boot: int | None = 1000, seed: int | None = 0) -> Figure:
+    """Load figure ``name``'s inputs (``inputs``: role -> path or paths, or the datasets of those files) and draw
+    it. ``n_boot`` and ``seed`` (the `intervals` settings) are used only by figures whose table row bootstraps."""
+    check_table()
+    if name not in SPECS:
+        raise KeyError(f"figure {name!r}: unknown (known: {', '.join(SPECS)})")
+    spec = SPECS[name]
+    inputs = {k: [v] if isinstance(v, (str, Path, xr.Dataset)) else list(v) for k, v in inputs.items()}
+    data = spec.loader(inputs, list(variants or []))
+    return spec.func(data, n_boot=n_boot, seed=seed) if ROWS[name].bootstrap else spec.func(data)
+
+
 def render(
     name: str,
     inputs: dict,
@@ -70,15 +85,7 @@ def render(
     seed: int | None = 0,
     **attrs,
 ) -> None:
-    """Load figure ``name``'s input files (``inputs``: role -> path or paths), draw it, save PNG + PDF.
-
-    ``n_boot`` and ``seed`` (the `intervals` settings) are used only by figures whose table row bootstraps.
-    """
-    check_table()
-    if name not in SPECS:
-        raise KeyError(f"figure {name!r}: unknown (known: {', '.join(SPECS)})")
-    spec = SPECS[name]
-    inputs = {k: [v] if isinstance(v, (str, Path)) else list(v) for k, v in inputs.items()}
-    data = spec.loader(inputs, list(variants or []))
-    fig = spec.func(data, n_boot=n_boot, seed=seed) if ROWS[name].bootstrap else spec.func(data)
+    """Load figure ``name``'s input files (``inputs``: role -> path or paths), draw it (:func:`draw`), save
+    PNG + PDF."""
+    fig = draw(name, inputs, variants=variants, n_boot=n_boot, seed=seed)
     save_figure(fig, png, pdf, provenance=stable_provenance(figure=name, **attrs))

@@ -139,7 +139,9 @@ def symmetric_limit(values: np.ndarray) -> float:
 
 
 def open_result(path) -> xr.Dataset:
-    """One result file, read into memory."""
+    """One result file, read into memory; a dataset already in memory (posgen.api.draw) as it is."""
+    if isinstance(path, xr.Dataset):
+        return path
     return open_dataset(path, lazy=False)
 
 
@@ -151,6 +153,6 @@ def by_variant(paths, variants, names) -> xr.Dataset:
     parts = []
     for path in paths:
         ds = open_result(path)
-        require(ds, names, str(path))
+        require(ds, names, "dataset" if isinstance(path, xr.Dataset) else str(path))
         parts.append(ds[names])
     return xr.concat(parts, dim=pd.Index(variants, name="variant"), coords="minimal", compat="override")
