@@ -64,6 +64,8 @@ rule reproduction:
         summary=rules.summary_table.output.csv,
         synthetic_summary="results/synthetic/summary.csv",
         study_summary=study_summary_if_built,
+        bands=expand(BANDS, model=MODELS, variant=VARIANTS),
+        perturb=expand(PERTURB, model=MODELS, variant=VARIANTS),
     output:
         csv=report(
             REPRODUCTION["csv"],

@@ -13,5 +13,7 @@ write_reproduction(
     snakemake.input.synthetic_summary,
     snakemake.output.synthetic_csv,
     study_summary_csv=study[0] if study else None,
+    bands_paths=list(snakemake.input.bands),
+    perturb_paths=list(snakemake.input.perturb),
     config_hash=snakemake.params.config_hash,
 )

@@ -104,3 +104,32 @@ def band_stats(qk_path, out_path, *, config_hash: str = "", progress: bool = Tru
     ds.close()
     write_netcdf(out, out_path)
     return out
+
+
+def low_frequency_share(var: np.ndarray, theta: np.ndarray) -> np.ndarray:
+    """Share of the token variance in the lower-frequency half of the rotating bands.
+
+    ``var`` is (..., band), ``theta`` (band,); bands that never rotate (theta = 0) are left out. Returns ``var``
+    without its band axis.
+    """
+    rotating = np.flatnonzero(theta > 0)
+    by_frequency = rotating[np.argsort(theta[rotating], kind="stable")]  # lowest frequency first
+    low = by_frequency[: len(by_frequency) // 2]
+    total = var[..., rotating].sum(-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return var[..., low].sum(-1) / total
+
+
+def band_shares(path) -> dict[str, float]:
+    """``low_share_q`` and ``low_share_k`` of a bands.nc: :func:`low_frequency_share` averaged over layers and
+    heads."""
+    bands = open_dataset(path, lazy=False)
+    require(bands, ["q_var", "k_var", "theta"], str(path))
+    theta = bands["theta"].values
+    theta = theta[0] if theta.ndim > 1 else theta  # (layer, band): every layer of these models has one base
+    shares = {}
+    for side, head in (("q", "head"), ("k", "kv_head")):
+        var = bands[f"{side}_var"].transpose("layer", head, "band").values  # (layer, head, band)
+        shares[f"low_share_{side}"] = float(np.nanmean(low_frequency_share(var, theta)))
+    bands.close()
+    return shares

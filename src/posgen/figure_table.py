@@ -99,6 +99,7 @@ FIGURES = {
         _row("scatter", "2. W against f + g", {"examples": _EXAMPLES}, scope=PER_VARIANT),
         _row("r_heatmap", "3. r over layer x head", {"decomposition": _DECOMPOSITION}),
         _row("layer_r", "4. Per-layer r", {"summary": "results/{model}/summary.nc"}),
+        _row("position_share", "4b. Absolute position in q and k", {"summary": "results/{model}/summary.nc"}),
         _row("bands", "5. Feature bands", {"bands": "results/{model}/{variant}/bands.nc"}),
         _row("dummy_sweep", "6. Dummy-distance sweep", {"decomposition": _DECOMPOSITION}, bootstrap=True),
         _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),

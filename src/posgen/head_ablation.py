@@ -336,10 +336,10 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
         raise ValueError(
             f"decomposition.nc: layer x head {sizes} differs from the model's {(ds.sizes['layer'], ds.sizes['head'])}"
         )
-    per_head = decomposition.sel(sink=SINK).mean("sample")
+    # a dict: sel(method=...) would be the lookup method
+    per_head = decomposition.sel({"sink": SINK, "method": "A"}).mean("sample")
     out = ds.copy()
-    method_a = per_head["r"].sel({"method": "A"})  # a dict: sel(method=...) would be the lookup method
-    out["method_a_r"] = (("layer", "head"), method_a.values)
+    out["method_a_r"] = (("layer", "head"), per_head["r"].values)
     out["r2_f"] = (("layer", "head"), per_head["r2_f"].values)
     out["r2_g"] = (("layer", "head"), per_head["r2_g"].values)
     out["f_share"] = out["r2_f"] / (out["r2_f"] + out["r2_g"])

@@ -1,7 +1,8 @@
 """Both papers' reproduction tables: their reported numbers beside ours.
 
 The first paper (Han & Ji 2025): its 0.959 beside our mean and pooled r per model, variant, method and sink
-(:func:`reproduction_table`, from ``results/summary.csv``). The second paper (arXiv 2505.13027): its accuracies
+(:func:`reproduction_table`, from ``results/summary.csv``), with a verdict per claim (posgen.verdicts, from the
+summary, the bands and the perturbation tables). The second paper (arXiv 2505.13027): its accuracies
 and layer-0 deposit beside ours per experiment, task and PE (:func:`synthetic_reproduction_rows`, from
 ``results/synthetic/summary.csv``), with a verdict per claim (posgen.synthetic.verdicts).
 :func:`write_reproduction` writes ``results/reproduction.csv``, ``reproduction_synthetic.csv`` and ``.md``.
@@ -14,11 +15,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from posgen.bands import band_shares
 from posgen.config import init_seed
-from posgen.store import atomic_path, stable_provenance
+from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import verdict_markdown, verdicts
-
-PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
+from posgen.verdicts import PAPER_R, control_markdown
+from posgen.verdicts import verdict_markdown as paper_verdict_markdown
+from posgen.verdicts import verdicts as paper_verdicts
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -208,6 +211,31 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 # -------------------------------------------------------------------------------------------------- writing
 
 
+def perturbation_ratios(path) -> dict:
+    """{(kind, rate): mean perplexity ratio over samples} of a perturb.nc."""
+    ds = open_dataset(path, lazy=False)
+    require(ds, ["ppl_ratio", "kind", "rate"], str(path))
+    mean = ds["ppl_ratio"].mean("sample")
+    out = {
+        (str(kind), round(float(rate), 9)): float(mean.sel(kind=kind, rate=rate))
+        for kind in ds["kind"].values
+        for rate in ds["rate"].values
+    }
+    ds.close()
+    return out
+
+
+def _by_model_variant(paths, read) -> dict:
+    """{model: {variant: read(path)}} over files whose attrs name their model and variant."""
+    out: dict = {}
+    for path in paths:
+        ds = open_dataset(path, lazy=False)
+        model, variant = ds.attrs.get("model", ""), ds.attrs.get("variant", "")
+        ds.close()
+        out.setdefault(model, {})[variant] = read(path)
+    return out
+
+
 def write_reproduction(
     summary_csv: str | Path,
     csv: str | Path,
@@ -215,22 +243,30 @@ def write_reproduction(
     synthetic_summary_csv: str | Path | None = None,
     synthetic_csv: str | Path | None = None,
     study_summary_csv: str | Path | None = None,
+    bands_paths=(),
+    perturb_paths=(),
     **attrs,
 ) -> pd.DataFrame:
-    """results/reproduction.csv and .md from results/summary.csv; with the second family's summary, its rows
-    (the second paper's numbers beside ours) go to ``synthetic_csv`` and a second section of the Markdown, with
-    a verdict per claim (posgen.synthetic.verdicts) from the deposit study's summary when given, else from the
-    run's."""
+    """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
+    (posgen.verdicts) from the summary and the bands and perturbation tables of every model variant; with the
+    second family's summary, its rows (the second paper's numbers beside ours) go to ``synthetic_csv`` and a
+    second section of the Markdown, with a verdict per claim (posgen.synthetic.verdicts) from the deposit study's
+    summary when given, else from the run's."""
     paths = [Path(p) for p in (summary_csv, synthetic_summary_csv, study_summary_csv) if p is not None]
-    for path in paths:
+    for path in [*paths, *map(Path, bands_paths), *map(Path, perturb_paths)]:
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such file")
-    table = reproduction_table(pd.read_csv(summary_csv))
+    summary = pd.read_csv(summary_csv)
+    table = reproduction_table(summary)
     prov = stable_provenance(**attrs)
     keep = {k: prov[k] for k in ("config_hash", "posgen_version") if k in prov}
     with atomic_path(csv) as tmp:
         table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     text = reproduction_markdown(table, provenance=keep)
+    bands = _by_model_variant(bands_paths, band_shares)
+    ratios = _by_model_variant(perturb_paths, perturbation_ratios)
+    text += "\n" + control_markdown(summary)
+    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios), str(summary_csv))
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))

@@ -24,6 +24,9 @@ from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key (docs/method.md section 3C)
+BASES = ("linear", "smooth")
+SHARE_COLUMNS = [f"{v}_position_share_{basis}" for v in VECTORS for basis in BASES]
 COLUMNS = [
     "model",
     "variant",
@@ -45,6 +48,7 @@ COLUMNS = [
     "n_layers",
     "n_heads",
     "dummy_distance",
+    *SHARE_COLUMNS,
 ]
 ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
 
@@ -71,7 +75,7 @@ def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:
     out: dict[str, dict[str, xr.Dataset]] = {}
     for path in paths:
         ds = open_dataset(path, lazy=False)
-        require(ds, ("r", "r2_f", "r2_g", *SUFF), str(path))
+        require(ds, ("r", "r2_f", "r2_g", "q_position_share", "k_position_share", *SUFF), str(path))
         model, variant = ds.attrs.get("model"), ds.attrs.get("variant")
         if not model or not variant:
             raise KeyError(f"{path}: attrs 'model' and 'variant' are required")
@@ -131,12 +135,18 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
     groups = layer_groups(types)
     layer_r = np.full((len(variants), len(methods), len(sinks), len(layers)), np.nan)
     layer_lo, layer_hi = layer_r.copy(), layer_r.copy()
+    # per layer, the mean over samples and heads of each position share: (variant, vector, basis, sink, layer)
+    layer_share = np.full((len(variants), len(VECTORS), len(BASES), len(sinks), len(layers)), np.nan)
     rows = []
     data = {v: by_variant[v].transpose("sample", "layer", "head", "method", "sink", ...) for v in variants}
     for vi, v in enumerate(variants):
         per_layer = _nanmean(data[v]["r"].values, 2)  # (sample, layer, method, sink)
         lr, llo, lhi = interval(_mean, per_layer, idx)
         layer_r[vi], layer_lo[vi], layer_hi[vi] = (np.moveaxis(a, 0, -1) for a in (lr, llo, lhi))
+        for ci, vector in enumerate(VECTORS):
+            share = data[v][f"{vector}_position_share"].sel(basis=list(BASES))  # (sample, layer, head, basis, sink)
+            share = share.transpose("sample", "layer", "head", "basis", "sink").values
+            layer_share[vi, ci] = np.moveaxis(_nanmean(share, (0, 2)), 0, -1)  # (basis, sink, layer)
     for group, keep in groups.items():
         per_sample = {}
         for v in variants:
@@ -150,13 +160,20 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                 diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
             else:
                 diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
-            r2 = {name: ds[name].transpose("sample", "layer", "head", "sink").values for name in ("r2_f", "r2_g")}
+            # variance explained by f / g alone: (method, sink), NaN for a method without f and g (Method B)
+            r2 = {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
+            shares = {
+                f"{vector}_position_share_{basis}": _nanmean(
+                    ds[f"{vector}_position_share"].sel(basis=basis).transpose("sample", "layer", "head", "sink").values,
+                    (0, 1, 2),
+                )  # (sink,)
+                for vector in VECTORS
+                for basis in BASES
+            }
             distance = _distance_text(ds)
             for mi, method in enumerate(methods):
+                has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
                 for si, sink in enumerate(sinks):
-                    # variance explained by f / g alone and the dummy distance are Method A quantities
-                    r2_f = float(_nanmean(r2["r2_f"][..., si], None)) if method == "A" else np.nan
-                    r2_g = float(_nanmean(r2["r2_g"][..., si], None)) if method == "A" else np.nan
                     rows.append(
                         {
                             "model": model,
@@ -170,15 +187,16 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                             "pooled_r": pooled[mi, si],
                             "pooled_r_lo": pooled_lo[mi, si],
                             "pooled_r_hi": pooled_hi[mi, si],
-                            "r2_f": r2_f,
-                            "r2_g": r2_g,
+                            "r2_f": r2["r2_f"][mi, si],
+                            "r2_g": r2["r2_g"][mi, si],
                             "diff_vs_trained": diff[mi, si],
                             "diff_lo": diff_lo[mi, si],
                             "diff_hi": diff_hi[mi, si],
                             "n_samples": n_samples,
                             "n_layers": ds.sizes["layer"],
                             "n_heads": ds.sizes["head"],
-                            "dummy_distance": distance if method == "A" else "",
+                            "dummy_distance": distance if has_fg else "",
+                            **{name: value[si] for name, value in shares.items()},
                         }
                     )
     # rows: variant, then layer type, method, sink
@@ -186,11 +204,24 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
     group_order = {g: i for i, g in enumerate(groups)}
     rows.sort(key=lambda row: (order[row["variant"]], group_order[row["layer_type"]]))
     dims = ("variant", "method", "sink", "layer")
-    coords = {"variant": variants, "method": methods, "sink": sinks, "layer": layers, "layer_type": ("layer", types)}
+    coords = {
+        "variant": variants,
+        "method": methods,
+        "sink": sinks,
+        "layer": layers,
+        "layer_type": ("layer", types),
+        "vector": list(VECTORS),
+        "basis": list(BASES),
+    }
     if "dummy_distance_used" in first.coords or "dummy_distance_used" in first:
         coords["dummy_distance_used"] = ("layer", np.asarray(first["dummy_distance_used"].values))
     nc = xr.Dataset(
-        {"layer_r": (dims, layer_r), "layer_r_lo": (dims, layer_lo), "layer_r_hi": (dims, layer_hi)},
+        {
+            "layer_r": (dims, layer_r),
+            "layer_r_lo": (dims, layer_lo),
+            "layer_r_hi": (dims, layer_hi),
+            "layer_position_share": (("variant", "vector", "basis", "sink", "layer"), layer_share),
+        },
         coords=coords,
     )
     return rows, nc

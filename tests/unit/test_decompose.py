@@ -57,6 +57,14 @@ def direct(q, k, kv, rope: LayerRope, Ds, D0):
                 return np.corrcoef(w, y.numpy()[M])[0, 1]
 
             A = (f + g(D0)).numpy()[M]
+            # Method A-drift: the key's least-squares fit over tokens 1..T-1 (the sink left out in both handlings)
+            # on Legendre polynomials of the position up to degree 8, evaluated at every token
+            V = np.polynomial.legendre.legvander(np.linspace(-1, 1, T), min(8, T - 3))
+            kfit = V @ np.linalg.lstsq(V[1:], kh.numpy()[1:], rcond=None)[0]  # (T, d)
+            kfit = torch.from_numpy(kfit)
+            f_d = q_rot @ rotate(kfit.float(), pos, th, amp).double().T * s
+            g_d = rotate(q[h], torch.tensor(D0), th, amp).double() @ (amp * (kh - kfit)).T * s
+            out[h, sink, "r_drift"], out[h, sink, "r_f_drift"], out[h, sink, "r_g_drift"] = r(f_d + g_d), r(f_d), r(g_d)
             out[h, sink, "r_A"] = r(f + g(D0))
             out[h, sink, "r_sweep"] = [r(f + g(D)) for D in Ds]
             out[h, sink, "r_f"], out[h, sink, "r_g"] = r(f), r(g(D0))
@@ -114,8 +122,12 @@ def test_matches_direct_computation(case):
         for si, sink in enumerate(SINKS):
             np.testing.assert_allclose(res["r"][h, 0, si], ref[h, sink, "r_A"], rtol=0, atol=2e-6)
             np.testing.assert_allclose(res["r"][h, 1, si], ref[h, sink, "r_B"], rtol=0, atol=2e-6)
-            np.testing.assert_allclose(res["r_f"][h, si], ref[h, sink, "r_f"], rtol=0, atol=2e-6)
-            np.testing.assert_allclose(res["r_g"][h, si], ref[h, sink, "r_g"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_f"][h, 0, si], ref[h, sink, "r_f"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_g"][h, 0, si], ref[h, sink, "r_g"], rtol=0, atol=2e-6)
+            assert np.isnan(res["r_f"][h, 1, si]) and np.isnan(res["r_g"][h, 1, si])  # Method B has no f, g
+            np.testing.assert_allclose(res["r"][h, 2, si], ref[h, sink, "r_drift"], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(res["r_f"][h, 2, si], ref[h, sink, "r_f_drift"], rtol=0, atol=1e-6)
+            np.testing.assert_allclose(res["r_g"][h, 2, si], ref[h, sink, "r_g_drift"], rtol=0, atol=1e-6)
             np.testing.assert_allclose(res["r_sweep"][h, si], ref[h, sink, "r_sweep"], rtol=0, atol=2e-6)
             np.testing.assert_allclose(res["err_abs_mean"][h, si], ref[h, sink, "err"], rtol=2e-5)
             np.testing.assert_allclose(res["bound_mean"][h, si], ref[h, sink, "bound"], rtol=2e-5)
@@ -132,8 +144,8 @@ def test_constant_keys_leave_no_semantic_term():
     k = torch.randn(2, 1, 8).expand(2, 32, 8).contiguous()
     rope = LayerRope(inv_freq(8), 8**-0.5)
     res = Decomposer([0, 10, 100], 10).unit(q, k, kv, rope)
-    assert np.all(res["r_f"] > 1 - 1e-6)
-    assert np.all(res["r"][:, 0] > 1 - 1e-6)
+    assert np.all(res["r_f"][:, [0, 2]] > 1 - 1e-6)  # Methods A and A-drift (no drift to fit)
+    assert np.all(res["r"][:, [0, 2]] > 1 - 1e-6)
     assert np.all(res["r_sweep"] > 1 - 1e-6)
     typical = np.sqrt(res["sum_xx"][:, 0] / res["n"][:, 0])
     assert np.all(res["err_abs_mean"] < 1e-5 * typical[:, None])  # W - f - g = 0 up to rounding
@@ -329,14 +341,17 @@ def test_store_to_netcdf(tmp_path):
         progress=False,
     )
     ds = xr.open_dataset(tmp_path / "decomposition.nc", engine="h5netcdf")
-    assert dict(ds.sizes) == {"sample": N, "layer": L, "head": H, "method": 2, "sink": 2, "D": 2}
+    assert dict(ds.sizes) == {"sample": N, "layer": L, "head": H, "method": 3, "sink": 2, "basis": 2, "D": 2}
     assert ds["r"].dims == ("sample", "layer", "head", "method", "sink")
     assert ds["r_sweep"].dims == ("sample", "layer", "head", "sink", "D")
-    for name in ("r_f", "r_g", "r2_f", "r2_g", "err_abs_mean", "bound_mean", "bound_slack_min", "lstsq_residual"):
+    for name in ("err_abs_mean", "bound_mean", "bound_slack_min", "lstsq_residual"):
         assert ds[name].dims == ("sample", "layer", "head", "sink"), name
-    for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy"):
+    for name in ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy", "r_f", "r_g", "r2_f", "r2_g"):
         assert ds[name].dims == ("sample", "layer", "head", "method", "sink"), name
-    assert list(ds["method"].values) == ["A", "B"] and list(ds["sink"].values) == ["with", "without"]
+    for name in ("q_position_share", "k_position_share"):
+        assert ds[name].dims == ("sample", "layer", "head", "basis", "sink"), name
+    assert list(ds["method"].values) == ["A", "B", "A-drift"] and list(ds["sink"].values) == ["with", "without"]
+    assert list(ds["basis"].values) == ["linear", "smooth"] and ds.attrs["smooth_degree"] == 8
     assert ds.attrs["dummy_distance"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
     np.testing.assert_allclose(ds["r2_f"], ds["r_f"] ** 2)
     # the layer-1 slice is the windowed one and equals a direct call
@@ -434,7 +449,8 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
             for h in range(H):
                 for si, sink in enumerate(SINKS):
                     np.testing.assert_allclose(ds["r"].values[s_, layer, h, 0, si], ref[h, sink, "r_A"], atol=2e-6)
-                    np.testing.assert_allclose(ds["r_g"].values[s_, layer, h, si], ref[h, sink, "r_g"], atol=2e-6)
+                    np.testing.assert_allclose(ds["r_g"].values[s_, layer, h, 0, si], ref[h, sink, "r_g"], atol=2e-6)
+                    np.testing.assert_allclose(ds["r"].values[s_, layer, h, 2, si], ref[h, sink, "r_drift"], atol=1e-6)
                     np.testing.assert_allclose(
                         ds["r_sweep"].values[s_, layer, h, si], ref[h, sink, "r_sweep"], atol=2e-6
                     )

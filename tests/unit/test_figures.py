@@ -98,8 +98,19 @@ def make_summary(n_layers=4, seed=0):
             "layer_r": (("variant", "method", "sink", "layer"), r),
             "layer_r_lo": (("variant", "method", "sink", "layer"), r - 0.05),
             "layer_r_hi": (("variant", "method", "sink", "layer"), r + 0.03),
+            "layer_position_share": (
+                ("variant", "vector", "basis", "sink", "layer"),
+                rng.uniform(0, 1, size=(len(VARIANTS), 2, 2, 2, n_layers)),
+            ),
         },
-        coords={"variant": VARIANTS, "method": ["A", "B"], "sink": ["with", "without"], "layer": np.arange(n_layers)},
+        coords={
+            "variant": VARIANTS,
+            "method": ["A", "B"],
+            "sink": ["with", "without"],
+            "layer": np.arange(n_layers),
+            "vector": ["q", "k"],
+            "basis": ["linear", "smooth"],
+        },
     )
 
 
@@ -216,6 +227,7 @@ def all_figures(examples):
         "scatter": llm.fig_scatter(examples),
         "r_heatmap": llm.fig_r_heatmap(r),
         "layer_r": llm.fig_layer_r(make_summary()),
+        "position_share": llm.fig_position_share(make_summary()),
         "bands": llm.fig_bands(make_bands()),
         "dummy_sweep": llm.fig_dummy_sweep(sweep, n_boot=200),
         "perturb_ppl": llm.fig_perturb_ppl(make_perturb(), n_boot=200),
@@ -232,6 +244,7 @@ EXPECTED = {
     "scatter": (2, "approximation $f + g$", "true logit $W$"),
     "r_heatmap": (6, "head", "layer"),
     "layer_r": (4, "layer", "mean Pearson $r$"),
+    "position_share": (4, "layer", "position share"),
     "bands": (6, "RoPE frequency $\\theta_l$", "variance / mean$^2$"),
     "dummy_sweep": (2, "dummy distance $D$", "mean $r$, method A"),
     "perturb_ppl": (6, "perturbed fraction $p$ (%)", "perplexity / unperturbed"),
@@ -425,6 +438,7 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
         "logit_maps": {"examples": tmp_path / "examples.nc"},
         "scatter": {"examples": tmp_path / "examples.nc"},
         "layer_r": {"summary": tmp_path / "summary.nc"},
+        "position_share": {"summary": tmp_path / "summary.nc"},
         "bands": {"bands": files["bands"]},
         "r_heatmap": {"decomposition": files["decomposition"]},
         "dummy_sweep": {"decomposition": files["decomposition"]},
@@ -452,9 +466,13 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
         back.drop(columns=["config_hash", "posgen_version"]), table, check_dtype=False, atol=1e-6
     )
     assert (back["config_hash"] == "abc").all()
-    assert (tmp_path / "rep.md").read_text() == reproduction.reproduction_markdown(
-        table, provenance={"config_hash": "abc", "posgen_version": back["posgen_version"][0]}
+    md = (tmp_path / "rep.md").read_text()
+    assert md.startswith(
+        reproduction.reproduction_markdown(
+            table, provenance={"config_hash": "abc", "posgen_version": back["posgen_version"][0]}
+        )
     )
+    assert "## The random-init control under each construction" in md and "## Verdict per claim (Han & Ji" in md
 
 
 def test_pooled_entries_equal_the_full_matrices_at_those_pairs():
@@ -535,6 +553,18 @@ def test_dummy_sweep_shows_layer_types_apart():
         return [line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":"]
 
     assert vlines(axes[2]) == [250] and vlines(axes[0]) == [1000] and vlines(axes[4]) == []
+    plt.close(fig)
+
+
+def test_position_share_draws_each_variant_basis_and_vector():
+    summary = make_summary()
+    fig = llm.fig_position_share(summary)
+    ax = fig.axes[1]  # sink 'with', keys
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    for variant in VARIANTS:
+        for basis in ("smooth", "linear"):
+            want = summary["layer_position_share"].sel(variant=variant, vector="k", basis=basis, sink="with")
+            np.testing.assert_allclose(lines[f"{variant} ({basis})"].get_ydata(), want)
     plt.close(fig)
 
 

@@ -12,6 +12,7 @@ from posgen.store import write_netcdf
 from posgen.summary import COLUMNS, summarize
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+SHARES = {"q": (0.1, 0.3), "k": (0.2, 0.6)}  # position shares (linear, smooth) of the fake decompositions
 
 
 def fake_decomposition(
@@ -30,10 +31,12 @@ def fake_decomposition(
     dims = ("sample", "layer", "head", "method", "sink")
     vars_ = {"r": (dims, r)}
     for name in ("r_f", "r_g", "r2_f", "r2_g"):
-        vars_[name] = (
-            ("sample", "layer", "head", "sink"),
-            np.full((N, n_layers, n_heads, 2), 0.25 if "2" in name else 0.5),
-        )
+        fg = np.full(shape, 0.25 if "2" in name else 0.5)
+        fg[:, :, :, 1] = np.nan  # Method B has no f and g terms
+        vars_[name] = (dims, fg)
+    for vector, shares in SHARES.items():  # (linear, smooth) per vector, the same in every head
+        share = np.broadcast_to(np.asarray(shares)[None, None, None, :, None], (N, n_layers, n_heads, 2, 2))
+        vars_[f"{vector}_position_share"] = (("sample", "layer", "head", "basis", "sink"), share.copy())
     suff = np.zeros(shape + (6,))
     if data is not None:
         for s, (x, y) in enumerate(data):
@@ -48,6 +51,7 @@ def fake_decomposition(
             "head": np.arange(n_heads),
             "method": ["A", "B"],
             "sink": ["with", "without"],
+            "basis": ["linear", "smooth"],
             **{name: ("layer", values) for name, values in (layer_coords or {}).items()},
         },
         attrs={"model": model, "variant": variant, "dummy_distance": 1000},
@@ -87,8 +91,12 @@ def test_intervals_and_paired_difference(tmp_path):
     x, y = np.concatenate([d[0] for d in data]), np.concatenate([d[1] for d in data])
     np.testing.assert_allclose(trained.pooled_r, np.corrcoef(x, y)[0, 1], atol=1e-10)
     assert (trained.pooled_r_lo <= trained.pooled_r).all() and (trained.pooled_r <= trained.pooled_r_hi).all()
-    # r2_f / r2_g belong to Method A only
+    # r2_f / r2_g belong to the constructions with f and g (Method A here) only
     assert (table[table.method == "A"].r2_f == 0.25).all() and table[table.method == "B"].r2_f.isna().all()
+    # the position shares of q and k, per basis, on every row
+    for vector, (linear, smooth) in SHARES.items():
+        np.testing.assert_allclose(table[f"{vector}_position_share_linear"], linear)
+        np.testing.assert_allclose(table[f"{vector}_position_share_smooth"], smooth)
     assert (table.n_samples == N).all() and (table.n_layers == 3).all() and (table.n_heads == 4).all()
     assert (table.config_hash == "cafe").all()
     csv = pd.read_csv(tmp_path / "summary.csv")
@@ -109,6 +117,8 @@ def test_identical_samples_give_zero_width_intervals_and_layer_means(tmp_path):
         nc["layer_r"].sel({"variant": "trained", "method": "A", "sink": "with"}), 0.5 + np.array(offset)
     )
     np.testing.assert_allclose(nc["layer_r_lo"], nc["layer_r"])
+    assert nc["layer_position_share"].dims == ("variant", "vector", "basis", "sink", "layer")
+    np.testing.assert_allclose(nc["layer_position_share"].sel(vector="k", basis="smooth"), SHARES["k"][1])
     assert "posgen_version" in nc.attrs and nc.attrs["model"] == "m"
 
 

@@ -16,12 +16,12 @@ import pytest
 import torch
 import xarray as xr
 
+from posgen.bands import low_frequency_share
 from posgen.config import ConfigError, init_seed, validate, variant_order, variant_step, variants
 from posgen.corpus import load_text
 from posgen.models import load_model
 from posgen.testing.runs import make_run, tiny_config
 from posgen.trajectory import heatmap_variants
-from posgen.trajectory.table import low_frequency_share
 from posgen.trajectory.train import learning_rate, train_trajectory
 
 # small enough to train in a few seconds on one core

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from posgen.decomposition.mask import SINKS
-from posgen.decomposition.operands import UnitOperands
+from posgen.decomposition.operands import KEY_SETS, UnitOperands
 from posgen.rope import rotate
 
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
@@ -91,7 +91,8 @@ def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: i
     b_norm = torch.stack([band_norms((ops.k64 - mean[:, None]).float()) for mean in (ops.kbar, ops.kbar_wo)], 1)
     b_norm[:, SINKS.index("without"), 0] = 0  # (H_kv, sink, T, L)
     counts = torch.tensor([ops.counts[sink] for sink in SINKS], device=dev, dtype=f64)  # (sink,)
-    kx, kf, kphi, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each
+    *sets, kg = ops.keys[used].split(d, -1)  # (H_kv, T, d) each: the KEY_SETS, then the g set
+    kx, kf, kphi = (sets[KEY_SETS.index(name)] for name in ("x", "f", "phi"))
     e_with = torch.cat([kx - kf, -kg], -1)  # (H_kv, T, 2d)
     e_without = torch.cat([kx - kf - kphi, -kg - ops.shift[used, None].float()], -1)  # (H_kv, T, 2d)
     e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)

@@ -1,8 +1,9 @@
 """Every decomposition statistic of one (sample, layer) (docs/method.md sections 3-5).
 
-``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1 and 3A), ``moments``
-(sums over the counted entries), ``method_a`` (section 3A and 4), ``method_b`` (section 3B), and where asked
-``error_and_bound`` and ``check_bound`` (section 5).
+``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1, 3A and 3C),
+``moments`` (sums over the counted entries), ``method_a`` (Method A and Method A-drift, sections 3A, 3C and 4),
+``method_b`` (section 3B), ``position_shares`` (section 3C), and where asked ``error_and_bound`` and
+``check_bound`` (section 5).
 """
 
 from __future__ import annotations
@@ -12,16 +13,27 @@ import torch
 
 from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
 from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
+from posgen.decomposition.drift import (
+    BASES,
+    SMOOTH_DEGREE,
+    drift_basis,
+    drift_corrections,
+    drift_moments,
+    position_basis,
+    position_share,
+)
 from posgen.decomposition.mask import SINKS
-from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
-from posgen.decomposition.operands import UnitOperands, unit_operands
+from posgen.decomposition.moments import MOMENT_NAMES, Blocks, Moments, masked_moments, moments_by_sink
+from posgen.decomposition.operands import DRIFT_SET, UnitOperands, unit_operands
 from posgen.device import resolve_device
 from posgen.layer_types import used_dummy_distance
 from posgen.rope_table import LayerRope
 from posgen.stats import pearson_from_sums
 
-METHODS = ("A", "B")
-SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A or B)
+METHODS = ("A", "B", "A-drift")
+SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A, B, ...)
+FG_METHODS = ("A", "A-drift")  # the constructions with an f and a g term (r_f, r_g); Method B has none
+VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 
 
 class Decomposer:
@@ -53,6 +65,7 @@ class Decomposer:
         self.block = int(block)
         self._designs: dict = {}
         self._tables: dict = {}
+        self._bases: dict = {}
         self.max_residual = 0.0
 
     def design(self, n_tokens: int, window: int, sink: str) -> AdditiveDesign:
@@ -61,6 +74,17 @@ class Decomposer:
         if key not in self._designs:
             self._designs[key] = AdditiveDesign(n_tokens, window, sink, self.device)
         return self._designs[key]
+
+    def basis(self, n_tokens: int) -> dict[str, torch.Tensor]:
+        """The smooth position bases: per sink, those of the position shares (:func:`position_basis`; their first
+        columns span the lower degrees, so they serve every basis of :data:`BASES`), and ``"drift"``, that of
+        Method A-drift's fit (:func:`drift_basis`); (T, M) each, cached."""
+        if n_tokens not in self._bases:
+            self._bases[n_tokens] = {
+                **{sink: position_basis(n_tokens, SMOOTH_DEGREE, sink, self.device) for sink in SINKS},
+                "drift": drift_basis(n_tokens, SMOOTH_DEGREE, self.device),
+            }
+        return self._bases[n_tokens]
 
     def table(self, inv_freq, n_tokens: int, window: int, dummy_distance: int) -> BoundTable:
         """The bound's factor table of one layer's ``inv_freq`` (band,), cached."""
@@ -82,14 +106,19 @@ class Decomposer:
         ops = self.operands(q, k, kv_group, rope)
         moments = self.moments(ops)
         a = self.method_a(ops, moments)
-        b = self.method_b(ops, moments)
+        b = self.method_b(ops, moments["A"])
+        by_method = {"A": a["A"], "B": b, "A-drift": a["A-drift"]}
+        no_fg = torch.full_like(b["r"], float("nan"))  # Method B has no f and g terms
         out = {
-            "r": torch.stack([a["r"], b["r"]], 1),  # (H, method, sink)
-            "r_f": a["r_f"],
-            "r_g": a["r_g"],
-            "r_sweep": a["r_sweep"],
+            "r": torch.stack([by_method[m]["r"] for m in METHODS], 1),  # (H, method, sink)
+            **{
+                name: torch.stack([by_method[m][name] if m in FG_METHODS else no_fg for m in METHODS], 1)
+                for name in ("r_f", "r_g")
+            },  # (H, method, sink)
+            "r_sweep": a["A"]["r_sweep"],
             "lstsq_residual": b["lstsq_residual"],
-            **{name: torch.stack([a[name], b[name]], 1) for name in SUMS},  # (H, method, sink)
+            **{name: torch.stack([by_method[m][name] for m in METHODS], 1) for name in SUMS},  # (H, method, sink)
+            **self.position_shares(ops),
         }
         if with_bound:
             out.update(self.error_and_bound(ops))
@@ -104,48 +133,88 @@ class Decomposer:
 
     def operands(self, q, k, kv_group, rope: LayerRope) -> UnitOperands:
         """Checks the shapes and rotates once (:func:`unit_operands`)."""
-        return unit_operands(q, k, kv_group, rope, self.dummy_distance, self.dummy_distances, self.device)
+        n_tokens = q.shape[-2]
+        return unit_operands(
+            q,
+            k,
+            kv_group,
+            rope,
+            self.dummy_distance,
+            self.dummy_distances,
+            self.basis(n_tokens)["drift"],
+            self.device,
+        )
 
-    def moments(self, ops: UnitOperands) -> dict[str, Moments]:
-        """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head.
+    def moments(self, ops: UnitOperands) -> dict[str, dict[str, Moments]]:
+        """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head, for
+        Method A and (at the dummy distance only) Method A-drift.
 
-        method.md sections 3A (f, g_D) and 4 (with and without the sink column): :func:`masked_moments`
-        over the 'with' mask, then :func:`moments_by_sink`. No (T x T) matrix; one KV head at a time keeps
-        the working set small (and on a CPU, below malloc's mmap threshold). Returns ``{sink: Moments}``, each
-        sum (H,) or (nD, H).
+        method.md sections 3A (f, g_D), 3C (A-drift) and 4 (with and without the sink column):
+        :func:`masked_moments` over the 'with' mask, then :func:`moments_by_sink` and :func:`drift_moments`. No
+        (T x T) matrix; one KV head at a time keeps the working set small (and on a CPU, below malloc's mmap
+        threshold). Returns ``{"A": {sink: Moments}, "A-drift": {sink: Moments}}``, each sum (H,) or (nD, H).
         """
         groups = ops.groups
+        i_dummy = ops.distances.index(ops.dummy_distance)
         # converted to float64 once, not per KV head
         q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
         q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
         rot64 = ops.rotations.double()  # (nD, d, d)
-        chunks = []
+        d, T = q_kv.shape[-1], q_kv.shape[-2]
+        blocks = Blocks(T, ops.window, self.block, q_kv.device)
+        chunks = {"A": [], "A-drift": []}
         for i in range(len(groups.used)):
             one = groups.used[i : i + 1]  # this KV head, as a length-1 index
-            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, ops.keys[one], ops.window, self.block)
+            keys = ops.keys[one].double()  # (1, T, (k + 1) d), converted once for the moments and the drift
+            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, keys, ops.window, self.block)
             r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
             gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
-            chunks.append(moments_by_sink(part, gamma, ops.window))
-        return {
-            sink: Moments(
-                **{
-                    name: groups.to_heads(torch.cat([getattr(c[sink], name) for c in chunks], -2))
-                    for name in MOMENT_NAMES
-                }
+            chunks["A"].append(moments_by_sink(part, gamma, ops.window))
+            keys64 = keys[0]  # (T, (k + 1) d)
+            g_keys = keys64[:, -d:] @ rot64[i_dummy]  # (T, d): rows (R_D^T R_0 (k_j - kbar))^T
+            f_keys = keys64[:, DRIFT_SET * d : (DRIFT_SET + 1) * d]  # (T, d): R_j kbar(j)
+            u = q0_kv[i] @ (ops.drift_coef[one[0]] @ rot64[i_dummy]).T  # (h, T, M): c = u P^T
+            n_sets = keys.shape[-1] // d - 1  # the masked moments' ragged values: [x sets | g_D for every D]
+            sums = drift_corrections(
+                q_kv[i],
+                q0_kv[i],
+                {"x": ("rot", keys64[:, :d], 0), "f": ("rot", f_keys, DRIFT_SET), "g": ("g", g_keys, n_sets + i_dummy)},
+                u,
+                ops.drift_basis,
+                blocks,
+                part.ragged[0],
             )
-            for sink in SINKS
+            corrections = {sink: {name: value[None] for name, value in sums[sink].items()} for sink in SINKS}
+            chunks["A-drift"].append(drift_moments(part, corrections, DRIFT_SET, i_dummy))  # (1, h) each
+        return {
+            method: {
+                sink: Moments(
+                    **{
+                        name: groups.to_heads(torch.cat([getattr(c[sink], name) for c in parts], -2))
+                        for name in MOMENT_NAMES
+                    }
+                )
+                for sink in SINKS
+            }
+            for method, parts in chunks.items()
         }
 
-    def method_a(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:
-        """Method A's r and sums (method.md sections 3A and 4): r(W, f + g_D) for the sweep and the dummy
-        distance, r(W, f) and r(W, g_D) alone, by ``pearson_from_sums``.
+    def method_a(self, ops: UnitOperands, moments: dict[str, dict[str, Moments]]) -> dict:
+        """Method A's and Method A-drift's r and sums (method.md sections 3A, 3C and 4): r(W, f + g_D), r(W, f)
+        and r(W, g_D) alone at the dummy distance, by ``pearson_from_sums``, and for Method A the sweep over D.
 
-        Returns (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of A = f + g_D at the dummy distance,
-        and ``r_sweep`` (H, sink, D).
+        Returns ``{"A": ..., "A-drift": ...}`` of (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of
+        f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
         """
         i_dummy = ops.distances.index(ops.dummy_distance)
         i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
+        out = {"A": self._fg_statistics(ops, moments["A"], i_dummy, i_sweep)}
+        out["A-drift"] = self._fg_statistics(ops, moments["A-drift"], 0, [])  # its g terms: the dummy D only
+        return out
+
+    def _fg_statistics(self, ops: UnitOperands, moments: dict[str, Moments], i_dummy: int, i_sweep: list) -> dict:
+        """r, r_f, r_g and the sums of y = f + g_D of one construction, from its moments; r over ``i_sweep``."""
         cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
         for sink in SINKS:
             m, n = moments[sink], ops.counts[sink]
@@ -168,10 +237,27 @@ class Decomposer:
             for name in SUMS:
                 cols[name].append(sums[name])
         out = {name: torch.stack(parts, -1) for name, parts in cols.items() if name != "r_sweep"}  # (H, sink)
-        out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
+        if i_sweep:
+            out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
         return out
 
-    def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:
+    def position_shares(self, ops: UnitOperands) -> dict[str, torch.Tensor]:
+        """The position shares of q and k per head (method.md section 3C): ``<v>_position_share (H, basis, sink)``
+        for v in :data:`VECTORS`, each query head carrying its KV head's key share."""
+        smooth = self.basis(ops.q.shape[1])
+        vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
+        out = {}
+        for v, x in vectors.items():
+            by_sink = []
+            for sink in SINKS:
+                shares = position_share(x, smooth[sink])  # (H or H_kv, M): every degree
+                degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
+                by_sink.append(shares[:, degrees])  # (H or H_kv, basis)
+            share = torch.stack(by_sink, -1)  # (H or H_kv, basis, sink)
+            out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
+        return out
+
+    def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:  # Method A's moments
         """Method B (method.md section 3B): the exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` per head
         and sink, its r (section 4) and sums, and the relative normal residual of the solve.
 

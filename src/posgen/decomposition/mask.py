@@ -32,9 +32,9 @@ class MaskInfo:
 
     def count(self, sink: str) -> float:
         """Number of counted entries (computed on the host: no device round trip)."""
-        T, W = self.n_tokens, self.window or self.n_tokens
-        n = sum(min(i + 1, W) for i in range(T))
-        return float(n - min(T, W) if sink == "without" else n)
+        T, W = self.n_tokens, min(self.window or self.n_tokens, self.n_tokens)
+        n = W * (W + 1) // 2 + (T - W) * W  # row i counts min(i + 1, W) keys
+        return float(n - W if sink == "without" else n)
 
     def bool(self, sink: str = "with", device=None) -> torch.Tensor:
         mask = causal_mask(self.n_tokens, self.window, device)

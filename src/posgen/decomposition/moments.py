@@ -28,6 +28,9 @@ class MaskedMoments:
     g_rows: torch.Tensor  # (D, n, h, T): row sums of g_D
     q_col0: torch.Tensor  # (n, h, a, T): x_a in key column 0
     g_col0: torch.Tensor  # (D, n, h, T): g_D in key column 0
+    # (n, b, h, a | D, r, j): x_a and g_D at the ragged entries of Blocks.ragged (0 where not counted), for the
+    # low-rank terms of posgen.decomposition.drift, which need the same values
+    ragged: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def _by_block(x: torch.Tensor, block: int) -> torch.Tensor:
     return x.reshape(g, nb, n * block, e)
 
 
-class _Blocks:
+class Blocks:
     """Token blocks of ``block`` rows: which key blocks each query block counts in full, and which key columns
     it takes one by one (the diagonal block and, with a window, its ragged start)."""
 
@@ -73,6 +76,27 @@ class _Blocks:
         # row's window start; so key block c is counted in full by query blocks c < b <= last[c] (full_lo ascends)
         self.full_lo = torch.minimum(-(-self.lo[:, -1] // block), self.b_idx)
         self.last = torch.searchsorted(self.full_lo, self.b_idx, right=True) - 1  # >= c, as full_lo[c] <= c
+
+    def ragged(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The key columns each query block takes one by one, ``cols (b, j)`` (negative: none), and which of its
+        entries count, ``valid (b, r, j)``: the diagonal block and, with a window, the ragged start before the
+        first key block it counts in full."""
+        block, dev = self.block, self.rows.device
+        edge = 2 * block if self.window else 0
+        cols = torch.cat(
+            [
+                self.full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
+                self.b_idx[:, None] * block + torch.arange(block, device=dev),
+            ],
+            1,
+        )  # (b, j)
+        valid = (
+            (cols[:, None, :] <= self.rows[:, :, None])
+            & (cols[:, None, :] >= self.lo[:, :, None])
+            & (cols >= 0)[:, None]
+        )
+        valid[:, :, :edge] &= (cols[:, :edge] < self.full_lo[:, None] * block)[:, None]
+        return cols, valid
 
     def over_full(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         """Per key block c: sum of x over the query blocks c < b <= last[c], along dim."""
@@ -110,13 +134,13 @@ def masked_moments(
     q, q0, rotations, keys = q.to(f64), q0.to(f64), rotations.to(f64), keys.to(f64)
     T = q.shape[2]
     q_rows, g_rows, q_col0, g_col0 = _rows_and_column0(q, q0, rotations, keys, window)
-    blocks = _Blocks(T, window, block, q.device)
+    blocks = Blocks(T, window, block, q.device)
     qb = _by_block(q, block)  # (n, b, (h, r), e)
     q0b = _by_block(q0, block)  # (n, b, (h, r), e)
     kp = torch.nn.functional.pad(keys, (0, 0, 0, blocks.nb * block - T))  # (n, (c, r), (k + 1) d), zero-padded
     qq, qg, gg = _full_blocks(qb, q0b, kp, rotations, blocks)
-    _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks)
-    return MaskedMoments(qq=qq, qg=qg, gg=gg, q_rows=q_rows, g_rows=g_rows, q_col0=q_col0, g_col0=g_col0)
+    ragged = _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks)
+    return MaskedMoments(qq=qq, qg=qg, gg=gg, q_rows=q_rows, g_rows=g_rows, q_col0=q_col0, g_col0=g_col0, ragged=ragged)
 
 
 def _rows_and_column0(q, q0, rotations, keys, window: int):
@@ -144,7 +168,7 @@ def _rows_and_column0(q, q0, rotations, keys, window: int):
     return q_rows.transpose(2, 3), g_rows.permute(3, 0, 1, 2), q_col0.transpose(2, 3), g_col0.permute(3, 0, 1, 2)
 
 
-def _full_blocks(qb, q0b, kp, rotations, blocks: _Blocks):
+def _full_blocks(qb, q0b, kp, rotations, blocks: Blocks):
     """qq, qg, gg over the key blocks that query blocks count in full: the query blocks' Gram matrices of
     [q | q0], summed over the query blocks that count each key block, times the keys."""
     n, nb, hr, d = qb.shape
@@ -209,27 +233,17 @@ def _full_blocks(qb, q0b, kp, rotations, blocks: _Blocks):
     return qq, qg, gg
 
 
-def _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks: _Blocks) -> None:
+def _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks: Blocks) -> torch.Tensor:
     """Adds to qq, qg, gg the key columns a query block takes one by one: the values of every x_a and g_D,
     masked, and all their products from one Gram matrix."""
     n, nb, hr, d = qb.shape
-    block, window = blocks.block, blocks.window
+    block = blocks.block
     h = hr // block
     k = kp.shape[-1] // d - 1
     nD = rotations.shape[0]
     dev = qb.device
-    rows, lo, b_idx, full_lo = blocks.rows, blocks.lo, blocks.b_idx, blocks.full_lo
     rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
-    edge = 2 * block if window else 0
-    cols = torch.cat(
-        [
-            full_lo[:, None] * block - edge + torch.arange(edge, device=dev),
-            b_idx[:, None] * block + torch.arange(block, device=dev),
-        ],
-        1,
-    )  # (b, j)
-    valid = (cols[:, None, :] <= rows[:, :, None]) & (cols[:, None, :] >= lo[:, :, None]) & (cols >= 0)[:, None]
-    valid[:, :, :edge] &= (cols[:, :edge] < full_lo[:, None] * block)[:, None]
+    cols, valid = blocks.ragged()  # (b, j), (b, r, j)
     vm = valid.to(torch.float64)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
     kc = kp[:, cols.clamp(min=0)]  # (n, b, j, (k + 1) d)
@@ -248,12 +262,13 @@ def _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks: _Blocks) -> None:
     vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot)  # ((n, b), (h, r), (D, j))
     vg = vg.view(n, nb, h, block, nD, C)  # (n, b, h, r, D, j)
     torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, k:])
-    vals = vals.view(n * nb * h, k + nD, block * C)  # ((n, b, h), a | D, (r, j))
-    prod = torch.bmm(vals, vals.transpose(1, 2).contiguous())  # ((n, b, h), a | D, a | D)
+    flat = vals.view(n * nb * h, k + nD, block * C)  # ((n, b, h), a | D, (r, j))
+    prod = torch.bmm(flat, flat.transpose(1, 2).contiguous())  # ((n, b, h), a | D, a | D)
     prod = prod.view(n, nb, h, k + nD, k + nD).sum(1)  # (n, h, a | D, a | D)
     qq += prod[..., :k, :k]
     qg += prod[..., k:, :k].permute(2, 0, 1, 3)
     gg += prod[..., k:, k:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
+    return vals
 
 
 def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> dict[str, Moments]:

@@ -8,10 +8,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from posgen.decomposition.drift import drift_fit
 from posgen.decomposition.mask import SINKS, MaskInfo
 from posgen.layer_types import effective_window, used_dummy_distance
 from posgen.rope import rotate
 from posgen.rope_table import LayerRope
+
+# The x-like key sets of the masked moments, in order (W first), before the g set R_0 (k_j - kbar):
+# x = R_j k_j, f = R_j kbar, phi = R_j (kbar' - kbar), and Method A-drift's R_j kbar(j).
+KEY_SETS = ("x", "f", "phi", "f_drift")
+DRIFT_SET = KEY_SETS.index("f_drift")
 
 
 class KVGroups:
@@ -43,7 +49,9 @@ class UnitOperands:
     """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
 
     H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``distances``). ``kbar`` is
-    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without').
+    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without'); ``drift_basis`` and
+    ``drift_coef`` the position basis of Method A-drift and the coefficients of ``kbar(j) - kbar`` in it
+    (posgen.decomposition.drift).
     """
 
     q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
@@ -61,17 +69,22 @@ class UnitOperands:
     q_rot: torch.Tensor  # (H, T, d) s R_i q_i
     q0: torch.Tensor  # (H, T, d) s R_0 q_i
     k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
-    keys: torch.Tensor  # (H_kv, T, 4 d) [R_j k_j | R_j kbar | R_j (kbar' - kbar) | R_0 (k_j - kbar)]
+    keys: torch.Tensor  # (H_kv, T, 5 d) the key sets KEY_SETS, then the g set R_0 (k_j - kbar)
+    drift_basis: torch.Tensor  # (T, M) float64, drift.drift_basis
+    drift_coef: torch.Tensor  # (H_kv, M, d) float64: R_0 (kbar(j) - kbar) = sum_m drift_basis[j, m] drift_coef[m]
     rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
     dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
     distances: list  # the nD dummy distances of ``rotations``: the sweep and ``dummy_distance``, ascending
 
 
-def unit_operands(q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, device) -> UnitOperands:
-    """Checks the shapes and rotates once: method.md section 1 (R_m, s) and section 3A (kbar, R_D).
+def unit_operands(
+    q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, drift_basis: torch.Tensor, device
+) -> UnitOperands:
+    """Checks the shapes and rotates once: method.md section 1 (R_m, s), section 3A (kbar, R_D) and 3C (kbar(j)).
 
     ``dummy_distance`` is the D of global layers (a sliding-window layer takes its own,
-    :func:`posgen.layer_types.used_dummy_distance`), ``sweep`` the dummy distances of the sweep.
+    :func:`posgen.layer_types.used_dummy_distance`), ``sweep`` the dummy distances of the sweep, ``drift_basis``
+    the basis of Method A-drift's fit (:func:`posgen.decomposition.drift.drift_basis`, T rows).
     """
     dev = device
     q = (q if torch.is_tensor(q) else torch.from_numpy(np.asarray(q))).to(dev, torch.float32)
@@ -95,8 +108,15 @@ def unit_operands(q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, d
         return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
 
     k_rot = rotate(k, pos, theta, amp)
+    k_fit = drift_fit(k64, drift_basis)  # (H_kv, T, d): kbar(j), fitted over tokens 1..T-1
     keys = torch.cat(
-        [k_rot, rotated_const(kbar), rotated_const(kbar_wo - kbar), (k64 - kbar[:, None]).float() * amp],
+        [
+            k_rot,
+            rotated_const(kbar),
+            rotated_const(kbar_wo - kbar),
+            rotate(k_fit.float(), pos, theta, amp),
+            (k64 - kbar[:, None]).float() * amp,
+        ],
         -1,
     )
     eye = torch.eye(d, device=dev)
@@ -119,6 +139,9 @@ def unit_operands(q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, d
         q0=q * (s * amp),
         k_rot=k_rot,
         keys=keys,
+        drift_basis=drift_basis,
+        # the constant is in the basis' span: R_0 (kbar(j) - kbar) = basis @ (basis[1:].T @ (k[1:] - kbar)) amp
+        drift_coef=drift_basis[1:].T @ (k64[:, 1:] - kbar[:, None]) * amp,
         rotations=rotations,
         dummy_distance=dummy_distance,
         distances=distances,

@@ -8,8 +8,9 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
-from posgen.decomposition.decomposer import METHODS, SUMS, Decomposer
+from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
 from posgen.decomposition.design import LSTSQ_TOL
+from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
 from posgen.rope_table import PARAMETERS, RopeTable
 from posgen.store import carried_attrs, open_dataset, provenance, read_rope, write_netcdf
@@ -60,6 +61,7 @@ class DecompositionTable:
             "head": np.arange(self.rope.n_heads),
             "method": list(METHODS),
             "sink": list(SINKS),
+            "basis": list(BASES),
             "D": np.asarray(dec.dummy_distances, dtype=np.int64),
             # per layer, carried along by every variable with a layer dim: what the statistics split by and scored at
             "layer_type": ("layer", self.rope.layer_types(self.n_tokens)),
@@ -68,14 +70,15 @@ class DecompositionTable:
         base = ("sample", "layer", "head")
         dims = {
             "r": base + ("method", "sink"),
-            "r_f": base + ("sink",),
-            "r_g": base + ("sink",),
+            "r_f": base + ("method", "sink"),
+            "r_g": base + ("method", "sink"),
             "r_sweep": base + ("sink", "D"),
             "err_abs_mean": base + ("sink",),
             "bound_mean": base + ("sink",),
             "bound_slack_min": base + ("sink",),
             "lstsq_residual": base + ("sink",),
             **{name: base + ("method", "sink") for name in SUMS},
+            **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
         }
         data = {name: (dims[name], self.arrays[name]) for name in dims}
         data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)
@@ -86,6 +89,7 @@ class DecompositionTable:
             coords=coords,
             attrs=provenance(
                 dummy_distance=int(dec.dummy_distance),
+                smooth_degree=SMOOTH_DEGREE,
                 lstsq_tol=float(dec.lstsq_tol),
                 bound_samples=bound_samples,
                 lstsq_residual_max=float(dec.max_residual),

@@ -27,9 +27,9 @@ from posgen.figures.style import (
     symmetric_limit,
     variant_colors,
 )
-from posgen.reproduction import PAPER_R
 from posgen.stats import bootstrap_mean, pearson
 from posgen.store import require
+from posgen.verdicts import PAPER_R
 
 # layer types other than global, as the figures mark them: label, marker, shading colour
 LAYER_MARKS = {"sliding": ("sliding-window layer", ">", "0.55"), "nope": ("NoPE layer", "x", "tab:red")}
@@ -203,6 +203,43 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
             ax.set_title(f"method {method}, sink {sink}")
             ax.set_xlabel("layer")
             ax.set_ylabel("mean Pearson $r$")
+            integer_ticks(ax.xaxis)
+            ax.label_outer()
+    figure_legend(fig, axes[0, 0])
+    return fig
+
+
+@styled
+def fig_position_share(summary: xr.Dataset) -> Figure:
+    """Figure 4b: per-layer share of the pre-RoPE query's and key's variance over the window that a function of
+    absolute position explains (docs/method.md section 3C); columns = query, key; rows = sink handling; solid:
+    the smooth basis, dashed: linear. Mean over samples and heads."""
+    require(summary, ["layer_position_share", "variant", "vector", "basis", "sink", "layer"], "summary.nc")
+    colors = variant_colors(summary["variant"].values)
+    sinks, vectors = summary["sink"].values, summary["vector"].values
+    fig, axes = plt.subplots(
+        len(sinks),
+        len(vectors),
+        figsize=(COLUMN_WIDTH, 1.5 * len(sinks) + 0.5),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+    layer = summary["layer"].values
+    names = {"q": "query", "k": "key"}
+    for i, sink in enumerate(sinks):
+        for j, vector in enumerate(vectors):
+            ax = axes[i, j]
+            for variant in summary["variant"].values:
+                for basis, ls in (("smooth", "-"), ("linear", "--")):
+                    sel = summary["layer_position_share"].sel(variant=variant, vector=vector, basis=basis, sink=sink)
+                    label = f"{variant} ({basis})"
+                    ax.plot(layer, sel, ls=ls, marker="o" if ls == "-" else None, color=colors[variant], label=label)
+            _shade_layers(ax, layer, _layer_types(summary))
+            ax.set_ylim(0, 1)
+            ax.set_title(f"{names.get(str(vector), vector)}, sink {sink}")
+            ax.set_xlabel("layer")
+            ax.set_ylabel("position share")
             integer_ticks(ax.xaxis)
             ax.label_outer()
     figure_legend(fig, axes[0, 0])

@@ -31,6 +31,7 @@ SPECS = {
     "scatter": Spec(llm.fig_scatter, llm.load_examples),
     "r_heatmap": Spec(llm.fig_r_heatmap, llm.load_r_heatmap),
     "layer_r": Spec(llm.fig_layer_r, llm.load_layer_r),
+    "position_share": Spec(llm.fig_position_share, llm.load_layer_r),
     "bands": Spec(llm.fig_bands, llm.load_bands),
     "dummy_sweep": Spec(llm.fig_dummy_sweep, llm.load_dummy_sweep),
     "perturb_ppl": Spec(llm.fig_perturb_ppl, llm.load_perturb),

@@ -11,8 +11,8 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from posgen.figures.style import PAGE_WIDTH, open_result, styled
-from posgen.reproduction import PAPER_R
 from posgen.store import require
+from posgen.verdicts import PAPER_R
 
 
 def _step_axis(ax, steps) -> None:
@@ -34,13 +34,18 @@ def _control(ds: xr.Dataset):
 
 @styled
 def fig_trajectory(ds: xr.Dataset) -> Figure:
-    """Six panels against training step: Method A / B r (mean over heads: solid, pooled: dashed, 95 % bands),
-    variance explained by f and g, low-frequency variance share, perturbation sensitivity, held-out perplexity.
+    """Six panels against training step: r of every method (mean over heads: solid, pooled: dashed, 95 % bands),
+    variance explained by f and g, low-frequency variance share, perturbation sensitivity, held-out perplexity,
+    and the position share of q and k (docs/method.md section 3C: when does the drift leave the keys?).
 
     The random-init control (step < 0 in ``ds``) is drawn as a horizontal dotted line; it equals step 0 for a
     model trained by the workflow. Sink handling: without the first key column.
     """
-    require(ds, ["mean_r", "pooled_r", "r2_f", "low_share_k", "ppl_ratio", "heldout_ppl", "step"], "trajectory.nc")
+    require(
+        ds,
+        ["mean_r", "pooled_r", "r2_f", "low_share_k", "ppl_ratio", "heldout_ppl", "step", "k_position_share_smooth"],
+        "trajectory.nc",
+    )
     sink = "without" if "without" in ds["sink"].values else ds["sink"].values[0]
     control = _control(ds)
     curve = ds.isel(variant=np.flatnonzero(ds["step"].values >= 0))
@@ -98,11 +103,26 @@ def fig_trajectory(ds: xr.Dataset) -> Figure:
     ax.set_ylabel("held-out perplexity")
     ax.set_title("held-out perplexity")
     ax = axes[1, 2]
-    diff = curve["mean_r"].sel({"method": "A", "sink": sink}) - curve["mean_r"].sel({"method": "B", "sink": sink})
-    ax.plot(steps, diff, marker="o", ms=3, color=palette[0])
-    ax.axhline(0.0, ls=":", lw=0.8, color="0.3")
-    ax.set_ylabel("mean $r$: A minus B")
-    ax.set_title("mean-key (A) vs additive fit (B)")
+    for i, side in enumerate("qk"):
+        for basis, ls in (("smooth", "-"), ("linear", "--")):
+            name = f"{side}_position_share_{basis}"
+            ax.plot(
+                steps,
+                curve[name].sel(sink=sink),
+                ls=ls,
+                marker="o",
+                ms=3,
+                color=palette[i + 4],
+                label=f"{side}, {basis}",
+            )
+            if control is not None:
+                ax.axhline(
+                    float(ds[name].sel({"variant": control, "sink": sink})), ls=":", lw=0.8, color=palette[i + 4]
+                )
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("variance explained by position")
+    ax.set_title("absolute position in q and k")
+    ax.legend(fontsize=6)
     for ax in axes.ravel():
         _step_axis(ax, steps)
     return fig

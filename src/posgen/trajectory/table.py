@@ -20,39 +20,14 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from posgen.bands import band_shares
 from posgen.config import variant_order, variant_step
 from posgen.stats import bootstrap_mean
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
+from posgen.summary import SHARE_COLUMNS
 
 RANDOM_STEP = -1  # `step` of the random-init control
 SUMMARY_STATS = ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
-
-
-def low_frequency_share(var: np.ndarray, theta: np.ndarray) -> np.ndarray:
-    """Share of the token variance in the lower-frequency half of the rotating bands.
-
-    ``var`` is (..., band), ``theta`` (band,); bands that never rotate (theta = 0) are left out. Returns ``var``
-    without its band axis.
-    """
-    rotating = np.flatnonzero(theta > 0)
-    by_frequency = rotating[np.argsort(theta[rotating], kind="stable")]  # lowest frequency first
-    low = by_frequency[: len(by_frequency) // 2]
-    total = var[..., rotating].sum(-1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return var[..., low].sum(-1) / total
-
-
-def _band_shares(path) -> dict[str, float]:
-    bands = open_dataset(path, lazy=False)
-    require(bands, ["q_var", "k_var", "theta"], str(path))
-    theta = bands["theta"].values
-    theta = theta[0] if theta.ndim > 1 else theta  # (layer, band): every layer of these models has one base
-    shares = {}
-    for side, head in (("q", "head"), ("k", "kv_head")):
-        var = bands[f"{side}_var"].transpose("layer", head, "band").values  # (layer, head, band)
-        shares[f"low_share_{side}"] = float(np.nanmean(low_frequency_share(var, theta)))
-    bands.close()
-    return shares
 
 
 def trajectory_table(
@@ -94,11 +69,11 @@ def trajectory_table(
             [[[indexed.loc[(v, m, s), stat] for s in sinks] for m in methods] for v in variants], dtype=np.float64
         )  # (variant, method, sink)
         data[stat] = (("variant", "method", "sink"), values)
-    for stat in ("r2_f", "r2_g"):  # Method A quantities
+    for stat in ("r2_f", "r2_g", *SHARE_COLUMNS):  # per (variant, sink): Method A's f/g split, the position shares
         values = np.array([[indexed.loc[(v, "A", s), stat] for s in sinks] for v in variants], dtype=np.float64)
         data[stat] = (("variant", "sink"), values)
 
-    shares = [_band_shares(p) for p in bands_paths]
+    shares = [band_shares(p) for p in bands_paths]
     for side in "qk":
         data[f"low_share_{side}"] = ("variant", np.array([s[f"low_share_{side}"] for s in shares]))
 
@@ -161,6 +136,7 @@ def table_rows(ds: xr.Dataset) -> pd.DataFrame:
                         **{stat: float(one[stat].sel({"method": m, "sink": s})) for stat in SUMMARY_STATS},
                         "r2_f": float(one["r2_f"].sel(sink=s)) if m == "A" else np.nan,
                         "r2_g": float(one["r2_g"].sel(sink=s)) if m == "A" else np.nan,
+                        **{stat: float(one[stat].sel(sink=s)) for stat in SHARE_COLUMNS},
                         "low_share_q": float(one["low_share_q"]),
                         "low_share_k": float(one["low_share_k"]),
                         "heldout_ppl": float(one["heldout_ppl"]),
