@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 
 from posgen.bands import BandTable
-from posgen.decomposition import LSTSQ_TOL, Decomposer, DecompositionTable
+from posgen.decomposition import Decomposer, DecompositionTable
 from posgen.rope_table import PARAMETERS, ROPE_VARIABLES, RopeTable
 from posgen.store import write_netcdf
 
@@ -51,8 +51,8 @@ class Analysis:
         dummy_distances,
         dummy_distance: int,
         device: str = "auto",
-        lstsq_tol: float = LSTSQ_TOL,
-        bound_samples: int = 0,
+        lstsq_tol: float,
+        bound_samples: int,
         config_hash: str = "",
     ):
         self.decomposition_path = Path(decomposition_path)

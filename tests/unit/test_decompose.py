@@ -8,7 +8,7 @@ import torch
 import xarray as xr
 
 from posgen.decomposition import SINKS, Decomposer, decompose_store
-from posgen.decomposition.design import AdditiveDesign, w_sums
+from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
 from posgen.decomposition.mask import MaskInfo
 from posgen.decomposition.moments import masked_moments
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
@@ -336,6 +336,8 @@ def test_store_to_netcdf(tmp_path):
         tmp_path / "decomposition.nc",
         dummy_distances=[0, 50],
         dummy_distance=50,
+        lstsq_tol=LSTSQ_TOL,
+        bound_samples=0,
         device="cpu",
         config_hash="abc",
         progress=False,
@@ -365,10 +367,24 @@ def test_bad_inputs_are_named(tmp_path):
     with pytest.raises(ValueError, match="shapes disagree"):
         Decomposer([0], 0).unit(q, k[:, :10], kv, LayerRope(inv_freq(8), 0.3))
     with pytest.raises(FileNotFoundError, match="missing.h5"):
-        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
+        decompose_store(
+            tmp_path / "missing.h5",
+            tmp_path / "out.nc",
+            dummy_distances=[0],
+            dummy_distance=0,
+            lstsq_tol=LSTSQ_TOL,
+            bound_samples=0,
+        )
     xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
     with pytest.raises(KeyError, match="missing variable.*inv_freq"):
-        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", dummy_distances=[0], dummy_distance=0)
+        decompose_store(
+            tmp_path / "bad.h5",
+            tmp_path / "out.nc",
+            dummy_distances=[0],
+            dummy_distance=0,
+            lstsq_tol=LSTSQ_TOL,
+            bound_samples=0,
+        )
 
 
 def test_bound_violation_is_reported(monkeypatch):
@@ -435,7 +451,14 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
     kv = np.array([0, 0, 1, 1])
     qk = write_store(tmp_path / "qk.h5", q, k, kv, theta, window=6)
     ds = decompose_store(
-        qk, tmp_path / "dec.nc", dummy_distances=[0, 5, 50], dummy_distance=50, device="cpu", progress=False
+        qk,
+        tmp_path / "dec.nc",
+        dummy_distances=[0, 5, 50],
+        dummy_distance=50,
+        lstsq_tol=LSTSQ_TOL,
+        bound_samples=0,
+        device="cpu",
+        progress=False,
     )
     back = xr.open_dataset(tmp_path / "dec.nc", engine="h5netcdf")
     assert list(back["layer_type"].values) == ["global", "sliding", "nope"]
@@ -499,6 +522,8 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
         tmp_path / "dec.nc",
         dummy_distances=[0, 15, 100],
         dummy_distance=100,
+        lstsq_tol=LSTSQ_TOL,
+        bound_samples=0,
         device="cpu",
         progress=False,
     )

@@ -11,6 +11,7 @@ import xarray as xr
 from posgen import families, rope
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
+from posgen.decomposition.design import LSTSQ_TOL
 from posgen.extract import TransparencyError, default_options, extract
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
@@ -97,7 +98,16 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
         assert sorted(ds["dim_order"].values[layer].tolist()) == list(range(ds.sizes["dim"]))
 
     out = tmp / arch / "decomposition.nc"
-    decompose_store(qk, out, dummy_distances=[0, 20], dummy_distance=20, device="cpu", progress=False)
+    decompose_store(
+        qk,
+        out,
+        dummy_distances=[0, 20],
+        dummy_distance=20,
+        lstsq_tol=LSTSQ_TOL,
+        bound_samples=0,
+        device="cpu",
+        progress=False,
+    )
     dec = xr.open_dataset(out, engine="h5netcdf")
     assert dec.sizes["layer"] == len(layouts)
     assert np.isfinite(dec["r"].sel(method="B").values).all()

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
+from posgen.decomposition.design import LSTSQ_TOL
 from posgen.stats import bootstrap_indices
 from posgen.store import write_netcdf
 from posgen.summary import COLUMNS, summarize
@@ -219,7 +220,13 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
     rope = toy_rope(theta, np.zeros(H), scaling=d**-0.5, sliding_window=np.array([0, 6, 0]))
     write_qk_store(tmp_path / "qk.h5", np.stack(q), np.stack(k), rope)
     dec = decompose_store(
-        tmp_path / "qk.h5", tmp_path / "dec.nc", dummy_distances=[0, 100], dummy_distance=100, progress=False
+        tmp_path / "qk.h5",
+        tmp_path / "dec.nc",
+        dummy_distances=[0, 100],
+        dummy_distance=100,
+        lstsq_tol=LSTSQ_TOL,
+        bound_samples=0,
+        progress=False,
     )
     table = summarize([tmp_path / "dec.nc"], tmp_path / "s.csv", {"toy": tmp_path / "s.nc"}, n_boot=100)
     rows = table.set_index(["layer_type", "method", "sink"]).sort_index()

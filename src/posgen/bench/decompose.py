@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from posgen.bench.steps import STEPS, StepTimer
+from posgen.config import schema_default
 from posgen.decomposition import SINKS, Decomposer, decompose_store
 from posgen.rope import rotate
 from posgen.rope_table import RopeTable
@@ -292,6 +293,7 @@ def main(argv=None):
                 dummy_distances=args.dummy_distances,
                 dummy_distance=args.dummy_distance,
                 bound_samples=args.bound_samples,
+                lstsq_tol=schema_default("decomposition.lstsq_tol"),
                 device=args.device,
                 progress=False,
             )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posgen.config import schema_default
 from posgen.shapes import SHAPES, shape_config
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
@@ -137,6 +138,7 @@ def _stage_fused(
         dummy_distances=dummy_distances,
         dummy_distance=1000,
         device=device,
+        lstsq_tol=schema_default("decomposition.lstsq_tol"),
         bound_samples=1,
     )
     report = extract(
@@ -165,7 +167,13 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
     start = time.perf_counter()
     with StepTimer() as timer:
         ds = decompose_store(
-            qk, out, dummy_distances=dummy_distances, dummy_distance=1000, device=device, bound_samples=1
+            qk,
+            out,
+            dummy_distances=dummy_distances,
+            dummy_distance=1000,
+            device=device,
+            lstsq_tol=schema_default("decomposition.lstsq_tol"),
+            bound_samples=1,
         )
     _synchronize(device)
     seconds = time.perf_counter() - start

@@ -9,7 +9,6 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
-from posgen.decomposition.design import LSTSQ_TOL
 from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
 from posgen.rope_table import PARAMETERS, RopeTable
@@ -31,7 +30,7 @@ class DecompositionTable:
     global index below ``bound_samples`` (0: all), so every shard of a sharded run agrees with the unsharded one.
     """
 
-    def __init__(self, dec: Decomposer, rope: RopeTable, samples, n_tokens: int, bound_samples: int = 0):
+    def __init__(self, dec: Decomposer, rope: RopeTable, samples, n_tokens: int, bound_samples: int):
         self.dec = dec
         self.rope = rope
         self.samples = np.asarray(samples, dtype=np.int64)
@@ -105,8 +104,8 @@ def decompose_dataset(
     dummy_distances,
     dummy_distance: int,
     device: str = "auto",
-    lstsq_tol: float = LSTSQ_TOL,
-    bound_samples: int = 0,
+    lstsq_tol: float,
+    bound_samples: int,
     progress: bool = True,
     attrs: dict | None = None,
     what: str = "q/k dataset",
@@ -133,8 +132,8 @@ def decompose_store(
     dummy_distances,
     dummy_distance: int,
     device: str = "auto",
-    lstsq_tol: float = LSTSQ_TOL,
-    bound_samples: int = 0,
+    lstsq_tol: float,
+    bound_samples: int,
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
