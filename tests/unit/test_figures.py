@@ -20,6 +20,7 @@ from posgen.figures.registry import SPECS, render
 from posgen.figures.style import save_figure
 from posgen.rope import causal_mask, logits
 from posgen.stats import bootstrap_mean
+from posgen.testing.decomposition import make_decomposition
 
 # the first paper's figures: the rows of the figure table that posgen.figures.llm draws
 FIRST_PAPER = {name for name in FIGURE_TABLE if SPECS[name].func.__module__ == llm.__name__}
@@ -63,29 +64,6 @@ def make_qk(n_samples=2, n_layers=2, n_heads=4, n_kv=2, n_tok=40, head_dim=8, se
                 ("band", bands),
             ]
         },
-    )
-
-
-def make_decomposition(n_samples=3, n_layers=2, n_heads=4, seed=0, r_layer_head=None):
-    rng = np.random.default_rng(seed)
-    ds_ = [0, 250, 500, 1000, 2000]
-    base = r_layer_head if r_layer_head is not None else rng.uniform(0.6, 0.99, size=(n_layers, n_heads))
-    r = np.broadcast_to(base[None, :, :, None, None], (n_samples, n_layers, n_heads, 2, 2)).copy()
-    r_sweep = np.clip(base[None, :, :, None, None] - 0.01 * rng.random((n_samples, n_layers, n_heads, 2, 5)), -1, 1)
-    return xr.Dataset(
-        {
-            "r": (("sample", "layer", "head", "method", "sink"), r),
-            "r_sweep": (("sample", "layer", "head", "sink", "D"), r_sweep),
-        },
-        coords={
-            "sample": np.arange(n_samples),
-            "layer": np.arange(n_layers),
-            "head": np.arange(n_heads),
-            "method": ["A", "B"],
-            "sink": ["with", "without"],
-            "D": ds_,
-        },
-        attrs={"dummy_distance": 1000},
     )
 
 

@@ -320,6 +320,7 @@ def _perturb(scale: float, n_samples=3) -> xr.Dataset:
 def test_trajectory_table_and_figures(tmp_path):
     from posgen.figures.registry import render
     from posgen.store import write_netcdf
+    from posgen.summary import SHARE_COLUMNS
     from posgen.trajectory.table import trajectory_job
 
     variants_ = ["step10", "random-seed0", "step0"]  # any order in: step order out, the control first
@@ -331,7 +332,9 @@ def test_trajectory_table_and_figures(tmp_path):
                 rows.append(
                     dict(variant=v, method=method, sink=sink, mean_r=r, mean_r_lo=r - 0.05, mean_r_hi=r + 0.05,
                          pooled_r=r + 0.1, pooled_r_lo=r + 0.05, pooled_r_hi=r + 0.15,
-                         r2_f=0.2 * i if method == "A" else np.nan, r2_g=0.1 if method == "A" else np.nan)
+                         r2_f=0.2 * i if method == "A" else np.nan, r2_g=0.1 if method == "A" else np.nan,
+                         **{c: 0.01 * (i + 1) * (j + 1) + (0.5 if sink == "with" else 0.0)
+                            for j, c in enumerate(SHARE_COLUMNS)})
                 )  # fmt: skip
         write_netcdf(_bands(low=3.0 * i + 1, high=1.0), tmp_path / f"bands_{v}.nc")
         write_netcdf(_perturb(scale=float(i)), tmp_path / f"perturb_{v}.nc")
@@ -354,6 +357,11 @@ def test_trajectory_table_and_figures(tmp_path):
     np.testing.assert_allclose(ds["ppl_ratio"].sel(kind="token-swap", rate=0.2).values, [1.2, 1.4, 1.0])
     np.testing.assert_allclose(ds["ppl_ratio_lo"].values, ds["ppl_ratio"].values)
     np.testing.assert_allclose(ds["mean_r"].sel({"method": "B", "sink": "without"}).values, [0.7, 0.8, 0.6])
+    # the position shares per (variant, sink), in step order: random-seed0 (i=1), step0 (i=2), step10 (i=0)
+    for j, column in enumerate(SHARE_COLUMNS):
+        expected = [0.01 * (i + 1) * (j + 1) for i in (1, 2, 0)]
+        np.testing.assert_allclose(ds[column].sel(sink="without").values, expected)
+        np.testing.assert_allclose(ds[column].sel(sink="with").values, np.add(expected, 0.5))
     assert np.isnan(ds["heldout_ppl"].values[0]) and list(ds["heldout_ppl"].values[1:]) == [900.0, 300.0]
     table = pd.read_csv(tmp_path / "t.csv")
     assert len(table) == 3 * 2 * 2 and table["step"].tolist() == sorted(table["step"])
@@ -362,7 +370,7 @@ def test_trajectory_table_and_figures(tmp_path):
 
     render("trajectory", {"trajectory": tmp_path / "t.nc"}, tmp_path / "t.png", tmp_path / "t.pdf", model="m")
     assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
-    from test_figures import make_decomposition
+    from posgen.testing.decomposition import make_decomposition
 
     files = []
     for i, v in enumerate(["step0", "step10"]):
