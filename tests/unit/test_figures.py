@@ -20,7 +20,7 @@ from posgen.figures.registry import SPECS, render
 from posgen.figures.style import save_figure
 from posgen.rope import causal_mask, logits
 from posgen.stats import bootstrap_mean
-from posgen.testing.decomposition import make_decomposition
+from posgen.testing.datasets import make_decomposition, make_qk
 
 # the first paper's figures: the rows of the figure table that posgen.figures.llm draws
 FIRST_PAPER = {name for name in FIGURE_TABLE if SPECS[name].func.__module__ == llm.__name__}
@@ -30,41 +30,6 @@ RATES = [0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
 
 
 # ------------------------------------------------------------------------------------ synthetic inputs
-
-
-def make_qk(n_samples=2, n_layers=2, n_heads=4, n_kv=2, n_tok=40, head_dim=8, seed=0, sliding=(0, 0)):
-    rng = np.random.default_rng(seed)
-    bands = head_dim // 2
-    inv_freq = np.stack([10000.0 ** (-np.arange(bands) * 2 / head_dim)] * n_layers).astype(np.float32)
-    return xr.Dataset(
-        {
-            "q": (
-                ("sample", "layer", "head", "token", "dim"),
-                rng.normal(size=(n_samples, n_layers, n_heads, n_tok, head_dim)).astype(np.float32),
-            ),
-            "k": (
-                ("sample", "layer", "kv_head", "token", "dim"),
-                rng.normal(size=(n_samples, n_layers, n_kv, n_tok, head_dim)).astype(np.float32),
-            ),
-            "inv_freq": (("layer", "band"), inv_freq),
-            "attention_scaling": ("layer", np.ones(n_layers)),
-            "scaling": ("layer", np.full(n_layers, head_dim**-0.5)),
-            "sliding_window": ("layer", np.asarray(sliding, dtype=np.int64)),
-            "kv_group": ("head", np.arange(n_heads) // (n_heads // n_kv)),
-        },
-        coords={
-            d: np.arange(n)
-            for d, n in [
-                ("sample", n_samples),
-                ("layer", n_layers),
-                ("head", n_heads),
-                ("kv_head", n_kv),
-                ("token", n_tok),
-                ("dim", head_dim),
-                ("band", bands),
-            ]
-        },
-    )
 
 
 def make_summary(n_layers=4, seed=0):

@@ -370,7 +370,7 @@ def test_trajectory_table_and_figures(tmp_path):
 
     render("trajectory", {"trajectory": tmp_path / "t.nc"}, tmp_path / "t.png", tmp_path / "t.pdf", model="m")
     assert (tmp_path / "t.png").stat().st_size > 10_000 and (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
-    from posgen.testing.decomposition import make_decomposition
+    from posgen.testing.datasets import make_decomposition
 
     files = []
     for i, v in enumerate(["step0", "step10"]):
