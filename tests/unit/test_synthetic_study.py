@@ -373,9 +373,15 @@ def test_verdicts_name_where_a_claim_holds():
     shallow = _summary_rows("d2-clean", False, 2, {**acc, ("distance", "partial-rope-1"): 0.5}, {})
     table = verdicts(pd.DataFrame(clean + faithful + shallow)).set_index("claim")
     assert table.loc["rope_best_distance", "verdict"] == "reproduced"
-    assert table.loc["nope_alibi_fail_distance", "verdict"] == "not reproduced"  # alibi 50 % > 20 + 5
+    assert table.loc["nope_fails_distance", "verdict"] == "reproduced"  # 21 % <= 20 + 5
+    assert table.loc["alibi_fails_distance", "verdict"] == "not reproduced"  # alibi 50 % > 20 + 5
     assert table.loc["nope_ge_rope_count", "verdict"] == "reproduced"
     assert table.loc["deposit_rope_distance_only", "verdict"] == "only in faithful mode"
     assert table.loc["few_rope_heads_suffice", "verdict"] == "only at 6 layers"
     assert table.loc["additive_displaced", "verdict"] == "reproduced"  # tested at depth 6 only
     assert "d2-clean" not in table.loc["additive_displaced", "evidence"]
+    # a PE an experiment did not train leaves the claim untested there, not held on the other PE alone
+    no_alibi = [row for row in clean + faithful if row["pe"] != "alibi"] + shallow
+    table = verdicts(pd.DataFrame(no_alibi)).set_index("claim")
+    assert table.loc["alibi_fails_distance", "evidence"].startswith("d2-clean (fails)")
+    assert table.loc["alibi_fails_distance", "verdict"] == "not reproduced"

@@ -53,14 +53,23 @@ def decoupled_best_count(rows):
     return _best(rows, "count", "decoupled")
 
 
-def nope_alibi_fail_distance(rows):
-    found = [r for r in (_row(rows, "distance", pe) for pe in ("nope", "alibi")) if r is not None]
-    if not found:
+def _fails_distance(rows, pe):
+    """``pe`` at most :data:`FAIL_MARGIN` above the best length-only rule on distance; untested where the
+    experiment did not train it."""
+    row = _row(rows, "distance", pe)
+    if row is None:
         return None
-    floor = found[0]["baseline_length"]
-    held = all(r["test_accuracy"] <= floor + FAIL_MARGIN for r in found)
-    text = ", ".join(f"{r['pe']} {_pct(r['test_accuracy'])} %" for r in found)
-    return held, f"{text}; length-only rule {_pct(floor)} %"
+    floor = row["baseline_length"]
+    held = row["test_accuracy"] <= floor + FAIL_MARGIN
+    return held, f"{pe} {_pct(row['test_accuracy'])} %; length-only rule {_pct(floor)} %"
+
+
+def nope_fails_distance(rows):
+    return _fails_distance(rows, "nope")
+
+
+def alibi_fails_distance(rows):
+    return _fails_distance(rows, "alibi")
 
 
 def nope_ge_rope_count(rows):
@@ -127,11 +136,18 @@ CLAIMS = [
         f"{ROPE} within 1 point of the best PE",
         rope_best_distance,
     ),
+    # the paper's "NoPE and ALiBi fail on distance" as two claims, so that each is judged where its PE was trained
     Claim(
-        "nope_alibi_fail_distance",
-        "NoPE and ALiBi fail on distance",
-        "accuracy at most 5 points above the best length-only rule",
-        nope_alibi_fail_distance,
+        "nope_fails_distance",
+        "NoPE fails on distance",
+        "nope at most 5 points above the best length-only rule",
+        nope_fails_distance,
+    ),
+    Claim(
+        "alibi_fails_distance",
+        "ALiBi fails on distance",
+        "alibi at most 5 points above the best length-only rule",
+        alibi_fails_distance,
     ),
     Claim(
         "nope_ge_rope_count", "NoPE >= RoPE on count (77.7 vs 69.4 %)", f"nope accuracy >= {ROPE}'s", nope_ge_rope_count
