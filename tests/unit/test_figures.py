@@ -565,3 +565,18 @@ def test_example_heads_use_each_layers_dummy_distance():
         f, g = (t.numpy() for t in method_a_terms(q, k, torch.arange(40), inv_freq, s, dummy_distance=D))
         same = np.allclose(ex["pool_A"].values[1], (f + g)[:, i, j], rtol=1e-4, atol=1e-5)
         assert same == close, D
+
+
+def test_deposit_study_figure_shows_every_point():
+    from posgen.figures.synthetic import fig_deposit_study
+
+    rows = [  # one head carrying layer 0, and a layer whose second head matters nearly as much as its top one
+        dict(experiment="e", task="distance", pe="rope", seed=0, layer=0, top_drop=0.72, second_drop=0.01),
+        dict(experiment="e", task="distance", pe="rope", seed=0, layer=1, top_drop=0.72, second_drop=0.49),
+        dict(experiment="e", task="count", pe="nope", seed=0, layer=0, top_drop=-0.01, second_drop=-0.02),
+    ]
+    fig = fig_deposit_study(pd.DataFrame(rows))
+    ax = fig.axes[0]
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    assert x0 < -1 and x1 > 72 and y0 < -2 and y1 > 49  # no point on or beyond an edge
+    plt.close(fig)

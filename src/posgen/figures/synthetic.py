@@ -127,7 +127,8 @@ def fig_deposit_study(deposit: pd.DataFrame) -> Figure:
     pes = sorted(set(deposit["pe"]))
     colors = dict(zip(pes, sns.color_palette("colorblind", len(pes))))
     fig, axes = _panels(len(experiments), 2.6)
-    limit = max(100 * float(deposit["top_drop"].max()), CRITERION_TOP * 100 + 10)
+    limit = max(100 * float(deposit["top_drop"].max()), CRITERION_TOP * 100 + 10) + 2  # + 2: no marker on the edge
+    second_limit = max(100 * float(deposit["second_drop"].max()) + 2, 10.0)  # every point shown
     for ax, experiment in zip(axes, experiments):
         part = deposit[deposit["experiment"] == experiment]
         ax.axvspan(CRITERION_TOP * 100, limit, ymax=1, color="0.92", zorder=0)
@@ -144,7 +145,7 @@ def fig_deposit_study(deposit: pd.DataFrame) -> Figure:
             )
         ax.plot([0, limit], [0, limit], color="0.6", lw=0.6, ls=":")
         ax.set_xlim(min(-2.0, 100 * float(part["top_drop"].min()) - 1), limit)
-        ax.set_ylim(min(-2.0, 100 * float(part["second_drop"].min()) - 1), max(limit / 2, 10))
+        ax.set_ylim(min(-2.0, 100 * float(part["second_drop"].min()) - 1), second_limit)
         ax.set_title(experiment)
         ax.set_xlabel("top single-head drop (points)")
         ax.set_ylabel("second drop (points)")
