@@ -70,10 +70,11 @@ def position_share(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     ``basis`` is :func:`position_basis`: orthonormal, its first column constant over the counted tokens, and its
     first m + 1 columns spanning the polynomials of degree <= m (QR keeps the spans of a Vandermonde matrix
     nested), so one projection serves every degree: the fit's coefficients ``P^T x``, less the constant's."""
-    coef = basis.T @ x.double()  # (..., M, d): coef[0] = sqrt(n) x the mean over the counted tokens
+    x64 = x.double()  # (..., T, d)
+    coef = basis.T @ x64  # (..., M, d): coef[0] = sqrt(n) x the mean over the counted tokens
     power = (coef * coef).sum(-1)  # (..., M)
     counted = basis.abs().sum(-1) > 0  # (T,)
-    total = (x.double()[..., counted, :] ** 2).sum((-1, -2)) - power[..., 0]  # the variance, times n
+    total = (x64[..., counted, :] ** 2).sum((-1, -2)) - power[..., 0]  # the variance, times n
     explained = power.cumsum(-1) - power[..., :1]  # (..., M): degrees 0, 1, ..., M - 1
     return explained / total[..., None]
 

@@ -182,14 +182,7 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
     require(summary, ["layer_r", "layer_r_lo", "layer_r_hi", "variant", "method", "sink", "layer"], "summary.nc")
     colors = variant_colors(summary["variant"].values)
     sinks, methods = summary["sink"].values, summary["method"].values
-    fig, axes = plt.subplots(
-        len(sinks),
-        len(methods),
-        figsize=(COLUMN_WIDTH, 1.5 * len(sinks) + 0.5),
-        squeeze=False,
-        sharex=True,
-        sharey=True,
-    )
+    fig, axes = _sink_grid(len(sinks), len(methods))
     layer = summary["layer"].values
     for i, sink in enumerate(sinks):
         for j, method in enumerate(methods):
@@ -199,12 +192,7 @@ def fig_layer_r(summary: xr.Dataset) -> Figure:
                 ax.plot(layer, sel["layer_r"], marker="o", color=colors[variant], label=variant)
                 ax.fill_between(layer, sel["layer_r_lo"], sel["layer_r_hi"], color=colors[variant], alpha=0.25, lw=0)
             ax.axhline(PAPER_R, ls="--", lw=0.8, color="0.3", label=f"paper ({PAPER_R})")
-            _shade_layers(ax, layer, _layer_types(summary))
-            ax.set_title(f"method {method}, sink {sink}")
-            ax.set_xlabel("layer")
-            ax.set_ylabel("mean Pearson $r$")
-            integer_ticks(ax.xaxis)
-            ax.label_outer()
+            _layer_axis(ax, summary, f"method {method}, sink {sink}", "mean Pearson $r$")
     figure_legend(fig, axes[0, 0])
     return fig
 
@@ -217,14 +205,7 @@ def fig_position_share(summary: xr.Dataset) -> Figure:
     require(summary, ["layer_position_share", "variant", "vector", "basis", "sink", "layer"], "summary.nc")
     colors = variant_colors(summary["variant"].values)
     sinks, vectors = summary["sink"].values, summary["vector"].values
-    fig, axes = plt.subplots(
-        len(sinks),
-        len(vectors),
-        figsize=(COLUMN_WIDTH, 1.5 * len(sinks) + 0.5),
-        squeeze=False,
-        sharex=True,
-        sharey=True,
-    )
+    fig, axes = _sink_grid(len(sinks), len(vectors))
     layer = summary["layer"].values
     names = {"q": "query", "k": "key"}
     for i, sink in enumerate(sinks):
@@ -235,15 +216,33 @@ def fig_position_share(summary: xr.Dataset) -> Figure:
                     sel = summary["layer_position_share"].sel(variant=variant, vector=vector, basis=basis, sink=sink)
                     label = f"{variant} ({basis})"
                     ax.plot(layer, sel, ls=ls, marker="o" if ls == "-" else None, color=colors[variant], label=label)
-            _shade_layers(ax, layer, _layer_types(summary))
             ax.set_ylim(0, 1)
-            ax.set_title(f"{names.get(str(vector), vector)}, sink {sink}")
-            ax.set_xlabel("layer")
-            ax.set_ylabel("position share")
-            integer_ticks(ax.xaxis)
-            ax.label_outer()
+            _layer_axis(ax, summary, f"{names.get(str(vector), vector)}, sink {sink}", "position share")
     figure_legend(fig, axes[0, 0])
     return fig
+
+
+def _sink_grid(n_sinks: int, n_columns: int):
+    """The per-layer figures' panels: one row per sink handling, shared axes, one column wide."""
+    return plt.subplots(
+        n_sinks,
+        n_columns,
+        figsize=(COLUMN_WIDTH, 1.5 * n_sinks + 0.5),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+
+
+def _layer_axis(ax, summary: xr.Dataset, title: str, ylabel: str) -> None:
+    """A per-layer panel's finish: its layer types shaded, title, labels, integer layer ticks."""
+    layer = summary["layer"].values
+    _shade_layers(ax, layer, _layer_types(summary))
+    ax.set_title(title)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    integer_ticks(ax.xaxis)
+    ax.label_outer()
 
 
 def _shade_layers(ax, layer: np.ndarray, types) -> None:
