@@ -266,20 +266,30 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
         m = causal_mask(T, window).double()
         xs = [q @ keys[:, None, :, a * d : (a + 1) * d].transpose(-1, -2) * m for a in range(k)]  # (n, h, T, T) each
         gD = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0) @ keys[None, :, None, :, k * d :].transpose(-1, -2) * m
-        got = masked_moments(q, q0, rotations, keys, window, block)
+        q0_keys = torch.randn(n, T, 2 * d, generator=g, dtype=torch.float64) - 0.3  # two sets against q0
+        vs = [q0 @ q0_keys[:, None, :, p * d : (p + 1) * d].transpose(-1, -2) * m for p in range(2)]
+        got = masked_moments(q, q0, rotations, keys, q0_keys, window, block)
         want = {
             "qq": torch.stack([torch.stack([(xa * xb).sum((-1, -2)) for xb in xs], -1) for xa in xs], -2),
             "qg": torch.stack([(xa * gD).sum((-1, -2)) for xa in xs], -1),
             "gg": (gD * gD).sum((-1, -2)),
+            "qv": torch.stack([torch.stack([(xa * v).sum((-1, -2)) for v in vs], -1) for xa in xs], -2),
+            "vv": torch.stack([torch.stack([(va * vb).sum((-1, -2)) for vb in vs], -1) for va in vs], -2),
             "q_rows": torch.stack([xa.sum(-1) for xa in xs], 2),
             "g_rows": gD.sum(-1),
+            "v_rows": torch.stack([v.sum(-1) for v in vs], 2),
             "q_col0": torch.stack([xa[..., 0] for xa in xs], 2),
             "g_col0": gD[..., 0],
+            "v_col0": torch.stack([v[..., 0] for v in vs], 2),
         }
         for name, value in want.items():
             np.testing.assert_allclose(
                 getattr(got, name), value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}"
             )
+        # only the first key sets' sums with g_D: the same numbers, the rest left out
+        fewer = masked_moments(q, q0, rotations, keys, q0_keys, window, block, g_sets=2)
+        np.testing.assert_allclose(fewer.qg, want["qg"][..., :2], rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(fewer.qq, want["qq"], rtol=1e-12, atol=1e-9)
         shift = torch.tensor([[0.3, -1.0], [2.0, 0.0]], dtype=torch.float64)
         mine = w_sums(q, keys[:, None, :, :d], window, shift)
         for kv in range(n):

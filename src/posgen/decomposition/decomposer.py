@@ -17,13 +17,12 @@ from posgen.decomposition.drift import (
     BASES,
     SMOOTH_DEGREE,
     drift_basis,
-    drift_corrections,
     drift_moments,
     position_basis,
     position_share,
 )
 from posgen.decomposition.mask import SINKS
-from posgen.decomposition.moments import MOMENT_NAMES, Blocks, Moments, masked_moments, moments_by_sink
+from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
 from posgen.decomposition.operands import DRIFT_SET, UnitOperands, unit_operands
 from posgen.device import resolve_device
 from posgen.layer_types import used_dummy_distance
@@ -160,33 +159,26 @@ class Decomposer:
         q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
         q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
         rot64 = ops.rotations.double()  # (nD, d, d)
-        d, T = q_kv.shape[-1], q_kv.shape[-2]
-        blocks = Blocks(T, ops.window, self.block, q_kv.device)
+        # A-drift's g at its dummy distance, a key set scored against q0: rows (R_D^T R_0 (k_j - kbar(j)))^T
+        g_drift = ops.g_drift @ rot64[i_dummy]  # (H_kv, T, d)
         chunks = {"A": [], "A-drift": []}
         for i in range(len(groups.used)):
             one = groups.used[i : i + 1]  # this KV head, as a length-1 index
-            keys = ops.keys[one].double()  # (1, T, (k + 1) d), converted once for the moments and the drift
-            part = masked_moments(q_kv[i : i + 1], q0_kv[i : i + 1], rot64, keys, ops.window, self.block)
+            part = masked_moments(
+                q_kv[i : i + 1],
+                q0_kv[i : i + 1],
+                rot64,
+                ops.keys[one],
+                g_drift[one],
+                ops.window,
+                self.block,
+                g_sets=DRIFT_SET,  # A-drift's f set meets only its own g, a q0 key set: no g_D sums
+            )
             r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
             gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
             chunks["A"].append(moments_by_sink(part, gamma, ops.window))
-            keys64 = keys[0]  # (T, (k + 1) d)
-            g_keys = keys64[:, -d:] @ rot64[i_dummy]  # (T, d): rows (R_D^T R_0 (k_j - kbar))^T
-            f_keys = keys64[:, DRIFT_SET * d : (DRIFT_SET + 1) * d]  # (T, d): R_j kbar(j)
-            u = q0_kv[i] @ (ops.drift_coef[one[0]] @ rot64[i_dummy]).T  # (h, T, M): c = u P^T
-            n_sets = keys.shape[-1] // d - 1  # the masked moments' ragged values: [x sets | g_D for every D]
-            sums = drift_corrections(
-                q_kv[i],
-                q0_kv[i],
-                {"x": ("rot", keys64[:, :d], 0), "f": ("rot", f_keys, DRIFT_SET), "g": ("g", g_keys, n_sets + i_dummy)},
-                u,
-                ops.drift_basis,
-                blocks,
-                part.ragged[0],
-            )
-            corrections = {sink: {name: value[None] for name, value in sums[sink].items()} for sink in SINKS}
-            chunks["A-drift"].append(drift_moments(part, corrections, DRIFT_SET, i_dummy))  # (1, h) each
+            chunks["A-drift"].append(drift_moments(part, DRIFT_SET))  # (1, h) each
         return {
             method: {
                 sink: Moments(
@@ -245,15 +237,13 @@ class Decomposer:
         """The position shares of q and k per head (method.md section 3C): ``<v>_position_share (H, basis, sink)``
         for v in :data:`VECTORS`, each query head carrying its KV head's key share."""
         smooth = self.basis(ops.q.shape[1])
+        bases = torch.stack([smooth[sink] for sink in SINKS])  # (sink, T, M)
         vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
         out = {}
         for v, x in vectors.items():
-            by_sink = []
-            for sink in SINKS:
-                shares = position_share(x, smooth[sink])  # (H or H_kv, M): every degree
-                degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
-                by_sink.append(shares[:, degrees])  # (H or H_kv, basis)
-            share = torch.stack(by_sink, -1)  # (H or H_kv, basis, sink)
+            shares = position_share(x, bases)  # (H or H_kv, sink, M): every degree
+            degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
+            share = shares[..., degrees].transpose(-1, -2)  # (H or H_kv, basis, sink)
             out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
         return out
 

@@ -17,20 +17,21 @@ from posgen.decomposition.mask import window_prefix
 
 @dataclass(frozen=True)
 class MaskedMoments:
-    """What :func:`masked_moments` returns, float64: sums over the counted entries of ``x_a`` (a key set K_a) and
-    ``g_D`` (a dummy distance D) and of their products, their row sums and key column 0 (0 where it does not
-    count), for n KV heads with h query heads each."""
+    """What :func:`masked_moments` returns, float64: sums over the counted entries of ``x_a`` (a key set K_a),
+    ``g_D`` (a dummy distance D) and ``v_p`` (a key set V_p scored against q0 as it is) and of their products,
+    their row sums and key column 0 (0 where it does not count), for n KV heads with h query heads each."""
 
     qq: torch.Tensor  # (n, h, a, b): sum x_a x_b
-    qg: torch.Tensor  # (D, n, h, a): sum x_a g_D
+    qg: torch.Tensor  # (D, n, h, a): sum x_a g_D, for the first ``g_sets`` key sets
     gg: torch.Tensor  # (D, n, h): sum g_D^2
+    qv: torch.Tensor  # (n, h, a, p): sum x_a v_p
+    vv: torch.Tensor  # (n, h, p, p'): sum v_p v_p'
     q_rows: torch.Tensor  # (n, h, a, T): row sums of x_a
     g_rows: torch.Tensor  # (D, n, h, T): row sums of g_D
+    v_rows: torch.Tensor  # (n, h, p, T): row sums of v_p
     q_col0: torch.Tensor  # (n, h, a, T): x_a in key column 0
     g_col0: torch.Tensor  # (D, n, h, T): g_D in key column 0
-    # (n, b, h, a | D, r, j): x_a and g_D at the ragged entries of Blocks.ragged (0 where not counted), for the
-    # low-rank terms of posgen.decomposition.drift, which need the same values
-    ragged: torch.Tensor
+    v_col0: torch.Tensor  # (n, h, p, T): v_p in key column 0
 
 
 @dataclass(frozen=True)
@@ -98,55 +99,94 @@ class Blocks:
         valid[:, :, :edge] &= (cols[:, :edge] < self.full_lo[:, None] * block)[:, None]
         return cols, valid
 
-    def over_full(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """Per key block c: sum of x over the query blocks c < b <= last[c], along dim."""
-        nb = self.nb
-        acc = torch.cat([x, torch.zeros_like(x.narrow(dim, 0, 1))], dim)
-        for b in range(nb - 1, -1, -1):  # suffix sums; a loop of adds beats torch.cumsum on CPU
-            acc.select(dim, b).add_(acc.select(dim, b + 1))
+    def at_ragged(self, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """``x (n, (c, r), e)`` (zero-padded to whole blocks) at the ragged key columns ``cols (b, j)`` of
+        :meth:`ragged`: ``(n, b, j, e)``. Without a window they are the diagonal blocks themselves: a view."""
         if not self.window:
-            return acc.narrow(dim, 1, nb)
-        return acc.index_select(dim, self.b_idx + 1) - acc.index_select(dim, self.last + 1)
+            return x.view(x.shape[0], self.nb, self.block, x.shape[-1])
+        return x[:, cols.clamp(min=0)]
+
+    def over_full(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Per key block c < nb - 1 (the last is counted in full by no query block): the sum of x over the query
+        blocks c < b <= last[c], along dim. Sums in place: x is overwritten."""
+        nb = self.nb
+        for b in range(nb - 2, -1, -1):  # suffix sums, in place; a loop of adds beats torch.cumsum on CPU
+            x.select(dim, b).add_(x.select(dim, b + 1))
+        after = x.narrow(dim, 1, nb - 1)  # key block c: the query blocks b > c
+        if not self.window:
+            return after
+        ends = self.last[:-1] + 1  # (c,): the first query block past those that count c in full
+        inside = (ends < nb).to(x.dtype).view([-1 if i == dim else 1 for i in range(x.dim())])
+        return after - x.index_select(dim, ends.clamp(max=nb - 1)) * inside
 
 
 def masked_moments(
-    q: torch.Tensor, q0: torch.Tensor, rotations: torch.Tensor, keys: torch.Tensor, window: int, block: int = 32
+    q: torch.Tensor,
+    q0: torch.Tensor,
+    rotations: torch.Tensor,
+    keys: torch.Tensor,
+    q0_keys: torch.Tensor,
+    window: int,
+    block: int = 32,
+    g_sets: int | None = None,
 ) -> MaskedMoments:
-    """Sums over the counted entries of ``x_a = q Ka^T`` and ``g_D = (q0 R_D^T) Kg^T`` and of their products.
+    """Sums over the counted entries of ``x_a = q Ka^T``, ``g_D = (q0 R_D^T) Kg^T`` and ``v_p = q0 Vp^T`` and
+    of their products.
 
     ``q, q0 (n, h, T, d)``: n KV heads with h query heads each; ``rotations (nD, d, d)``, the R_D
-    (block-diagonal per RoPE band, dims l and l + d/2); ``keys (n, T, (k + 1) d) = [K1 | ... | Kk | Kg]``.
-    Returns float64 sums of products, row sums and column 0 (:class:`MaskedMoments`), so that sums without
-    column 0 follow in O(T).
+    (block-diagonal per RoPE band, dims l and l + d/2); ``keys (n, T, (k + 1) d) = [K1 | ... | Kk | Kg]``;
+    ``q0_keys (n, T, p d) = [V1 | ... | Vp]``, key sets scored against q0 as they are (Method A-drift's g at its
+    dummy distance). Returns float64 sums of products, row sums and column 0 (:class:`MaskedMoments`), so that
+    sums without column 0 follow in O(T); products among the V sets and with the K sets, not with g_D. Only the
+    first ``g_sets`` key sets (default: all) get their products with g_D: each costs a (d x d) contraction per
+    query head over every key.
 
     No (T x T) matrix: ``sum_ij (a_i.u_j)(b_i.v_j) = sum_j u_j^T (sum_i a_i b_i^T) v_j``. Tokens go in blocks;
     a key block that a query block counts in full enters through the query block's Gram matrices, summed
     over every such query block; the rest (the diagonal block and, with a window, its ragged start: under 3
     blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
     are contracted once for every D (for g^2, per pair of bands). Everything in float64: raw second moments
-    then need no shifting against cancellation. method.md sections 3A (Method A's terms) and 4 (the sums).
+    then need no shifting against cancellation. method.md sections 3A (Method A's terms), 3C (A-drift's) and 4
+    (the sums).
 
-    Index names in the shape comments: a, b key sets K_a (a = k: Kg); D dummy distances; e, f dims; l, m bands
-    and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key blocks, r rows of a
-    block; j ragged key columns.
+    Index names in the shape comments: a, b key sets K_a (a = k: Kg); p, p' the V sets; D dummy distances; e, f
+    dims; l, m bands and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key
+    blocks, r rows of a block; j ragged key columns.
     """
     f64 = torch.float64
-    q, q0, rotations, keys = q.to(f64), q0.to(f64), rotations.to(f64), keys.to(f64)
+    q, q0, rotations = q.to(f64), q0.to(f64), rotations.to(f64)
+    keys, q0_keys = keys.to(f64), q0_keys.to(f64)
     T = q.shape[2]
-    q_rows, g_rows, q_col0, g_col0 = _rows_and_column0(q, q0, rotations, keys, window)
+    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, rotations, keys, q0_keys, window)
     blocks = Blocks(T, window, block, q.device)
     qb = _by_block(q, block)  # (n, b, (h, r), e)
     q0b = _by_block(q0, block)  # (n, b, (h, r), e)
-    kp = torch.nn.functional.pad(keys, (0, 0, 0, blocks.nb * block - T))  # (n, (c, r), (k + 1) d), zero-padded
-    qq, qg, gg = _full_blocks(qb, q0b, kp, rotations, blocks)
-    ragged = _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks)
-    return MaskedMoments(qq=qq, qg=qg, gg=gg, q_rows=q_rows, g_rows=g_rows, q_col0=q_col0, g_col0=g_col0, ragged=ragged)
+    pad = (0, 0, 0, blocks.nb * block - T)
+    kp = torch.nn.functional.pad(keys, pad)  # (n, (c, r), (k + 1) d), zero-padded
+    vp = torch.nn.functional.pad(q0_keys, pad)  # (n, (c, r), p d), zero-padded
+    k = keys.shape[-1] // q.shape[-1] - 1
+    full = _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks, k if g_sets is None else g_sets)
+    qq, qg, gg, qv, vv = _add_ragged(*full, qb, q0b, kp, vp, rotations, blocks)
+    return MaskedMoments(
+        qq=qq,
+        qg=qg,
+        gg=gg,
+        qv=qv,
+        vv=vv,
+        q_rows=q_rows,
+        g_rows=g_rows,
+        v_rows=v_rows,
+        q_col0=q_col0,
+        g_col0=g_col0,
+        v_col0=v_col0,
+    )
 
 
-def _rows_and_column0(q, q0, rotations, keys, window: int):
-    """Row sums of every x_a and g_D from prefix sums of the keys, and their key column 0 where it counts."""
+def _rows_and_column0(q, q0, rotations, keys, q0_keys, window: int):
+    """Row sums of every x_a, g_D and v_p from prefix sums of the keys, and their key column 0 where it counts."""
     n, h, T, d = q.shape
     k = keys.shape[-1] // d - 1
+    p = q0_keys.shape[-1] // d
     nD = rotations.shape[0]
     Q, G = slice(0, k * d), slice(k * d, (k + 1) * d)
     rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
@@ -154,121 +194,150 @@ def _rows_and_column0(q, q0, rotations, keys, window: int):
     # g_D rows: (R_D q0_i) . u = q0_i . (R_D^T u)
     pre = window_prefix(keys, window, dim=1)  # (n, T, (k + 1) d): sum of the keys that row i counts
     pre_q = pre[:, None, :, Q].reshape(n, 1, T, k, d)  # (n, 1, T, a, e)
+    pre_v = window_prefix(q0_keys, window, dim=1).view(n, 1, T, p, d)  # (n, 1, T, p, e)
     pre_g = pre[..., G] @ rot_t  # (n, T, (D, e))
     pre_g = pre_g.view(n, 1, T, nD, d)  # (n, 1, T, D, e): R_D^T u
-    q_rows = (q[:, :, :, None] * pre_q).sum(-1)  # (n, h, T, a)
-    g_rows = (q0[:, :, :, None] * pre_g).sum(-1)  # (n, h, T, D)
-    del pre_q  # temporaries go as soon as they are used: the working set stays small
+    q_rows = torch.einsum("nhte,nutae->nhta", q, pre_q)  # (n, h, T, a); no (n, h, T, a, e) temporary
+    g_rows = torch.einsum("nhte,nutDe->nhtD", q0, pre_g)  # (n, h, T, D)
+    v_rows = torch.einsum("nhte,nutpe->nhtp", q0, pre_v)  # (n, h, T, p)
+    del pre, pre_q, pre_v, pre_g  # temporaries go as soon as they are used: the working set stays small
     counts0 = (torch.arange(T, device=q.device) < nd).to(torch.float64)[:, None]  # (T, 1): rows that count column 0
     k0_q = keys[:, None, 0, Q].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
     k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # (n, D, e): R_D^T kg_0
+    k0_v = q0_keys[:, None, 0].reshape(n, 1, p, d)  # (n, 1, p, e)
     q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
     g_col0 = (q0 @ k0_g[:, None].transpose(-1, -2)) * counts0  # (n, h, T, D)
-    # (n, h, a, T), (D, n, h, T) each
-    return q_rows.transpose(2, 3), g_rows.permute(3, 0, 1, 2), q_col0.transpose(2, 3), g_col0.permute(3, 0, 1, 2)
+    v_col0 = (q0 @ k0_v.transpose(-1, -2)) * counts0  # (n, h, T, p)
+    return (
+        q_rows.transpose(2, 3),  # (n, h, a, T)
+        g_rows.permute(3, 0, 1, 2),  # (D, n, h, T)
+        v_rows.transpose(2, 3),  # (n, h, p, T)
+        q_col0.transpose(2, 3),  # (n, h, a, T)
+        g_col0.permute(3, 0, 1, 2),  # (D, n, h, T)
+        v_col0.transpose(2, 3),  # (n, h, p, T)
+    )
 
 
-def _full_blocks(qb, q0b, kp, rotations, blocks: Blocks):
-    """qq, qg, gg over the key blocks that query blocks count in full: the query blocks' Gram matrices of
-    [q | q0], summed over the query blocks that count each key block, times the keys."""
+def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
+    """qq, qg, gg, qv, vv over the key blocks that query blocks count in full: the query blocks' Gram matrices,
+    summed over the query blocks that count each key block, against the keys. The last key block is counted in
+    full by no query block, so c runs over the first nc = nb - 1."""
     n, nb, hr, d = qb.shape
     block = blocks.block
+    nc = nb - 1
     h = hr // block
     k = kp.shape[-1] // d - 1
+    p = vp.shape[-1] // d
     nD, L = rotations.shape[0], d // 2
     r_flat = rotations.reshape(nD, d * d)  # (D, (f, e)): R_D[f, e]
-    # query side: per block and head the Gram matrix of [q | q0], summed over the query blocks
-    z = torch.cat([qb, q0b], -1)  # (n, b, (h, r), 2d): [q | q0]
-    z = z.view(n * nb * h, block, 2 * d)  # ((n, b, h), r, 2d)
-    s = torch.bmm(z.transpose(1, 2).contiguous(), z)  # ((n, b, h), 2d, 2d) (strided operands are slow)
-    s = s.view(n, nb, h, 2 * d, 2 * d)  # (n, b, h, q | q0 e, q | q0 e')
-    # q against [q | q0], for the q rows and q g terms
-    s_q = s[:, :, :, :d]  # (n, b, h, e, 2d)
-    s_q = s_q.reshape(n, nb, h, d, 2, d)  # (n, b, h, e, q | q0, e')
-    s_q = s_q.permute(0, 1, 3, 4, 2, 5)  # (n, b, e, q | q0, h, e')
-    s_q = s_q.reshape(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
+    # q against q and q0 per query block and head, summed over the query blocks: the q rows and q g terms
+    q_t = qb.view(n * nb * h, block, d).transpose(1, 2).contiguous()  # ((n, b, h), e, r) (strided operands are slow)
+    s_qq = torch.bmm(q_t, qb.view(n * nb * h, block, d))  # ((n, b, h), e, e')
+    s_q0 = torch.bmm(q_t, q0b.view(n * nb * h, block, d))  # ((n, b, h), e, e')
+    del q_t
+    s_q = torch.stack([s.view(n, nb, h, d, d).transpose(2, 3) for s in (s_qq, s_q0)], 3)  # (n, b, e, q | q0, h, e')
+    del s_qq, s_q0
+    s_q = s_q.view(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
     s_q = blocks.over_full(s_q, 1)  # (n, c, e, (q | q0, h, e'))
-    s_q = s_q.reshape(n * nb, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
-    # q0 against q0 per pair of bands, for g^2: s[(z, l), (w, m)]
-    s_00 = s[:, :, :, d:, d:]  # (n, b, h, (z, l), (w, m))
-    s_00 = s_00.reshape(n, nb, h, 2, L, 2, L)  # (n, b, h, z, l, w, m)
-    s_00 = s_00.permute(0, 4, 6, 1, 3, 5, 2)  # (n, l, m, b, z, w, h)
-    s_00 = s_00.reshape(n, L * L, nb, 4 * h)  # (n, (l, m), b, (z, w, h))
-    s_00 = blocks.over_full(s_00, 2)  # (n, (l, m), c, (z, w, h))
-    s_00 = s_00.reshape(n * L * L, nb, 4 * h)  # ((n, l, m), c, (z, w, h))
-    del s, z  # temporaries go as soon as they are used: the working set stays small
-    # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r)
-    kb = kp.view(n, nb, block, k + 1, d)  # (n, c, r, a, e)
-    k_sets = kb[..., :k, :].reshape(n * nb, block * k, d)  # ((n, c), (r, a), e)
-    y = torch.bmm(k_sets, s_q)  # ((n, c), (r, a), (q | q0, h, e'))
-    y = y.view(n, nb, block, k, 2, h, d)  # (n, c, r, a, q | q0, h, e')
+    s_q = s_q.reshape(n * nc, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
+    # q0 against q0 per query block and head (blocks of each head's own tokens, so no copy), summed likewise
+    q0_blocks = torch.nn.functional.pad(q0, (0, 0, 0, nb * block - q0.shape[2]))  # (n, h, (b, r), e)
+    q0_blocks = q0_blocks.view(n * h * nb, block, d)  # ((n, h, b), r, e)
+    s_00 = torch.bmm(q0_blocks.transpose(1, 2).contiguous(), q0_blocks)  # ((n, h, b), e, e')
+    s_00 = s_00.view(n, h, nb, d * d)  # (n, h, b, (e, e'))
+    s_00 = blocks.over_full(s_00, 2)  # (n, h, c, (e, e'))
+    # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r), the q and the q0 half apart (each
+    # contiguous, so that the contractions below are plain batched products)
+    kb = kp[:, : nc * block].reshape(n, nc, block, k + 1, d)  # (n, c, r, a, e)
+    vb = vp[:, : nc * block].reshape(n * nc * block, p, d)  # ((n, c, r), p, e)
+    k_sets = kb[..., :k, :].reshape(n * nc, block * k, d)  # ((n, c), (r, a), e)
+    y_q = torch.bmm(k_sets, s_q[..., : h * d])  # ((n, c), (r, a), (h, e'))
+    y_q = y_q.view(n * nc * block, k * h, d)  # ((n, c, r), (a, h), e')
+    k_t = k_sets.view(n * nc * block, k, d).transpose(1, 2)  # ((n, c, r), e', b)
+    qq = torch.bmm(y_q, k_t)  # ((n, c, r), (a, h), b)
+    qq = qq.view(n, nc * block, k, h, k).sum(1)  # (n, a, h, b)
+    qq = qq.transpose(1, 2)  # (n, h, a, b)
+    del y_q
+    y_0 = torch.bmm(k_sets, s_q[..., h * d :])  # ((n, c), (r, a), (h, e))
     del k_sets
-    qq = torch.einsum("ncrahe,ncrbe->nhab", y[..., 0, :, :], kb[..., :k, :])  # (n, h, a, b)
+    # sum x_a v_p = sum_j K_a[j]^T (summed q q0^T Grams) V_p[j]
+    qv = torch.bmm(y_0.view(n * nc * block, k * h, d), vb.transpose(1, 2))  # ((n, c, r), (a, h), p)
+    qv = qv.view(n, nc * block, k, h, p).sum(1)  # (n, a, h, p)
+    qv = qv.transpose(1, 2)  # (n, h, a, p)
     # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
+    y_0 = y_0.view(n, nc * block, k * h * d)  # (n, (c, r), (a, h, e))
     kg = kb[..., k, :]  # (n, c, r, f)
-    kg_t = kg.reshape(n, nb * block, d).transpose(1, 2)  # (n, f, (c, r))
-    m = []
-    for a in range(k):
-        y_a = y[:, :, :, a, 1].reshape(n, nb * block, h * d)  # (n, (c, r), (h, e))
-        m.append(torch.bmm(kg_t, y_a))  # (n, f, (h, e))
-    del y_a, y
-    m = torch.stack(m, 1)  # (n, a, f, (h, e))
-    m = m.view(n, k, d, h, d)  # (n, a, f, h, e)
-    m = m.permute(0, 3, 1, 2, 4)  # (n, h, a, f, e)
-    m = m.reshape(n * h * k, d * d)  # ((n, h, a), (f, e))
-    qg = (r_flat @ m.T).view(nD, n, h, k)  # (D, n, h, a)
-    # g^2 = sum kg[x, l] kg[y, m] r_l[x, z] r_m[y, w] q0[z, l] q0[w, m], with R_D restricted to band pairs,
+    kg_t = kg.reshape(n, nc * block, d).transpose(1, 2)  # (n, f, (c, r))
+    m = torch.bmm(kg_t, y_0[..., : g_sets * h * d])  # (n, f, (a, h, e)): a < g_sets
+    del y_0
+    m = m.view(n, d, g_sets, h, d)  # (n, f, a, h, e)
+    m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
+    m = m.reshape(n * h * g_sets, d * d)  # ((n, h, a), (f, e))
+    qg = (r_flat @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
+    # g^2 per key block c: <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams.
+    # R_D is block-diagonal per band (dims l and l + d/2), so R_D^T G_c R_D takes 2 x 2 products per band pair:
     # r[D, x, z, l] = R_D[(x, l), (z, l)]
+    kg_blocks = kg.reshape(n * nc, block, d)  # ((n, c), r, f)
+    g_c = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
+    g_c = g_c.view(n, nc, 2, L, 2, L)  # (n, c, x, l, y, m)
     r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
-    pair = torch.einsum("Dxzl,Dywm->Dlmxyzw", r, r)  # (D, l, m, x, y, z, w)
-    pair = pair.reshape(nD, -1)  # (D, (l, m, x, y, z, w))
-    kg_blocks = kg.reshape(n * nb, block, d)  # ((n, c), r, f)
-    g_gg = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
-    g_gg = g_gg.view(n, nb, 2, L, 2, L)  # (n, c, x, l, y, m)
-    g_gg = g_gg.permute(0, 3, 5, 2, 4, 1)  # (n, l, m, x, y, c)
-    g_gg = g_gg.reshape(n * L * L, 4, nb)  # ((n, l, m), (x, y), c)
-    gram = torch.bmm(g_gg, s_00)  # ((n, l, m), (x, y), (z, w, h))
-    gram = gram.view(n, -1, h)  # (n, (l, m, x, y, z, w), h)
-    gg = torch.einsum("Dk,nkh->Dnh", pair, gram)  # (D, n, h)
-    return qq, qg, gg
+    rg = torch.einsum("Dxzl,ncxlym->Dnczlym", r, g_c)  # (D, n, c, z, l, y, m)
+    rgr = torch.einsum("Dnczlym,Dywm->Dnczlwm", rg, r)  # (D, n, c, z, l, w, m): R_D^T G_c R_D
+    rgr = rgr.reshape(nD, n, nc * d * d)  # (D, n, (c, e, e'))
+    gg = torch.einsum("Dnx,nhx->Dnh", rgr, s_00.reshape(n, h, nc * d * d))  # (D, n, h)
+    # sum v_p v_p' = sum_j V_p[j]^T (summed q0 q0^T Grams) V_p'[j]
+    v_blocks = vb.view(n, 1, nc, block * p, d)  # (n, 1, c, (r, p), e)
+    sv = v_blocks @ s_00.reshape(n, h, nc, d, d)  # (n, h, c, (r, p), e')
+    sv = sv.view(n, h, nc * block, p, d)  # (n, h, (c, r), p, e')
+    vv = torch.einsum("nhjpe,njqe->nhpq", sv, vb.view(n, nc * block, p, d))  # (n, h, p, p')
+    return qq, qg, gg, qv, vv
 
 
-def _add_ragged(qq, qg, gg, qb, q0b, kp, rotations, blocks: Blocks) -> torch.Tensor:
-    """Adds to qq, qg, gg the key columns a query block takes one by one: the values of every x_a and g_D,
-    masked, and all their products from one Gram matrix."""
+def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) -> tuple:
+    """qq, qg, gg, qv, vv plus the key columns a query block takes one by one: the values of every x_a, g_D and
+    v_p, masked, and all their products from one Gram matrix."""
     n, nb, hr, d = qb.shape
     block = blocks.block
     h = hr // block
     k = kp.shape[-1] // d - 1
+    p = vp.shape[-1] // d
     nD = rotations.shape[0]
     dev = qb.device
     rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
     cols, valid = blocks.ragged()  # (b, j), (b, r, j)
     vm = valid.to(torch.float64)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
-    kc = kp[:, cols.clamp(min=0)]  # (n, b, j, (k + 1) d)
+    kc = blocks.at_ragged(kp, cols)  # (n, b, j, (k + 1) d)
     kc = kc.view(n, nb, C, k + 1, d)  # (n, b, j, a, e)
     kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2)  # (n, b, e, a, j)
     kc_q = kc_q.reshape(n * nb, d, k * C)  # ((n, b), e, (a, j))
-    vals = torch.empty(n, nb, h, k + nD, block, C, dtype=torch.float64, device=dev)  # (n, b, h, a | D, r, j)
-    v = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q)  # ((n, b), (h, r), (a, j))
-    v = v.view(n, nb, h, block, k, C)  # (n, b, h, r, a, j)
-    torch.mul(v.transpose(3, 4), vm, out=vals[:, :, :, :k])
-    # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query
+    # (n, b, h, a | D | p, r, j)
+    vals = torch.empty(n, nb, h, k + nD + p, block, C, dtype=torch.float64, device=dev)
+    x = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q)  # ((n, b), (h, r), (a, j))
+    x = x.view(n, nb, h, block, k, C)  # (n, b, h, r, a, j)
+    torch.mul(x.transpose(3, 4), vm, out=vals[:, :, :, :k])
+    # g_D at (i, j) = q0_i . R_D^T kg_j: rotate the few ragged keys rather than every query; v_p beside them
     kg_rot = kc[..., k, :].reshape(-1, d) @ rot_t  # ((n, b, j), (D, e))
     kg_rot = kg_rot.view(n * nb, C, nD, d)  # ((n, b), j, D, e)
-    kg_rot = kg_rot.permute(0, 3, 2, 1)  # ((n, b), e, D, j)
-    kg_rot = kg_rot.reshape(n * nb, d, nD * C)  # ((n, b), e, (D, j))
-    vg = torch.bmm(q0b.reshape(n * nb, h * block, d), kg_rot)  # ((n, b), (h, r), (D, j))
-    vg = vg.view(n, nb, h, block, nD, C)  # (n, b, h, r, D, j)
-    torch.mul(vg.transpose(3, 4), vm, out=vals[:, :, :, k:])
-    flat = vals.view(n * nb * h, k + nD, block * C)  # ((n, b, h), a | D, (r, j))
-    prod = torch.bmm(flat, flat.transpose(1, 2).contiguous())  # ((n, b, h), a | D, a | D)
-    prod = prod.view(n, nb, h, k + nD, k + nD).sum(1)  # (n, h, a | D, a | D)
-    qq += prod[..., :k, :k]
-    qg += prod[..., k:, :k].permute(2, 0, 1, 3)
-    gg += prod[..., k:, k:].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
-    return vals
+    vc = blocks.at_ragged(vp, cols)  # (n, b, j, p d)
+    vc = vc.view(n * nb, C, p, d)  # ((n, b), j, p, e)
+    q0_side = torch.cat([kg_rot, vc], 2)  # ((n, b), j, D | p, e)
+    q0_side = q0_side.permute(0, 3, 2, 1)  # ((n, b), e, D | p, j)
+    q0_side = q0_side.reshape(n * nb, d, (nD + p) * C)  # ((n, b), e, (D | p, j))
+    x0 = torch.bmm(q0b.reshape(n * nb, h * block, d), q0_side)  # ((n, b), (h, r), (D | p, j))
+    x0 = x0.view(n, nb, h, block, nD + p, C)  # (n, b, h, r, D | p, j)
+    torch.mul(x0.transpose(3, 4), vm, out=vals[:, :, :, k:])
+    t = k + nD + p
+    flat = vals.view(n * nb * h, t, block * C)  # ((n, b, h), a | D | p, (r, j))
+    prod = torch.bmm(flat, flat.transpose(1, 2))  # ((n, b, h), a | D | p, a | D | p)
+    prod = prod.view(n, nb, h, t, t).sum(1)  # (n, h, a | D | p, a | D | p)
+    G, V = slice(k, k + nD), slice(k + nD, t)
+    qq = qq + prod[..., :k, :k]
+    qg = qg + prod[..., G, : qg.shape[-1]].permute(2, 0, 1, 3)
+    gg = gg + prod[..., G, G].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
+    qv = qv + prod[..., :k, V]
+    vv = vv + prod[..., V, V]
+    return qq, qg, gg, qv, vv
 
 
 def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> dict[str, Moments]:
@@ -289,7 +358,7 @@ def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> dict[
     rows = m.q_rows - c0  # (n, h, a, T)
     g_rows = m.g_rows - g0  # (D, n, h, T)
     qq = m.qq - torch.einsum("nhat,nhbt->nhab", c0, c0)  # (n, h, a, b)
-    qg = m.qg - torch.einsum("nhat,Dnht->Dnha", c0, g0)  # (D, n, h, a)
+    qg = m.qg - torch.einsum("nhat,Dnht->Dnha", c0[..., : m.qg.shape[-1], :], g0)  # (D, n, h, a)
     gg = m.gg - (g0 * g0).sum(-1)  # (D, n, h)
     f_rows = rows[..., 1, :] + rows[..., 2, :]  # (n, h, T): rows of f' = f + phi
     return {
