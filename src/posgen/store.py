@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import itertools
 import json
 import os
+import sys
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,35 +90,42 @@ def require(ds: xr.Dataset | xr.DataArray, names, what: str) -> None:
 
 
 class StoreError(OSError):
-    """A posgen file that cannot be read (missing, truncated, failing its checksum), as one line naming the file
-    and the rule that rewrites it."""
+    """A posgen file that cannot be read (missing, truncated, failing its checksum or its digest), as one line
+    naming the file and the command that remakes it."""
 
 
-# the rule that writes each file name (results/<model>/[<variant>/]<name>); the hint of a damaged file
-WRITTEN_BY = {
-    "windows.h5": "windows",
-    "qk.h5": "extract",
-    "decomposition.nc": "decompose",
-    "bands.nc": "bands",
-    "perturb.nc": "perturb",
-    "cap.nc": "cap",
-    "examples.nc": "examples",
-    "head_ablation.nc": "head_ablation",
-    "summary.nc": "summarize",
-    "train.nc": "synthetic_train",
-    "ablation.nc": "synthetic_ablate",
-    "toeplitz.nc": "synthetic_toeplitz",
-    "training.nc": "synthetic_gather",
-}
+# On a data variable: the CRC-32 of its stored bytes, computed while writing and checked on every read (a
+# plausible edit keeps HDF5's Fletcher-32 checksums valid; it cannot keep this digest).
+DIGEST_ATTR = "posgen_digest"
+# On a large variable written block by block (qk.h5's q, k, logits_ref): the dims that index its blocks; the
+# digests of the blocks are the variable "<name>_digest" over those dims, so a reader checks only what it reads.
+BLOCK_DIGEST_ATTR = "posgen_digest_blocks"
+EDITED = "its data differ from what posgen wrote (edited or damaged after it was written)"
+
+
+def digest(array: np.ndarray) -> int:
+    """CRC-32 of ``array``'s bytes in C order (4 GB/s: negligible beside writing or reading them)."""
+    return zlib.crc32(np.ascontiguousarray(array))
+
+
+def shown(path: str | Path) -> str:
+    """``path`` as every message shows it: relative to the working directory when it lies below it."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def remake_command(path: str | Path) -> str:
+    """The command that remakes ``path`` on either path of the workflow (fused or store): Snakemake finds the
+    rule that writes it."""
+    return f"snakemake --cores all {shown(path)} (with the run's own --configfile, if it had one)"
 
 
 def damaged(path: str | Path, what: str) -> StoreError:
-    """The one-line error of a damaged file: ``what`` went wrong, delete it, re-run the rule that writes it."""
-    path = Path(path)
-    rule = WRITTEN_BY.get(path.name, "the rule that writes it")
-    if path.parent.name == "tasks":
-        rule = "synthetic_tasks"
-    return StoreError(f"{path}: {what}; delete it and re-run {rule}")
+    """The one-line error of a damaged file: ``what`` went wrong, delete it, and the command that remakes it."""
+    return StoreError(f"{shown(path)}: {what}; delete it and run: {remake_command(path)}")
 
 
 def _read_failure(err: BaseException) -> str:
@@ -140,7 +150,7 @@ def _name_the_file_on_read_errors() -> None:
 
     def _getitem(self, key):
         try:
-            return read(self, key)
+            return _verified_read(self, key, read)
         except OSError as err:  # what h5py raises for a failed checksum or a missing/garbled block
             if isinstance(err, StoreError):
                 raise
@@ -149,6 +159,44 @@ def _name_the_file_on_read_errors() -> None:
 
     _getitem.posgen_wrapped = True
     H5NetCDFArrayWrapper._getitem = _getitem
+
+
+def _verified_read(wrapper, key: tuple, read):
+    """``read(wrapper, key)``, checked against the digests posgen wrote (:data:`DIGEST_ATTR`,
+    :data:`BLOCK_DIGEST_ATTR`): the whole variable, or every block the key touches, is read (HDF5 reads whole
+    chunks anyway), its digest compared, then the key applied. A variable without digests is read as it is."""
+    attrs = wrapper.get_array().attrs
+    name, path = wrapper.variable_name, wrapper.datastore._filename
+    ndim = len(wrapper.shape)
+    if DIGEST_ATTR in attrs:
+        data = np.asarray(read(wrapper, (slice(None),) * ndim))  # posgen's tables: small
+        if digest(data) != int(attrs[DIGEST_ATTR]):
+            raise damaged(path, f"variable {name}: {EDITED}")
+        return data[key]
+    if BLOCK_DIGEST_ATTR not in attrs:
+        return read(wrapper, key)
+    dims = wrapper.get_array().dimensions
+    axes = [dims.index(dim) for dim in str(attrs[BLOCK_DIGEST_ATTR]).split()]
+    # the blocks the key touches, every other dim whole; an integer keeps its axis (i:i+1) until the end
+    wide, rest = [slice(None)] * ndim, list(key)
+    for axis in axes:
+        part = key[axis]
+        wide[axis] = slice(part, part + 1) if isinstance(part, (int, np.integer)) else part
+        rest[axis] = 0 if isinstance(part, (int, np.integer)) else slice(None)
+    data = np.asarray(read(wrapper, tuple(wide)))
+    blocks = [np.arange(wrapper.shape[axis])[wide[axis]] for axis in axes]  # the block indices read, per axis
+    with wrapper.datastore.lock:
+        f = wrapper.datastore._acquire(needs_lock=False)
+        recorded = np.asarray(f.variables[f"{name}_digest"][...])  # (block dims...)
+    for position in itertools.product(*[range(len(b)) for b in blocks]):
+        index = [slice(None)] * ndim
+        for axis, i in zip(axes, position):
+            index[axis] = i
+        block = tuple(b[i] for b, i in zip(blocks, position))
+        if digest(data[tuple(index)]) != int(recorded[block]):
+            where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
+            raise damaged(path, f"variable {name} ({where}): {EDITED}")
+    return data[tuple(rest)]
 
 
 _name_the_file_on_read_errors()
@@ -198,6 +246,7 @@ def atomic_path(path: str | Path):
     finally:
         if tmp.exists():
             tmp.unlink()
+            print(f"removed {shown(tmp)}, the unfinished temporary of {shown(path)}", file=sys.stderr)
 
 
 def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None:
@@ -209,8 +258,23 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None
         for name, var in ds.data_vars.items()
         if var.dtype.kind in "fiu" and var.ndim > 0 and var.size > 0  # an empty variable has no chunk to check
     }
+    ds = with_digests(ds)
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+
+
+def with_digests(ds: xr.Dataset) -> xr.Dataset:
+    """A shallow copy of ``ds`` whose numeric data variables carry the digest of the bytes they will be stored as
+    (:data:`DIGEST_ATTR`; their encodings inherited from a file read earlier are dropped, so that the stored bytes
+    are these), and no variable carries a digest inherited from another file."""
+    ds = ds.copy(deep=False)
+    for name, var in ds.variables.items():
+        for attr in (DIGEST_ATTR, BLOCK_DIGEST_ATTR):
+            var.attrs.pop(attr, None)
+        if name in ds.data_vars and var.dtype.kind in "fiu" and var.size > 0:
+            var.encoding = {}
+            var.attrs[DIGEST_ATTR] = digest(var.values)
+    return ds
 
 
 def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
@@ -337,7 +401,12 @@ class QKWriter:
             empty = any(f.dimensions[dim].size == 0 for dim in dims)
             return f.create_variable(name, dims, dtype, **({} if empty else {"chunks": chunks, **packed}))
 
-        # One chunk per (sample, layer): the unit every reader works on.
+        def with_block_digests(var, block_dims):
+            # the digest of each block (every other dim whole), written with the block (store.DIGEST_ATTR)
+            var.attrs[BLOCK_DIGEST_ATTR] = " ".join(block_dims)
+            return f.create_variable(f"{var.name.lstrip('/')}_digest", block_dims, "i8", fillvalue=-1)
+
+        # One chunk per (sample, layer): the unit every reader works on, and the block of its digest.
         self.q = chunked(
             "q", ("sample", "layer", "head", "token", "dim"), self.qk_dtype, (1, 1, n_heads, n_tokens, head_dim)
         )
@@ -348,17 +417,27 @@ class QKWriter:
         self.logits_ref = chunked(
             "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4", (1, 1, 1, n_tokens, n_tokens)
         )
+        self.digests = {
+            "q": with_block_digests(self.q, ("sample", "layer")),
+            "k": with_block_digests(self.k, ("sample", "layer")),
+            "logits_ref": with_block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
+        }
+        self.token_ids = np.zeros((n_samples, n_tokens), dtype=np.int64)  # its digest is written on close
         # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
         # to the model's own; docs/data-model.md)
         for name, (dims, values) in rope_variables(rope).items():
             dtype = ROPE_VARIABLES[name][1]
-            f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
+            var = f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
+            if dtype != "str":
+                var.attrs[DIGEST_ATTR] = digest(np.asarray(values, dtype=dtype))
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         self.written = np.zeros(n_samples, dtype=bool)
 
     def write_layer_errors(self, errors: np.ndarray) -> None:
         """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""
-        self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=np.asarray(errors, dtype=np.float64))
+        errors = np.asarray(errors, dtype=np.float64)
+        var = self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=errors)
+        var.attrs[DIGEST_ATTR] = digest(errors)
 
     def holds(self, sample: int) -> bool:
         """Whether window ``sample`` (global index) is one this file keeps."""
@@ -368,12 +447,20 @@ class QKWriter:
         """Window ``sample`` (global index): q (layer, head, token, dim), k (layer, kv_head, token, dim);
         logits_ref (ref_layer, head, query, key) when it is a reference window."""
         position = int(np.flatnonzero(self.samples == sample)[0])
-        self.q[position] = self._stored(q, "q", sample)
-        self.k[position] = self._stored(k, "k", sample)
+        self._write_blocks("q", position, self._stored(q, "q", sample))
+        self._write_blocks("k", position, self._stored(k, "k", sample))
         self.token_id[position] = token_id
+        self.token_ids[position] = token_id
         if sample in self.ref_samples:
-            self.logits_ref[self.ref_samples.index(sample)] = logits_ref
+            self._write_blocks("logits_ref", self.ref_samples.index(sample), np.asarray(logits_ref, dtype=np.float32))
         self.written[position] = True
+
+    def _write_blocks(self, name: str, position: int, x: np.ndarray) -> None:
+        """``x`` (layer, ...) as ``name[position]``, with the digest of each layer's block as stored."""
+        var = getattr(self, name)
+        x = np.asarray(x, dtype=var.dtype)
+        var[position] = x
+        self.digests[name][position] = [digest(block) for block in x]
 
     def _stored(self, x: np.ndarray, name: str, sample: int) -> np.ndarray:
         """``x`` in the storage dtype; a value beyond its range fails (it would be stored as inf)."""
@@ -389,6 +476,7 @@ class QKWriter:
         return x.astype(self.qk_dtype)
 
     def close(self, ok: bool = True):
+        self.token_id.attrs[DIGEST_ATTR] = digest(self.token_ids)
         self.file.close()
         if ok and not self.written.all():
             missing = self.samples[~self.written].tolist()

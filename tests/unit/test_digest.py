@@ -1,0 +1,68 @@
+"""Content digests (issue 26): a plausible edit that keeps HDF5's Fletcher-32 checksums valid stops the reader with
+one line naming the file, the variable and the command that remakes it; untouched data read as before."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+
+from posgen.bench.decompose import synthetic_store
+from posgen.store import EDITED, StoreError, digest, open_dataset, write_netcdf
+
+
+@pytest.fixture
+def qk(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # messages show paths relative to the working directory
+    return synthetic_store(tmp_path / "qk.h5", n_samples=2, n_layers=3, n_tokens=40, n_heads=4, n_kv_heads=2, head_dim=8)
+
+
+def test_digest_is_the_crc_of_the_bytes_and_sees_a_reversal():
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    assert digest(x) == digest(x.copy()) and digest(x) != digest(x[:, ::-1])
+    assert digest(x[:, ::-1]) == digest(np.ascontiguousarray(x[:, ::-1]))  # the bytes in C order, not the buffer
+
+
+def test_q_block_reversed_along_tokens_is_named_and_other_blocks_still_read(qk):
+    clean = {layer: open_dataset(qk, lazy=False)["q"].isel(sample=1, layer=layer).values for layer in range(3)}
+    with h5py.File(qk, "r+") as f:  # valid Fletcher-32 after the edit: h5py writes the chunk anew
+        f["q"][1, 2] = f["q"][1, 2][:, ::-1]
+    with pytest.raises(StoreError) as info:
+        open_dataset(qk, lazy=False)["q"].isel(sample=1, layer=2).values
+    message = str(info.value)
+    assert message == (
+        f"qk.h5: variable q (sample 1, layer 2): {EDITED}; delete it and run: snakemake --cores all qk.h5 "
+        "(with the run's own --configfile, if it had one)"
+    )
+    for layer in (0, 1):  # the blocks nobody edited: read, and equal the clean file's
+        np.testing.assert_array_equal(open_dataset(qk, lazy=False)["q"].isel(sample=1, layer=layer).values, clean[layer])
+    # a read that covers the edited block, lazily through dask or all at once, fails the same way
+    with pytest.raises(StoreError, match="variable q \\(sample 1, layer 2\\)"):
+        open_dataset(qk, lazy=True)["q"].sum().compute()
+    with pytest.raises(StoreError, match="variable q \\(sample 1, layer 2\\)"):
+        open_dataset(qk, lazy=False)["q"].isel(head=0).values
+
+
+def test_r_halved_in_a_table_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ds = xr.Dataset(
+        {"r": (("sample", "head"), np.linspace(0.1, 0.9, 6).reshape(2, 3)), "n": ("sample", np.array([3, 4]))}
+    )
+    write_netcdf(ds, tmp_path / "decomposition.nc")
+    with h5py.File(tmp_path / "decomposition.nc", "r+") as f:
+        f["r"][...] = f["r"][...] / 2
+    opened = open_dataset(tmp_path / "decomposition.nc", lazy=False)
+    np.testing.assert_array_equal(opened["n"].values, [3, 4])  # the variable nobody edited
+    with pytest.raises(StoreError, match=f"^decomposition.nc: variable r: {EDITED.replace('(', '.').replace(')', '.')}"):
+        opened["r"].values
+
+
+def test_a_table_rewritten_from_another_carries_its_own_digests(tmp_path):
+    """Attrs and encodings come along when a file's variables are reused: the new file's digests are its own."""
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.5, 0.25], dtype=np.float32))}), tmp_path / "a.nc")
+    derived = open_dataset(tmp_path / "a.nc", lazy=False).load()
+    derived["r"] = derived["r"].astype(np.float64) * 3  # another dtype, the old variable's attrs kept
+    derived["r"].attrs.update(open_dataset(tmp_path / "a.nc")["r"].attrs)
+    write_netcdf(derived, tmp_path / "b.nc")
+    np.testing.assert_array_equal(open_dataset(tmp_path / "b.nc", lazy=False)["r"].values, [1.5, 0.75])

@@ -1,0 +1,410 @@
+"""Damaged inputs (issues 15 and 26): every damaged or edited input stops with one line naming the file and the
+command that remakes it, and never turns into numbers; finished results elsewhere stay as they were.
+
+Damaged inputs go through the library functions that read them; a few through the workflow, on a copy of the tiny
+workflow's results, where the hinted command is run and must remake the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from posgen.corpus import CorpusError, cut_windows, load_text, read_windows, windows_job, write_windows
+from posgen.models import CheckpointError, acquire, load_model
+from posgen.store import StoreError, open_dataset, write_netcdf
+from posgen.testing.runs import make_run
+
+# ---------------------------------------------------------------------------------------------- damaged inputs
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_source, tmp_path_factory):
+    """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
+    from posgen.extract import default_options, extract
+    from posgen.model_job import ModelJob
+
+    tmp = tmp_path_factory.mktemp("reliability")
+    acquire(f"local:{tiny_source('llama')}", tmp / "model")
+    _, tokenizer, _ = load_model(tmp / "model")
+    write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
+    extract(
+        ModelJob(
+            tmp / "model",
+            tmp / "windows.h5",
+            tmp / "qk.h5",
+            model="tiny",
+            variant="trained",
+            dtype="float32",
+            device="cpu",
+        ),
+        **default_options(),
+    )
+    write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
+    return tmp
+
+
+def _digest(folder: Path) -> dict:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+
+
+def _flip(path: Path, offset: int, n: int = 8) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        data = fh.read(n)
+        fh.seek(offset)
+        fh.write(bytes(b ^ 0xFF for b in data))
+
+
+def _chunk_offset(path: Path, name: str, index: int = 0) -> int:
+    with h5py.File(path) as f:
+        assert f[name].fletcher32
+        return f[name].id.get_chunk_info(index).byte_offset
+
+
+def _copy(checkpoint: Path, tmp: Path, name: str) -> Path:
+    target = tmp / "results" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if (checkpoint / name).is_dir():
+        shutil.copytree(checkpoint / name, target)
+    else:
+        shutil.copy(checkpoint / name, target)
+    return target
+
+
+def _latin1_text(tmp):
+    (tmp / "a.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+    return lambda: load_text(f"text:{tmp}/*.txt"), CorpusError, "a.txt line 1 is not UTF-8 text"
+
+
+def _binary_text(tmp):
+    (tmp / "blob.txt").write_bytes(bytes(range(256)))
+    return lambda: load_text(f"text:{tmp}/blob.txt"), CorpusError, "blob.txt line 2 is not UTF-8 text (byte 0x80"
+
+
+def _glob_hits_directory(tmp):
+    (tmp / "texts").mkdir()
+    return lambda: load_text(f"text:{tmp}/tex*"), CorpusError, "texts is a directory"
+
+
+def _jsonl_directory(tmp):
+    (tmp / "c.jsonl").mkdir()
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl is a directory"
+
+
+def _jsonl_null(tmp):
+    (tmp / "c.jsonl").write_text('{"text": "a"}\n{"text": null}\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 2: field 'text' is null"
+
+
+def _jsonl_number(tmp):
+    (tmp / "c.jsonl").write_text('{"text": 3}\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 1: field 'text' is int"
+
+
+def _jsonl_latin1(tmp):
+    (tmp / "c.jsonl").write_bytes('{"text": "a"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 2 is not UTF-8 text"
+
+
+def _jsonl_list_line(tmp):
+    (tmp / "c.jsonl").write_text('["text"]\n')
+    return lambda: load_text(f"jsonl:{tmp}/c.jsonl:text"), CorpusError, "c.jsonl line 1 has no field 'text'"
+
+
+def _qk_truncated(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return lambda: open_dataset(path), StoreError, "qk.h5: not a readable HDF5/netCDF file"
+
+
+def _qk_empty(tmp, checkpoint):
+    path = tmp / "results" / "qk.h5"
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    return lambda: open_dataset(path, lazy=False), StoreError, "delete it and run: snakemake --cores all"
+
+
+def _qk_q_chunk_flipped(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    _flip(path, _chunk_offset(path, "q", 1) + 100)
+    return lambda: open_dataset(path, lazy=False)["q"].values, StoreError, "variable q: data fail their checksum"
+
+
+def _qk_k_chunk_flipped_lazy(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "qk.h5")
+    _flip(path, _chunk_offset(path, "k", 0) + 40)
+    return (
+        lambda: open_dataset(path, lazy=True)["k"].sum().compute(),
+        StoreError,
+        "variable k: data fail their checksum",
+    )
+
+
+def _windows_truncated(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "windows.h5")
+    path.write_bytes(path.read_bytes()[:2000])
+    return lambda: read_windows(path), StoreError, "windows.h5: not a readable HDF5/netCDF file"
+
+
+def _windows_token_ids_flipped(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "windows.h5")
+    _flip(path, _chunk_offset(path, "token_id") + 16)
+    return lambda: read_windows(path), StoreError, "variable token_id: data fail their checksum"
+
+
+def _netcdf_overwritten(tmp, checkpoint):
+    path = _copy(checkpoint, tmp, "decomposition.nc")
+    path.write_bytes(b"\0" * path.stat().st_size)
+    return lambda: open_dataset(path, lazy=False), StoreError, "decomposition.nc: not a readable HDF5/netCDF file"
+
+
+def _weights_flipped(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    _flip(model / "model.safetensors", 5000)
+    return lambda: load_model(model), CheckpointError, "model.safetensors: sha256"
+
+
+def _weights_truncated_with_matching_hash(tmp, checkpoint):
+    """The manifest agrees with a truncated file (damaged before acquisition finished hashing): the safetensors
+    reader's own error still names the file."""
+    from posgen.models import sha256_file
+
+    model = _copy(checkpoint, tmp, "model")
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    manifest = json.loads((model / "manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = sha256_file(weights)
+    (model / "manifest.json").write_text(json.dumps(manifest))
+    return lambda: load_model(model), CheckpointError, "model.safetensors: cannot be read"
+
+
+def _config_json_missing(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    (model / "config.json").unlink()
+    return lambda: load_model(model, "random-seed0"), CheckpointError, "config.json: missing (listed in manifest.json)"
+
+
+def _seq_len_beyond_context(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    context = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    out = tmp / "results" / "windows.h5"
+    return (
+        lambda: windows_job(model, out, source="embedded", n_samples=1, seq_len=context + 1, seed=0, model_name="m"),
+        CorpusError,
+        f"config.seq_len: {context + 1} exceeds the model's context of {context} tokens",
+    )
+
+
+def _qk_q_block_reversed(tmp, checkpoint):
+    """A plausible edit: one (sample, layer) block of q reversed along tokens, its Fletcher-32 checksum valid."""
+    path = _copy(checkpoint, tmp, "qk.h5")
+    with h5py.File(path, "r+") as f:
+        f["q"][0, 1] = f["q"][0, 1][:, ::-1]
+    read = lambda: open_dataset(path, lazy=True)["q"].isel(sample=0).mean().compute()  # noqa: E731
+    return read, StoreError, "variable q (sample 0, layer 1): its data differ from what posgen wrote"
+
+
+def _table_value_halved(tmp, checkpoint):
+    """A plausible edit of a finished table: every value of one variable halved, its checksum valid."""
+    path = _copy(checkpoint, tmp, "decomposition.nc")
+    with h5py.File(path, "r+") as f:
+        f["scaling"][...] = f["scaling"][...] / 2
+    read = lambda: open_dataset(path, lazy=False)["scaling"].values  # noqa: E731
+    return read, StoreError, "decomposition.nc: variable scaling: its data differ from what posgen wrote"
+
+
+def _manifest_invalid_json(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    (model / "manifest.json").write_text('{"files": ')
+    return lambda: load_model(model), CheckpointError, "manifest.json: not valid JSON"
+
+
+def _manifest_empty(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    (model / "manifest.json").write_text("{}")
+    return lambda: load_model(model), CheckpointError, "manifest.json: incomplete (lacks source, revision, files)"
+
+
+def _tokenizer_truncated(tmp, checkpoint):
+    model = _copy(checkpoint, tmp, "model")
+    tokenizer = model / "tokenizer.json"
+    tokenizer.write_bytes(tokenizer.read_bytes()[:100])
+    out = tmp / "results" / "windows.h5"
+    return (
+        lambda: windows_job(model, out, source="embedded", n_samples=1, seq_len=8, seed=0, model_name="m"),
+        CheckpointError,
+        "tokenizer.json: sha256",
+    )
+
+
+DAMAGED = [
+    ("latin-1-text", _latin1_text),
+    ("binary-text", _binary_text),
+    ("glob-hits-directory", _glob_hits_directory),
+    ("jsonl-directory", _jsonl_directory),
+    ("jsonl-null-field", _jsonl_null),
+    ("jsonl-number-field", _jsonl_number),
+    ("jsonl-latin-1", _jsonl_latin1),
+    ("jsonl-list-line", _jsonl_list_line),
+    ("qk-truncated", _qk_truncated),
+    ("qk-empty", _qk_empty),
+    ("qk-q-chunk-flipped", _qk_q_chunk_flipped),
+    ("qk-k-chunk-flipped-lazy", _qk_k_chunk_flipped_lazy),
+    ("windows-truncated", _windows_truncated),
+    ("windows-token-ids-flipped", _windows_token_ids_flipped),
+    ("netcdf-overwritten", _netcdf_overwritten),
+    ("weights-flipped", _weights_flipped),
+    ("weights-truncated", _weights_truncated_with_matching_hash),
+    ("config-json-missing", _config_json_missing),
+    ("seq-len-beyond-context", _seq_len_beyond_context),
+    ("qk-q-block-reversed", _qk_q_block_reversed),
+    ("table-value-halved", _table_value_halved),
+    ("manifest-invalid-json", _manifest_invalid_json),
+    ("manifest-empty", _manifest_empty),
+    ("tokenizer-truncated", _tokenizer_truncated),
+]
+
+
+@pytest.mark.parametrize("damage", [d[1] for d in DAMAGED], ids=[d[0] for d in DAMAGED])
+def test_damaged_input_is_one_line_naming_the_file(damage, checkpoint, tmp_path):
+    before = _digest(checkpoint)
+    made = damage(tmp_path) if damage.__code__.co_argcount == 1 else damage(tmp_path, checkpoint)
+    read, error, expected = made
+    with pytest.raises(error) as info:
+        read()
+    message = str(info.value)
+    assert "\n" not in message and expected in message, message
+    assert str(tmp_path) in message or "config.seq_len" in message, message  # names the file
+    if error is StoreError:
+        assert "; delete it and run: snakemake --cores all " in message, message
+    if error is CheckpointError:
+        assert "; re-run get_model: snakemake --cores all " in message and "manifest.json" in message, message
+    assert _digest(checkpoint) == before  # the finished results elsewhere are untouched
+    assert not [p for p in tmp_path.rglob(".*.tmp")]
+
+
+def test_damaged_qk_never_turns_into_numbers(checkpoint, tmp_path):
+    """A plausible edit (one q block reversed) keeps every value finite: only the checksum notices."""
+    path = _copy(checkpoint, tmp_path, "qk.h5")
+    offset = _chunk_offset(path, "q", 0)
+    with h5py.File(path) as f:
+        size = f["q"].id.get_chunk_info(0).size
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        block = np.frombuffer(fh.read(size), dtype=np.float32)
+        fh.seek(offset)
+        fh.write(block[::-1].tobytes())
+    with pytest.raises(StoreError, match="variable q: data fail their checksum"):
+        open_dataset(path, lazy=False)["q"].isel(sample=0, layer=0).values
+    # other chunks (another layer) still read, and equal the clean file's
+    clean = open_dataset(checkpoint / "qk.h5", lazy=False)["q"].isel(sample=0, layer=1).values
+    np.testing.assert_array_equal(open_dataset(path, lazy=False)["q"].isel(sample=0, layer=1).values, clean)
+
+
+# --------------------------------------------------------------------------------------------- through the workflow
+
+
+@pytest.fixture
+def damaged_workflow(tiny_workflow, tmp_path):
+    """A copy of the tiny workflow's finished run (never the session's own: other tests read it)."""
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_workflow.workdir, workdir, symlinks=True)
+    config = yaml.safe_load(tiny_workflow.configfile.read_text())
+    return make_run(workdir, config)
+
+
+def _outputs(workdir: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted((workdir / "results").rglob("*")) if p.is_file()}
+
+
+def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_workflow):
+    run = damaged_workflow
+    qk = run.workdir / "results/tiny-llama/trained/shards/0-2/qk.h5"  # the kept window the example heads read
+    _flip(qk, _chunk_offset(qk, "q", 0) + 64)
+    target = run.workdir / "results/tiny-llama/trained/examples.nc"
+    before = _outputs(run.workdir)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "examples", check=False)
+    assert proc.returncode != 0
+    last = (run.workdir / "logs/figures/tiny-llama/trained/examples.log").read_text().strip().splitlines()[-1]
+    rel = qk.relative_to(run.workdir)
+    assert last == (
+        f"StoreError: {rel}: variable q: data fail their checksum (Fletcher-32) or decompression, the file is "
+        f"corrupted; delete it and run: snakemake --cores all {rel} (with the run's own --configfile, if it had one)"
+    ), proc.stderr[-3000:]
+    # Snakemake removed the forced job's old output; no partial one appeared, every other result is unchanged
+    del before[target]
+    assert _outputs(run.workdir) == before
+    assert not list(run.workdir.rglob(".*.tmp"))
+
+
+def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
+    run = damaged_workflow
+    weights = run.workdir / "resources/models/tiny-llama/model.safetensors"
+    _flip(weights, weights.stat().st_size // 2)
+    shard = run.workdir / "results/tiny-llama/trained/shards/0-2"
+    target = shard / "qk.h5"
+    before = _outputs(run.workdir)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "extract", check=False)
+    assert proc.returncode != 0
+    last = (run.workdir / "logs/extract/tiny-llama/trained/0-2.log").read_text().strip().splitlines()[-1]
+    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
+    assert last.endswith(
+        "re-run get_model: snakemake --cores all resources/models/tiny-llama/manifest.json "
+        "(with the run's own --configfile, if it had one)"
+    ), last
+    for name in ("qk.h5", "decomposition.nc", "bands.nc"):  # the forced job's outputs (fused path)
+        del before[shard / name]
+    assert _outputs(run.workdir) == before
+    assert not list(run.workdir.rglob(".*.tmp"))
+
+
+def _hinted_command(line: str) -> list[str]:
+    """The command an error line names (``...; delete it and run: snakemake ... (with the run's ...)``)."""
+    command = line.split("and run: ", 1)[1].split(" (with the run's own --configfile", 1)[0]
+    return command.split()[1:]  # the arguments after `snakemake`
+
+
+def test_edited_table_is_refused_and_the_hinted_command_remakes_it(damaged_workflow):
+    """r halved in the gathered decomposition.nc (checksums valid): the summary job stops with one line, and the
+    command it names remakes the file as it was; nothing else changes."""
+    run = damaged_workflow
+    table = run.workdir / "results/tiny-llama/trained/decomposition.nc"
+    with open_dataset(table, lazy=False) as opened:
+        clean = opened.load()
+    with h5py.File(table, "r+") as f:
+        f["r"][...] = f["r"][...] / 2
+    target = run.workdir / "results/tiny-llama/summary.nc"
+    before = _outputs(run.workdir)
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "summarize", check=False)
+    assert proc.returncode != 0
+    log = (run.workdir / "logs/summarize/tiny-llama.log").read_text().strip().splitlines()
+    last = log[-1]
+    assert last.startswith(
+        f"StoreError: {table.relative_to(run.workdir)}: variable r: its data differ from what "
+        "posgen wrote (edited or damaged after it was written); delete it and run: "
+    ), last
+    assert not any(line.startswith("Traceback") for line in log)
+    for output in ("summary.nc", "summary.csv"):  # Snakemake removed the forced job's old outputs; nothing else
+        del before[run.workdir / "results/tiny-llama" / output]
+    assert _outputs(run.workdir) == before
+    # the hinted command, as the message says: the file deleted first, the run's configfile given
+    table.unlink()
+    run.snakemake(*_hinted_command(last))
+    remade = open_dataset(table, lazy=False).load()
+    for name, var in clean.data_vars.items():  # every number as before the edit
+        np.testing.assert_array_equal(remade[name].values, var.values, err_msg=name)
