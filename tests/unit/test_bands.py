@@ -7,8 +7,8 @@ import pytest
 import xarray as xr
 
 from posgen.bands import band_moments, band_stats
-from posgen.testing.qk_store import toy_rope, write_qk_store
 from posgen.store import write_netcdf
+from posgen.testing.qk_store import toy_rope, write_qk_store
 
 
 def test_band_moments_pair_dims_l_and_l_plus_half():

@@ -15,7 +15,9 @@ from posgen.store import EDITED, StoreError, digest, open_dataset, write_netcdf
 @pytest.fixture
 def qk(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # messages show paths relative to the working directory
-    return synthetic_store(tmp_path / "qk.h5", n_samples=2, n_layers=3, n_tokens=40, n_heads=4, n_kv_heads=2, head_dim=8)
+    return synthetic_store(
+        tmp_path / "qk.h5", n_samples=2, n_layers=3, n_tokens=40, n_heads=4, n_kv_heads=2, head_dim=8
+    )
 
 
 def test_digest_is_the_crc_of_the_bytes_and_sees_a_reversal():
@@ -36,7 +38,9 @@ def test_q_block_reversed_along_tokens_is_named_and_other_blocks_still_read(qk):
         "(with the run's own --configfile, if it had one)"
     )
     for layer in (0, 1):  # the blocks nobody edited: read, and equal the clean file's
-        np.testing.assert_array_equal(open_dataset(qk, lazy=False)["q"].isel(sample=1, layer=layer).values, clean[layer])
+        np.testing.assert_array_equal(
+            open_dataset(qk, lazy=False)["q"].isel(sample=1, layer=layer).values, clean[layer]
+        )
     # a read that covers the edited block, lazily through dask or all at once, fails the same way
     with pytest.raises(StoreError, match="variable q \\(sample 1, layer 2\\)"):
         open_dataset(qk, lazy=True)["q"].sum().compute()
@@ -54,7 +58,9 @@ def test_r_halved_in_a_table_is_named(tmp_path, monkeypatch):
         f["r"][...] = f["r"][...] / 2
     opened = open_dataset(tmp_path / "decomposition.nc", lazy=False)
     np.testing.assert_array_equal(opened["n"].values, [3, 4])  # the variable nobody edited
-    with pytest.raises(StoreError, match=f"^decomposition.nc: variable r: {EDITED.replace('(', '.').replace(')', '.')}"):
+    with pytest.raises(
+        StoreError, match=f"^decomposition.nc: variable r: {EDITED.replace('(', '.').replace(')', '.')}"
+    ):
         opened["r"].values
 
 
