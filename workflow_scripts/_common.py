@@ -29,7 +29,10 @@ def setup(snakemake, uses_torch: bool = False) -> None:
     sys.stdout = sys.stderr = log
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.excepthook = _one_line_for_posgen_errors
+    from posgen.integrity import record_inputs
     from posgen.store import sweep_stale_temporaries
+
+    record_inputs(snakemake.input)  # every output this job writes records the digests of what it read
 
     for output in snakemake.output:
         # a SIGKILLed job (or a failed node) ran no cleanup: its temporary of this output is swept now

@@ -10,6 +10,8 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from posgen.integrity import shown
+
 
 class CorpusError(ValueError):
     """A corpus that cannot serve the request, phrased as one line naming the source."""
@@ -171,13 +173,13 @@ def read_windows(
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such windows file")
+        raise FileNotFoundError(f"{shown(path)}: no such windows file")
     from posgen.store import open_dataset
 
     with open_dataset(path, lazy=False) as opened:
         windows = opened.load()
     if "token_id" not in windows:
-        raise ValueError(f"{path}: no variable token_id")
+        raise ValueError(f"{shown(path)}: no variable token_id")
     have_samples, have_tokens = windows.sizes["sample"], windows.sizes["token"]
     if n_samples is not None and n_samples > have_samples:
         raise ValueError(f"{section}.n_samples: {n_samples} exceeds the {have_samples} windows of {path}")

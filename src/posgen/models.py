@@ -22,7 +22,7 @@ import torch
 
 from posgen.config import init_seed, revision_variant, variant_step
 from posgen.device import resolve_device
-from posgen.store import remake_command, shown
+from posgen.integrity import remake_command, shown
 
 EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
@@ -313,8 +313,8 @@ def acquire_series(
 
 
 def reacquire(model_dir: str | Path) -> str:
-    """The command that acquires the model folder ``model_dir`` anew: Snakemake's rule get_model writes it."""
-    return f"re-run get_model: {remake_command(Path(model_dir) / 'manifest.json')}"
+    """What acquires the model folder ``model_dir`` anew: Snakemake's rule get_model writes its manifest."""
+    return f"re-run get_model: delete {shown(model_dir)} and run: {remake_command(Path(model_dir) / 'manifest.json')}"
 
 
 def read_manifest(model_dir: str | Path) -> dict:

@@ -17,6 +17,7 @@ import pandas as pd
 
 from posgen.bands import band_shares
 from posgen.config import init_seed
+from posgen.integrity import shown
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import verdict_markdown, verdicts
 from posgen.verdicts import PAPER_R, control_markdown
@@ -255,7 +256,7 @@ def write_reproduction(
     paths = [Path(p) for p in (summary_csv, synthetic_summary_csv, study_summary_csv) if p is not None]
     for path in [*paths, *map(Path, bands_paths), *map(Path, perturb_paths)]:
         if not path.exists():
-            raise FileNotFoundError(f"{path}: no such file")
+            raise FileNotFoundError(f"{shown(path)}: no such file")
     summary = pd.read_csv(summary_csv)
     table = reproduction_table(summary)
     prov = stable_provenance(**attrs)

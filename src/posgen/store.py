@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import itertools
 import json
 import os
 import sys
-import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +15,19 @@ import h5py
 import numpy as np
 import xarray as xr
 
+from posgen.integrity import (
+    BLOCK_DIGEST_ATTR,
+    CONTENT_ATTR,
+    DIGEST_ATTR,
+    INPUTS_ATTR,
+    StoreError,
+    content_digest,
+    damaged,
+    digest,
+    input_digests,
+    shown,
+    verified_read,
+)
 from posgen.rope_table import ROPE_VARIABLES, RopeTable
 from posgen.version import VERSION
 
@@ -89,45 +100,6 @@ def require(ds: xr.Dataset | xr.DataArray, names, what: str) -> None:
         raise KeyError(f"{what}: missing {', '.join(missing)}")
 
 
-class StoreError(OSError):
-    """A posgen file that cannot be read (missing, truncated, failing its checksum or its digest), as one line
-    naming the file and the command that remakes it."""
-
-
-# On a data variable: the CRC-32 of its stored bytes, computed while writing and checked on every read (a
-# plausible edit keeps HDF5's Fletcher-32 checksums valid; it cannot keep this digest).
-DIGEST_ATTR = "posgen_digest"
-# On a large variable written block by block (qk.h5's q, k, logits_ref): the dims that index its blocks; the
-# digests of the blocks are the variable "<name>_digest" over those dims, so a reader checks only what it reads.
-BLOCK_DIGEST_ATTR = "posgen_digest_blocks"
-EDITED = "its data differ from what posgen wrote (edited or damaged after it was written)"
-
-
-def digest(array: np.ndarray) -> int:
-    """CRC-32 of ``array``'s bytes in C order (4 GB/s: negligible beside writing or reading them)."""
-    return zlib.crc32(np.ascontiguousarray(array))
-
-
-def shown(path: str | Path) -> str:
-    """``path`` as every message shows it: relative to the working directory when it lies below it."""
-    path = Path(path)
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
-def remake_command(path: str | Path) -> str:
-    """The command that remakes ``path`` on either path of the workflow (fused or store): Snakemake finds the
-    rule that writes it."""
-    return f"snakemake --cores all {shown(path)} (with the run's own --configfile, if it had one)"
-
-
-def damaged(path: str | Path, what: str) -> StoreError:
-    """The one-line error of a damaged file: ``what`` went wrong, delete it, and the command that remakes it."""
-    return StoreError(f"{shown(path)}: {what}; delete it and run: {remake_command(path)}")
-
-
 def _read_failure(err: BaseException) -> str:
     text = str(err).splitlines()[0] if str(err) else type(err).__name__
     if "filter returned failure" in text or "checksum" in text.lower():
@@ -150,7 +122,7 @@ def _name_the_file_on_read_errors() -> None:
 
     def _getitem(self, key):
         try:
-            return _verified_read(self, key, read)
+            return verified_read(self, key, read)
         except OSError as err:  # what h5py raises for a failed checksum or a missing/garbled block
             if isinstance(err, StoreError):
                 raise
@@ -159,44 +131,6 @@ def _name_the_file_on_read_errors() -> None:
 
     _getitem.posgen_wrapped = True
     H5NetCDFArrayWrapper._getitem = _getitem
-
-
-def _verified_read(wrapper, key: tuple, read):
-    """``read(wrapper, key)``, checked against the digests posgen wrote (:data:`DIGEST_ATTR`,
-    :data:`BLOCK_DIGEST_ATTR`): the whole variable, or every block the key touches, is read (HDF5 reads whole
-    chunks anyway), its digest compared, then the key applied. A variable without digests is read as it is."""
-    attrs = wrapper.get_array().attrs
-    name, path = wrapper.variable_name, wrapper.datastore._filename
-    ndim = len(wrapper.shape)
-    if DIGEST_ATTR in attrs:
-        data = np.asarray(read(wrapper, (slice(None),) * ndim))  # posgen's tables: small
-        if digest(data) != int(attrs[DIGEST_ATTR]):
-            raise damaged(path, f"variable {name}: {EDITED}")
-        return data[key]
-    if BLOCK_DIGEST_ATTR not in attrs:
-        return read(wrapper, key)
-    dims = wrapper.get_array().dimensions
-    axes = [dims.index(dim) for dim in str(attrs[BLOCK_DIGEST_ATTR]).split()]
-    # the blocks the key touches, every other dim whole; an integer keeps its axis (i:i+1) until the end
-    wide, rest = [slice(None)] * ndim, list(key)
-    for axis in axes:
-        part = key[axis]
-        wide[axis] = slice(part, part + 1) if isinstance(part, (int, np.integer)) else part
-        rest[axis] = 0 if isinstance(part, (int, np.integer)) else slice(None)
-    data = np.asarray(read(wrapper, tuple(wide)))
-    blocks = [np.arange(wrapper.shape[axis])[wide[axis]] for axis in axes]  # the block indices read, per axis
-    with wrapper.datastore.lock:
-        f = wrapper.datastore._acquire(needs_lock=False)
-        recorded = np.asarray(f.variables[f"{name}_digest"][...])  # (block dims...)
-    for position in itertools.product(*[range(len(b)) for b in blocks]):
-        index = [slice(None)] * ndim
-        for axis, i in zip(axes, position):
-            index[axis] = i
-        block = tuple(b[i] for b, i in zip(blocks, position))
-        if digest(data[tuple(index)]) != int(recorded[block]):
-            where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
-            raise damaged(path, f"variable {name} ({where}): {EDITED}")
-    return data[tuple(rest)]
 
 
 _name_the_file_on_read_errors()
@@ -266,14 +200,17 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None
 def with_digests(ds: xr.Dataset) -> xr.Dataset:
     """A shallow copy of ``ds`` whose numeric data variables carry the digest of the bytes they will be stored as
     (:data:`DIGEST_ATTR`; their encodings inherited from a file read earlier are dropped, so that the stored bytes
-    are these), and no variable carries a digest inherited from another file."""
+    are these), no variable a digest inherited from another file, and the dataset its content digest and the
+    digests of the running job's inputs (:data:`CONTENT_ATTR`, :data:`INPUTS_ATTR`)."""
     ds = ds.copy(deep=False)
+    digests = {}
     for name, var in ds.variables.items():
         for attr in (DIGEST_ATTR, BLOCK_DIGEST_ATTR):
             var.attrs.pop(attr, None)
         if name in ds.data_vars and var.dtype.kind in "fiu" and var.size > 0:
             var.encoding = {}
-            var.attrs[DIGEST_ATTR] = digest(var.values)
+            var.attrs[DIGEST_ATTR] = digests[name] = digest(var.values)
+    ds.attrs = {**ds.attrs, CONTENT_ATTR: content_digest(digests), INPUTS_ATTR: input_digests()}
     return ds
 
 
@@ -281,9 +218,9 @@ def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
     """Open a posgen file with its named dims; ``lazy`` maps on-disk chunks to dask chunks."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise FileNotFoundError(f"{shown(path)}: no such file")
     if path.is_dir():
-        raise IsADirectoryError(f"{path}: is a directory, not a posgen file")
+        raise IsADirectoryError(f"{shown(path)}: is a directory, not a posgen file")
     try:
         return xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
     except StoreError:
@@ -423,21 +360,23 @@ class QKWriter:
             "logits_ref": with_block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
         }
         self.token_ids = np.zeros((n_samples, n_tokens), dtype=np.int64)  # its digest is written on close
+        self.whole = {}  # the digests of the variables written whole, by name
         # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
         # to the model's own; docs/data-model.md)
         for name, (dims, values) in rope_variables(rope).items():
             dtype = ROPE_VARIABLES[name][1]
             var = f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
             if dtype != "str":
-                var.attrs[DIGEST_ATTR] = digest(np.asarray(values, dtype=dtype))
+                var.attrs[DIGEST_ATTR] = self.whole[name] = digest(np.asarray(values, dtype=dtype))
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
+        f.attrs[INPUTS_ATTR] = input_digests()
         self.written = np.zeros(n_samples, dtype=bool)
 
     def write_layer_errors(self, errors: np.ndarray) -> None:
         """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""
         errors = np.asarray(errors, dtype=np.float64)
         var = self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=errors)
-        var.attrs[DIGEST_ATTR] = digest(errors)
+        var.attrs[DIGEST_ATTR] = self.whole["self_check_rel_error"] = digest(errors)
 
     def holds(self, sample: int) -> bool:
         """Whether window ``sample`` (global index) is one this file keeps."""
@@ -476,7 +415,9 @@ class QKWriter:
         return x.astype(self.qk_dtype)
 
     def close(self, ok: bool = True):
-        self.token_id.attrs[DIGEST_ATTR] = digest(self.token_ids)
+        self.token_id.attrs[DIGEST_ATTR] = self.whole["token_id"] = digest(self.token_ids)
+        blocks = {name: var[...] for name, var in self.digests.items()}
+        self.file.attrs[CONTENT_ATTR] = content_digest({**self.whole, **blocks})
         self.file.close()
         if ok and not self.written.all():
             missing = self.samples[~self.written].tolist()

@@ -19,6 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from posgen.config import VARIANT_TRAINED, variant_order
+from posgen.integrity import shown
 from posgen.layer_types import LAYER_TYPES
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
@@ -78,9 +79,9 @@ def read_decompositions(paths) -> dict[str, dict[str, xr.Dataset]]:
         require(ds, ("r", "r2_f", "r2_g", "q_position_share", "k_position_share", *SUFF), str(path))
         model, variant = ds.attrs.get("model"), ds.attrs.get("variant")
         if not model or not variant:
-            raise KeyError(f"{path}: attrs 'model' and 'variant' are required")
+            raise KeyError(f"{shown(path)}: attrs 'model' and 'variant' are required")
         if variant in out.setdefault(model, {}):
-            raise ValueError(f"{path}: a second decomposition for {model}/{variant}")
+            raise ValueError(f"{shown(path)}: a second decomposition for {model}/{variant}")
         out[model][variant] = ds.load()
         ds.close()
     return out

@@ -3,13 +3,17 @@ one line naming the file, the variable and the command that remakes it; untouche
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
 import xarray as xr
 
 from posgen.bench.decompose import synthetic_store
-from posgen.store import EDITED, StoreError, digest, open_dataset, write_netcdf
+from posgen.integrity import EDITED, INPUTS_ATTR, StoreError, current_digest, digest, main, record_inputs, stale
+from posgen.store import open_dataset, write_netcdf
 
 
 @pytest.fixture
@@ -72,3 +76,45 @@ def test_a_table_rewritten_from_another_carries_its_own_digests(tmp_path):
     derived["r"].attrs.update(open_dataset(tmp_path / "a.nc")["r"].attrs)
     write_netcdf(derived, tmp_path / "b.nc")
     np.testing.assert_array_equal(open_dataset(tmp_path / "b.nc", lazy=False)["r"].values, [1.5, 0.75])
+
+
+@pytest.fixture
+def job_inputs():
+    """record_inputs as a job's setup calls it; forgotten afterwards (a module-level list)."""
+    yield record_inputs
+    record_inputs([])
+
+
+def test_outputs_record_their_inputs_and_stale_ones_are_listed(tmp_path, monkeypatch, job_inputs):
+    monkeypatch.chdir(tmp_path)
+    table = xr.Dataset({"r": ("head", np.array([0.5, 0.25]))})
+    write_netcdf(table, "a.nc")
+    job_inputs(["a.nc", "missing.csv"])  # an input that is not there is not recorded
+    write_netcdf(table * 2, "b.nc")
+    job_inputs([])  # the job that writes a.nc reads nothing
+    assert json.loads(open_dataset("b.nc").attrs[INPUTS_ATTR]) == {"a.nc": current_digest(Path("a.nc"))}
+    assert stale(["."]) == []
+    assert main(["."]) == 0
+    write_netcdf(table, "a.nc")  # the same data again: the same content digest, b.nc is not stale
+    assert stale(["."]) == []
+    write_netcdf(table + 1, "a.nc")  # a new version of a.nc
+    line = "b.nc: made from a.nc, which has changed since; remake it: snakemake --cores all b.nc"
+    assert [text.split(" (with the run")[0] for text in stale(["."])] == [line]
+    assert main(["b.nc"]) == 1
+    Path("a.nc").unlink()
+    assert "which is gone" in stale(["b.nc"])[0]
+
+
+def test_qk_store_content_digest_is_its_data_only(tmp_path):
+    """Two stores of the same data written at different times: one content digest; other data: another."""
+    first = synthetic_store(
+        tmp_path / "a.h5", n_samples=1, n_layers=2, n_tokens=16, n_heads=2, n_kv_heads=1, head_dim=4
+    )
+    again = synthetic_store(
+        tmp_path / "b.h5", n_samples=1, n_layers=2, n_tokens=16, n_heads=2, n_kv_heads=1, head_dim=4
+    )
+    other = synthetic_store(
+        tmp_path / "c.h5", n_samples=1, n_layers=2, n_tokens=16, n_heads=2, n_kv_heads=1, head_dim=4, seed=1
+    )
+    assert current_digest(first) == current_digest(again) != current_digest(other)
+    assert len(current_digest(first)) == 8

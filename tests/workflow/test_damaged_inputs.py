@@ -291,7 +291,7 @@ def test_damaged_input_is_one_line_naming_the_file(damage, checkpoint, tmp_path)
     if error is StoreError:
         assert "; delete it and run: snakemake --cores all " in message, message
     if error is CheckpointError:
-        assert "; re-run get_model: snakemake --cores all " in message and "manifest.json" in message, message
+        assert "; re-run get_model: delete " in message and "and run: snakemake --cores all " in message, message
     assert _digest(checkpoint) == before  # the finished results elsewhere are untouched
     assert not [p for p in tmp_path.rglob(".*.tmp")]
 
@@ -333,6 +333,8 @@ def _outputs(workdir: Path) -> dict:
 def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_workflow):
     run = damaged_workflow
     qk = run.workdir / "results/tiny-llama/trained/shards/0-2/qk.h5"  # the kept window the example heads read
+    with open_dataset(qk, lazy=False) as opened:
+        clean = opened["q"].values
     _flip(qk, _chunk_offset(qk, "q", 0) + 64)
     target = run.workdir / "results/tiny-llama/trained/examples.nc"
     before = _outputs(run.workdir)
@@ -349,11 +351,17 @@ def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_work
     del before[target]
     assert _outputs(run.workdir) == before
     assert not list(run.workdir.rglob(".*.tmp"))
+    # the hinted command remakes the file (extraction on the same CPU: the same numbers)
+    qk.unlink()
+    run.snakemake(*_hinted_command(last))
+    with open_dataset(qk, lazy=False) as opened:
+        np.testing.assert_allclose(opened["q"].values, clean, rtol=0, atol=1e-6)
 
 
 def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     run = damaged_workflow
     weights = run.workdir / "resources/models/tiny-llama/model.safetensors"
+    clean = hashlib.sha256(weights.read_bytes()).hexdigest()
     _flip(weights, weights.stat().st_size // 2)
     shard = run.workdir / "results/tiny-llama/trained/shards/0-2"
     target = shard / "qk.h5"
@@ -364,13 +372,17 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     last = (run.workdir / "logs/extract/tiny-llama/trained/0-2.log").read_text().strip().splitlines()[-1]
     assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
     assert last.endswith(
-        "re-run get_model: snakemake --cores all resources/models/tiny-llama/manifest.json "
-        "(with the run's own --configfile, if it had one)"
+        "re-run get_model: delete resources/models/tiny-llama and run: snakemake --cores all "
+        "resources/models/tiny-llama/manifest.json (with the run's own --configfile, if it had one)"
     ), last
     for name in ("qk.h5", "decomposition.nc", "bands.nc"):  # the forced job's outputs (fused path)
         del before[shard / name]
     assert _outputs(run.workdir) == before
     assert not list(run.workdir.rglob(".*.tmp"))
+    # the hinted command: the folder deleted, get_model acquires it anew from its source
+    shutil.rmtree(run.workdir / "resources/models/tiny-llama")
+    run.snakemake(*_hinted_command(last))
+    assert hashlib.sha256(weights.read_bytes()).hexdigest() == clean
 
 
 def _hinted_command(line: str) -> list[str]:

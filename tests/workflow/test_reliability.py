@@ -241,7 +241,7 @@ sys.path.insert(0, {scripts!r})
 from _common import setup
 
 out = Path({out!r})
-setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], output=[str(out)], threads=1,
+setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], input=[], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
 import posgen.extract
 from posgen.extract import default_options, extract

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
 from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
+from posgen.integrity import shown
 from posgen.rope_table import PARAMETERS, RopeTable
 from posgen.store import carried_attrs, open_dataset, provenance, read_rope, write_netcdf
 
@@ -19,7 +20,7 @@ def _check_store(ds: xr.Dataset, path) -> None:
     need = ["q", "k", *PARAMETERS]
     missing = [v for v in need if v not in ds]
     if missing:
-        raise KeyError(f"{path}: missing variable(s) {', '.join(missing)}")
+        raise KeyError(f"{shown(path)}: missing variable(s) {', '.join(missing)}")
 
 
 class DecompositionTable:

@@ -22,6 +22,7 @@ import xarray as xr
 
 from posgen.bands import band_shares
 from posgen.config import variant_order, variant_step
+from posgen.integrity import shown
 from posgen.stats import bootstrap_mean
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 from posgen.summary import SHARE_COLUMNS
@@ -59,7 +60,7 @@ def trajectory_table(
     summary = pd.read_csv(summary_csv)
     missing = sorted(set(variants) - set(summary["variant"]))
     if missing:
-        raise KeyError(f"{summary_csv}: no rows for variant(s) {', '.join(missing)}")
+        raise KeyError(f"{shown(summary_csv)}: no rows for variant(s) {', '.join(missing)}")
     methods = sorted(summary["method"].unique())
     sinks = sorted(summary["sink"].unique())
     indexed = summary.set_index(["variant", "method", "sink"])
@@ -83,7 +84,7 @@ def trajectory_table(
         require(perturb, ["ppl_ratio"], str(path))
         absent = sorted(set(sensitivity_rates) - set(np.round(perturb["rate"].values, 9)))
         if absent:
-            raise KeyError(f"{path}: no perturbation at rate(s) {absent} (trajectory.sensitivity_rates)")
+            raise KeyError(f"{shown(path)}: no perturbation at rate(s) {absent} (trajectory.sensitivity_rates)")
         ratios.append(perturb["ppl_ratio"].sel(rate=list(sensitivity_rates)).load())
         perturb.close()
     stacked = xr.concat(ratios, dim=pd.Index(variants, name="variant"))  # (variant, kind, rate, sample)
