@@ -330,23 +330,44 @@ def _outputs(workdir: Path) -> dict:
     return {p: p.read_bytes() for p in sorted((workdir / "results").rglob("*")) if p.is_file()}
 
 
-def test_workflow_names_the_corrupted_qk_and_keeps_finished_results(damaged_workflow):
+def _reverse_block(qk: Path) -> None:
+    with h5py.File(qk, "r+") as f:  # Fletcher-32 stays valid: h5py writes the chunk anew
+        f["q"][0, 0] = f["q"][0, 0][:, ::-1]
+
+
+QK_DAMAGE = {  # how the block is damaged -> what the message says of it
+    "bytes-flipped": (
+        lambda qk: _flip(qk, _chunk_offset(qk, "q", 0) + 64),
+        "variable q: data fail their checksum (Fletcher-32) or decompression, the file is corrupted",
+    ),
+    "block-reversed": (
+        _reverse_block,
+        "variable q (sample 0, layer 0): its data differ from what posgen wrote (edited or damaged after it was "
+        "written)",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(QK_DAMAGE))
+def test_workflow_names_the_damaged_qk_and_its_hint_remakes_it(damage, damaged_workflow):
     run = damaged_workflow
     qk = run.workdir / "results/tiny-llama/trained/shards/0-2/qk.h5"  # the kept window the example heads read
     with open_dataset(qk, lazy=False) as opened:
         clean = opened["q"].values
-    _flip(qk, _chunk_offset(qk, "q", 0) + 64)
+    edit, said = QK_DAMAGE[damage]
+    edit(qk)
     target = run.workdir / "results/tiny-llama/trained/examples.nc"
     before = _outputs(run.workdir)
     # the target between single-valued options: --configfile and --forcerun take every value that follows them
     proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "examples", check=False)
     assert proc.returncode != 0
-    last = (run.workdir / "logs/figures/tiny-llama/trained/examples.log").read_text().strip().splitlines()[-1]
-    rel = qk.relative_to(run.workdir)
+    log = (run.workdir / "logs/figures/tiny-llama/trained/examples.log").read_text().strip().splitlines()
+    last, rel = log[-1], qk.relative_to(run.workdir)
     assert last == (
-        f"StoreError: {rel}: variable q: data fail their checksum (Fletcher-32) or decompression, the file is "
-        f"corrupted; delete it and run: snakemake --cores all {rel} (with the run's own --configfile, if it had one)"
+        f"StoreError: {rel}: {said}; delete it and run: snakemake --cores all {rel} "
+        "(with the run's own --configfile, if it had one)"
     ), proc.stderr[-3000:]
+    assert not any(line.startswith("Traceback") for line in log)
     # Snakemake removed the forced job's old output; no partial one appeared, every other result is unchanged
     del before[target]
     assert _outputs(run.workdir) == before
@@ -420,3 +441,43 @@ def test_edited_table_is_refused_and_the_hinted_command_remakes_it(damaged_workf
     remade = open_dataset(table, lazy=False).load()
     for name, var in clean.data_vars.items():  # every number as before the edit
         np.testing.assert_array_equal(remade[name].values, var.values, err_msg=name)
+
+
+def _manifest_not_json(model: Path) -> None:
+    (model / "manifest.json").write_text('{"files": ')
+
+
+def _tokenizer_cut(model: Path) -> None:
+    (model / "tokenizer.json").write_bytes((model / "tokenizer.json").read_bytes()[:100])
+
+
+MODEL_DAMAGE = {  # the damage -> the file the message names, and what it says
+    "manifest-not-json": (_manifest_not_json, "manifest.json", "not valid JSON"),
+    "tokenizer-truncated": (_tokenizer_cut, "tokenizer.json", "sha256"),
+}
+
+
+@pytest.mark.parametrize("damage", list(MODEL_DAMAGE))
+def test_windows_job_refuses_a_damaged_model_folder_and_its_hint_restores_it(damage, damaged_workflow):
+    run = damaged_workflow
+    model = run.workdir / "resources/models/tiny-llama"
+    clean = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+    edit, name, said = MODEL_DAMAGE[damage]
+    edit(model)
+    target = run.workdir / "results/tiny-llama/windows.h5"
+    before = _outputs(run.workdir)
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "windows", check=False)
+    assert proc.returncode != 0
+    log = (run.workdir / "logs/windows/tiny-llama.log").read_text().strip().splitlines()
+    assert log[-1].startswith(f"CheckpointError: resources/models/tiny-llama/{name}: {said}"), log[-3:]
+    assert log[-1].endswith(
+        "re-run get_model: delete resources/models/tiny-llama and run: snakemake --cores all "
+        "resources/models/tiny-llama/manifest.json (with the run's own --configfile, if it had one)"
+    ), log[-1]
+    assert not any(line.startswith("Traceback") for line in log)
+    del before[target]  # the forced job's old output; nothing else changed
+    assert _outputs(run.workdir) == before
+    shutil.rmtree(model)  # the hinted command
+    run.snakemake(*_hinted_command(log[-1]))
+    restored = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
+    assert restored[name] == clean[name] and restored.keys() == clean.keys()
