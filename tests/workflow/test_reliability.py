@@ -337,6 +337,7 @@ def test_job_setup_sweeps_a_dead_jobs_temporary(tmp_path):
         {
             "scriptdir": str(ROOT / "workflow_scripts"),
             "log": [str(tmp_path / "job.log")],
+            "input": [],
             "output": [str(tmp_path / "qk.h5")],
             "threads": 1,
             "rule": "extract",
