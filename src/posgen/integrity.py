@@ -58,7 +58,8 @@ def verified_read(wrapper, key: tuple, read):
     """``read(wrapper, key)``, checked against the digests posgen wrote (:data:`DIGEST_ATTR`,
     :data:`BLOCK_DIGEST_ATTR`): the whole variable, or every block the key touches, is read (HDF5 reads whole
     chunks anyway), its digest compared, then the key applied. A variable without digests is read as it is."""
-    attrs = wrapper.get_array().attrs
+    var = wrapper.get_array()
+    attrs = var.attrs
     name, path = wrapper.variable_name, wrapper.datastore._filename
     ndim = len(wrapper.shape)
     if DIGEST_ATTR in attrs:
@@ -68,7 +69,7 @@ def verified_read(wrapper, key: tuple, read):
         return data[key]
     if BLOCK_DIGEST_ATTR not in attrs:
         return read(wrapper, key)
-    dims = wrapper.get_array().dimensions
+    dims = var.dimensions
     axes = [dims.index(dim) for dim in str(attrs[BLOCK_DIGEST_ATTR]).split()]
     # the blocks the key touches, every other dim whole; an integer keeps its axis (i:i+1) until the end
     wide, rest = [slice(None)] * ndim, list(key)

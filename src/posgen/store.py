@@ -339,7 +339,7 @@ class QKWriter:
             return f.create_variable(name, dims, dtype, **({} if empty else {"chunks": chunks, **packed}))
 
         def with_block_digests(var, block_dims):
-            # the digest of each block (every other dim whole), written with the block (store.DIGEST_ATTR)
+            # the digest of each block (every other dim whole), written with the block (integrity.BLOCK_DIGEST_ATTR)
             var.attrs[BLOCK_DIGEST_ATTR] = " ".join(block_dims)
             return f.create_variable(f"{var.name.lstrip('/')}_digest", block_dims, "i8", fillvalue=-1)
 
@@ -359,7 +359,6 @@ class QKWriter:
             "k": with_block_digests(self.k, ("sample", "layer")),
             "logits_ref": with_block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
         }
-        self.token_ids = np.zeros((n_samples, n_tokens), dtype=np.int64)  # its digest is written on close
         self.whole = {}  # the digests of the variables written whole, by name
         # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
         # to the model's own; docs/data-model.md)
@@ -389,9 +388,8 @@ class QKWriter:
         self._write_blocks("q", position, self._stored(q, "q", sample))
         self._write_blocks("k", position, self._stored(k, "k", sample))
         self.token_id[position] = token_id
-        self.token_ids[position] = token_id
         if sample in self.ref_samples:
-            self._write_blocks("logits_ref", self.ref_samples.index(sample), np.asarray(logits_ref, dtype=np.float32))
+            self._write_blocks("logits_ref", self.ref_samples.index(sample), logits_ref)
         self.written[position] = True
 
     def _write_blocks(self, name: str, position: int, x: np.ndarray) -> None:
@@ -415,7 +413,8 @@ class QKWriter:
         return x.astype(self.qk_dtype)
 
     def close(self, ok: bool = True):
-        self.token_id.attrs[DIGEST_ATTR] = self.whole["token_id"] = digest(self.token_ids)
+        # token_id is written a row per window and is small: its digest from the file, once it is complete
+        self.token_id.attrs[DIGEST_ATTR] = self.whole["token_id"] = digest(self.token_id[...])
         blocks = {name: var[...] for name, var in self.digests.items()}
         self.file.attrs[CONTENT_ATTR] = content_digest({**self.whole, **blocks})
         self.file.close()

@@ -330,6 +330,36 @@ def _outputs(workdir: Path) -> dict:
     return {p: p.read_bytes() for p in sorted((workdir / "results").rglob("*")) if p.is_file()}
 
 
+def _forced_failure(run, target: Path, rule: str, log: str, removed=()) -> str:
+    """``rule`` forced for ``target`` on the damaged run must fail: its log (``log``, under the run) without a
+    traceback, every file under results/ as it was but the forced job's old outputs ``removed`` (Snakemake deletes
+    them first), no temporary left. Returns the log's last line, the error."""
+    before = _outputs(run.workdir)
+    # the target between single-valued options: --configfile and --forcerun take every value that follows them
+    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", rule, check=False)
+    assert proc.returncode != 0
+    lines = (run.workdir / log).read_text().strip().splitlines()
+    assert not any(line.startswith("Traceback") for line in lines), proc.stderr[-3000:]
+    for path in [target, *removed]:
+        del before[path]
+    assert _outputs(run.workdir) == before
+    assert not list(run.workdir.rglob(".*.tmp"))
+    return lines[-1]
+
+
+def _hinted_command(line: str) -> list[str]:
+    """The command an error line names (``...; delete it and run: snakemake ... (with the run's ...)``)."""
+    command = line.split("and run: ", 1)[1].split(" (with the run's own --configfile", 1)[0]
+    return command.split()[1:]  # the arguments after `snakemake`
+
+
+# the hint of every damaged file of the tiny model's folder
+MODEL_HINT = (
+    "re-run get_model: delete resources/models/tiny-llama and run: snakemake --cores all "
+    "resources/models/tiny-llama/manifest.json (with the run's own --configfile, if it had one)"
+)
+
+
 def _reverse_block(qk: Path) -> None:
     with h5py.File(qk, "r+") as f:  # Fletcher-32 stays valid: h5py writes the chunk anew
         f["q"][0, 0] = f["q"][0, 0][:, ::-1]
@@ -357,21 +387,12 @@ def test_workflow_names_the_damaged_qk_and_its_hint_remakes_it(damage, damaged_w
     edit, said = QK_DAMAGE[damage]
     edit(qk)
     target = run.workdir / "results/tiny-llama/trained/examples.nc"
-    before = _outputs(run.workdir)
-    # the target between single-valued options: --configfile and --forcerun take every value that follows them
-    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "examples", check=False)
-    assert proc.returncode != 0
-    log = (run.workdir / "logs/figures/tiny-llama/trained/examples.log").read_text().strip().splitlines()
-    last, rel = log[-1], qk.relative_to(run.workdir)
+    last = _forced_failure(run, target, "examples", "logs/figures/tiny-llama/trained/examples.log")
+    rel = qk.relative_to(run.workdir)
     assert last == (
         f"StoreError: {rel}: {said}; delete it and run: snakemake --cores all {rel} "
         "(with the run's own --configfile, if it had one)"
-    ), proc.stderr[-3000:]
-    assert not any(line.startswith("Traceback") for line in log)
-    # Snakemake removed the forced job's old output; no partial one appeared, every other result is unchanged
-    del before[target]
-    assert _outputs(run.workdir) == before
-    assert not list(run.workdir.rglob(".*.tmp"))
+    )
     # the hinted command remakes the file (extraction on the same CPU: the same numbers)
     qk.unlink()
     run.snakemake(*_hinted_command(last))
@@ -385,31 +406,14 @@ def test_workflow_refuses_changed_weights_before_extraction(damaged_workflow):
     clean = hashlib.sha256(weights.read_bytes()).hexdigest()
     _flip(weights, weights.stat().st_size // 2)
     shard = run.workdir / "results/tiny-llama/trained/shards/0-2"
-    target = shard / "qk.h5"
-    before = _outputs(run.workdir)
-    # the target between single-valued options: --configfile and --forcerun take every value that follows them
-    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "extract", check=False)
-    assert proc.returncode != 0
-    last = (run.workdir / "logs/extract/tiny-llama/trained/0-2.log").read_text().strip().splitlines()[-1]
-    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), proc.stderr
-    assert last.endswith(
-        "re-run get_model: delete resources/models/tiny-llama and run: snakemake --cores all "
-        "resources/models/tiny-llama/manifest.json (with the run's own --configfile, if it had one)"
-    ), last
-    for name in ("qk.h5", "decomposition.nc", "bands.nc"):  # the forced job's outputs (fused path)
-        del before[shard / name]
-    assert _outputs(run.workdir) == before
-    assert not list(run.workdir.rglob(".*.tmp"))
+    fused = [shard / "decomposition.nc", shard / "bands.nc"]  # the forced job's other outputs (fused path)
+    last = _forced_failure(run, shard / "qk.h5", "extract", "logs/extract/tiny-llama/trained/0-2.log", fused)
+    assert last.startswith("CheckpointError: resources/models/tiny-llama/model.safetensors: sha256 "), last
+    assert last.endswith(MODEL_HINT), last
     # the hinted command: the folder deleted, get_model acquires it anew from its source
     shutil.rmtree(run.workdir / "resources/models/tiny-llama")
     run.snakemake(*_hinted_command(last))
     assert hashlib.sha256(weights.read_bytes()).hexdigest() == clean
-
-
-def _hinted_command(line: str) -> list[str]:
-    """The command an error line names (``...; delete it and run: snakemake ... (with the run's ...)``)."""
-    command = line.split("and run: ", 1)[1].split(" (with the run's own --configfile", 1)[0]
-    return command.split()[1:]  # the arguments after `snakemake`
 
 
 def test_edited_table_is_refused_and_the_hinted_command_remakes_it(damaged_workflow):
@@ -421,20 +425,14 @@ def test_edited_table_is_refused_and_the_hinted_command_remakes_it(damaged_workf
         clean = opened.load()
     with h5py.File(table, "r+") as f:
         f["r"][...] = f["r"][...] / 2
-    target = run.workdir / "results/tiny-llama/summary.nc"
-    before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "summarize", check=False)
-    assert proc.returncode != 0
-    log = (run.workdir / "logs/summarize/tiny-llama.log").read_text().strip().splitlines()
-    last = log[-1]
+    summary = run.workdir / "results/tiny-llama"
+    last = _forced_failure(
+        run, summary / "summary.nc", "summarize", "logs/summarize/tiny-llama.log", [summary / "summary.csv"]
+    )
     assert last.startswith(
         f"StoreError: {table.relative_to(run.workdir)}: variable r: its data differ from what "
         "posgen wrote (edited or damaged after it was written); delete it and run: "
     ), last
-    assert not any(line.startswith("Traceback") for line in log)
-    for output in ("summary.nc", "summary.csv"):  # Snakemake removed the forced job's old outputs; nothing else
-        del before[run.workdir / "results/tiny-llama" / output]
-    assert _outputs(run.workdir) == before
     # the hinted command, as the message says: the file deleted first, the run's configfile given
     table.unlink()
     run.snakemake(*_hinted_command(last))
@@ -465,19 +463,10 @@ def test_windows_job_refuses_a_damaged_model_folder_and_its_hint_restores_it(dam
     edit, name, said = MODEL_DAMAGE[damage]
     edit(model)
     target = run.workdir / "results/tiny-llama/windows.h5"
-    before = _outputs(run.workdir)
-    proc = run.snakemake("--cores", "1", str(target.relative_to(run.workdir)), "--forcerun", "windows", check=False)
-    assert proc.returncode != 0
-    log = (run.workdir / "logs/windows/tiny-llama.log").read_text().strip().splitlines()
-    assert log[-1].startswith(f"CheckpointError: resources/models/tiny-llama/{name}: {said}"), log[-3:]
-    assert log[-1].endswith(
-        "re-run get_model: delete resources/models/tiny-llama and run: snakemake --cores all "
-        "resources/models/tiny-llama/manifest.json (with the run's own --configfile, if it had one)"
-    ), log[-1]
-    assert not any(line.startswith("Traceback") for line in log)
-    del before[target]  # the forced job's old output; nothing else changed
-    assert _outputs(run.workdir) == before
+    last = _forced_failure(run, target, "windows", "logs/windows/tiny-llama.log")
+    assert last.startswith(f"CheckpointError: resources/models/tiny-llama/{name}: {said}"), last
+    assert last.endswith(MODEL_HINT), last
     shutil.rmtree(model)  # the hinted command
-    run.snakemake(*_hinted_command(log[-1]))
+    run.snakemake(*_hinted_command(last))
     restored = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
     assert restored[name] == clean[name] and restored.keys() == clean.keys()

@@ -49,8 +49,8 @@ class UnitOperands:
     """One (sample, layer), rotated once (method.md sections 1 and 3A); shapes in the comments.
 
     H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``distances``). ``kbar`` is
-    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without'); ``drift_basis`` the position basis of Method
-    A-drift's fit ``kbar(j)`` and ``g_drift`` its g keys (posgen.decomposition.drift).
+    the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without'); ``g_drift`` the g keys of Method
+    A-drift, against its fit ``kbar(j)`` (posgen.decomposition.drift).
     """
 
     q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
@@ -69,7 +69,6 @@ class UnitOperands:
     q0: torch.Tensor  # (H, T, d) s R_0 q_i
     k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
     keys: torch.Tensor  # (H_kv, T, 5 d) the key sets KEY_SETS, then the g set R_0 (k_j - kbar)
-    drift_basis: torch.Tensor  # (T, M) float64, drift.drift_basis
     g_drift: torch.Tensor  # (H_kv, T, d) float64, R_0 (k_j - kbar(j)): Method A-drift's g set
     rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
     dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
@@ -138,7 +137,6 @@ def unit_operands(
         q0=q * (s * amp),
         k_rot=k_rot,
         keys=keys,
-        drift_basis=drift_basis,
         g_drift=(k64 - k_fit) * amp,
         rotations=rotations,
         dummy_distance=dummy_distance,
