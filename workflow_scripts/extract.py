@@ -17,6 +17,7 @@ analysis = (
         dummy_distance=p.dummy_distance,
         device=p.device,
         lstsq_tol=p.lstsq_tol,
+        precision=p.precision,
         bound_samples=p.bound_samples,
         config_hash=p.config_hash,
     )

@@ -256,12 +256,13 @@ def extract(
                     if analysis is not None:
                         analysis.start(params, n_tokens, capture.n_kv_heads, shard)
                 logits_ref = None
-                if capture.logits:
+                if capture.logits or capture.prefix_logits:  # a reference window
                     prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}
                     worst = max(worst, verify_logits(q, k, params, prefix, rtol, layer_errors))
                     refs = {layer: capture.logits[layer][0] for layer in ref_layers}
                     worst = max(worst, verify_logits(q, k, params, refs, rtol, layer_errors))
-                    logits_ref = np.stack([refs[layer].numpy() for layer in ref_layers])
+                    if ref_layers:  # none for long windows: H T^2 floats each (the prefix check remains)
+                        logits_ref = np.stack([refs[layer].numpy() for layer in ref_layers])
                 if writer.holds(sample):
                     writer.write_sample(sample, q, k, token_id[sample], logits_ref)
                 if analysis is not None:

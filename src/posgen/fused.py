@@ -53,11 +53,14 @@ class Analysis:
         device: str = "auto",
         lstsq_tol: float,
         bound_samples: int,
+        precision: str = "float32",
         config_hash: str = "",
     ):
         self.decomposition_path = Path(decomposition_path)
         self.bands_path = Path(bands_path)
-        self.decomposer = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
+        self.decomposer = Decomposer(
+            dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision
+        )
         self.bound_samples = int(bound_samples)
         self.config_hash = config_hash
         self.decomposition: DecompositionTable | None = None

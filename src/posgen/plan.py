@@ -6,16 +6,15 @@ time, from each model's shape and the config (docs/slurm.md, "Planning a run").
 The same model sizes the SLURM jobs (``job_resources``, read by ``rules/resources.smk``).
 
 Cost model (symbols: T tokens per window, L layers, H query heads, H_kv key heads, d head_dim, P_body the
-non-embedding parameters, nD dummy distances of the sweep plus the headline one, n_z = T + n_delta the unknowns of
-Method B's reduced system, n_delta = T or the sliding window):
+non-embedding parameters, nD dummy distances of the sweep plus the headline one, n_z = 2 T + n_delta the unknowns
+of Method B, n_delta = T or the sliding window):
 
 * forward pass of one window: ``2 P_body T + 2 L H d T^2`` FLOPs (projections and MLPs, plus causal QK^T and AV).
   Extraction runs it through the capturing backend, which also copies q/k off the layer: ``CAPTURE_OVERHEAD``.
-* decomposition of one (window, layer), float64 (``masked_moments`` and Method B):
+* decomposition of one (window, layer) (``masked_moments`` and Method B):
   moments ``(26 H + 2 H_kv) T d^2 + 2 H T C d (3 + nD) + 2 H T C (3 + nD)^2`` (C = 32 ragged key columns, 96 for a
-  sliding window), Method B ``2 sinks x 2 solves x 2 H n_z^2`` plus its FFTs ``10 (H + H_kv) d 2T log2(2T)``
-  and its bytes, the cached inverse ``n_z^2 8`` read once per solve;
-  once per job and mask, the factorisation of Method B's normal matrix ``2 T n_z^2 + n_z^3`` (two sinks).
+  sliding window), Method B its FFTs ``10 (H + H_kv) d 2T log2(2T)`` and the bytes of its conjugate gradients
+  (matrix-free, ``CG_STEPS`` steps per sink of ``CG_PASSES`` passes over ``H n_z`` float64 values).
 * error of A and section 5 bound on the ``bound_samples`` windows, float32, per (window, layer):
   ``(4 d + 3 d / 2 + 8) H T^2`` (two sinks, T^2 / 2 entries each; 8 elementwise operations per entry).
 * feature bands: a few passes over q/k (negligible next to the above).
@@ -24,11 +23,11 @@ Method B's reduced system, n_delta = T or the sliding window):
   ``H T^2 4`` per (reference window, reference layer), decomposition.nc ``(44 + 2 nD) 8`` bytes per
   (window, layer, head), bands.nc ``6 (H + H_kv) d / 2 8`` bytes per (window, layer).
 * time = each part's FLOPs over the device's sustained rate for that kind of work (:class:`Rates`: forward
-  pass, float64 moments, factorisation, memory streaming, float32 error pass, disk bytes) plus a start-up per job (interpreter, imports,
-  reading the weights).
+  pass, moments, FFTs, memory streaming, float32 error pass, disk bytes) plus a start-up per job (interpreter,
+  imports, reading the weights).
 * memory: device = weights in ``dtype`` + one window's activations + the analysis working set of one layer
-  (Method B's cached factors ``2 n_z^2 8`` per mask and sink, the moments' query Grams ``4 H T d^2 / 32 8``, the
-  error pass's row blocks); host = the weights while they load (on a GPU job), one window's float32 q/k, the
+  (the moments' query Grams ``4 H T d^2 / 32 8``, Method B's vectors, the error pass's row blocks: all linear in
+  T); host = the weights while they load (on a GPU job), one window's float32 q/k, the
   reference logits, and on a CPU job everything the device would hold.
 
 ``CPU`` rates are calibrated on this project's 2-core machine (``python -m posgen.bench scale``, which prints
@@ -59,6 +58,8 @@ from posgen.workflow import (
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
+CG_STEPS = 20  # Method B's conjugate gradients per sink (15-25 measured)
+CG_PASSES = 40  # passes over the unknowns per step (posgen.decomposition.design.AdditiveDesign.normal)
 CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
 RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
 MEM_MARGIN = 1.25  # safety margin on every memory ask
@@ -72,7 +73,7 @@ class Rates:
 
     forward: float  # FLOP/s of the model's forward pass in the run's dtype
     moments: float  # FLOP/s of the float64 moment products (many small batched products)
-    factor: float  # FLOP/s of large dense float64 products: Method B's factorisation and its solves
+    factor: float  # FLOP/s of float64 FFTs and large products (Method B's sums)
     memory: float  # bytes/s streamed from memory (Method B's solves read its cached inverse)
     error: float  # FLOP/s of the float32 error-and-bound pass, its elementwise work included
     disk: float  # bytes/s written or read (HDF5, NetCDF, weights)
@@ -208,12 +209,6 @@ def _n_delta(n_tokens: int, window: int) -> int:
     return window or n_tokens
 
 
-def design_flops(n_tokens: int, window: int) -> float:
-    """Method B's normal matrix for one mask and sink: the coupling product plus Cholesky and its inverse."""
-    n_z = n_tokens + _n_delta(n_tokens, window)
-    return 2 * n_tokens * n_z**2 + n_z**3
-
-
 def moments_flops(shape: Shape, n_tokens: int, n_distances: int, window: int = 0) -> float:
     """masked_moments of one (window, layer), float64: Gram matrices and key-side products, ragged columns."""
     H, Hkv, d, T = shape.n_heads, shape.n_kv_heads, shape.head_dim, n_tokens
@@ -223,12 +218,12 @@ def moments_flops(shape: Shape, n_tokens: int, n_distances: int, window: int = 0
 
 
 def method_b_cost(shape: Shape, n_tokens: int, window: int = 0) -> tuple[float, float]:
-    """(FLOPs, bytes read) of Method B on one (window, layer): two solves per sink against the cached inverse
-    (every head at once: the inverse is read once per solve) and the FFT sums."""
+    """(FLOPs, bytes streamed) of Method B on one (window, layer): the FFT sums, and the conjugate gradients on
+    both sinks (every head at once), each step a few prefix sums over the unknowns."""
     T = n_tokens
-    n_z = T + _n_delta(T, window)
+    n_z = 2 * T + _n_delta(T, window)
     fft = 10 * (shape.n_heads + shape.n_kv_heads) * shape.head_dim * 2 * T * math.log2(2 * T)
-    return 2 * 2 * 2 * shape.n_heads * n_z**2 + fft, 2 * 2 * n_z**2 * 8
+    return fft, 2 * CG_STEPS * CG_PASSES * shape.n_heads * n_z * 8
 
 
 def error_flops(shape: Shape, n_tokens: int, window: int = 0) -> float:
@@ -249,12 +244,11 @@ def _layer_windows(shape: Shape, n_tokens: int) -> list[tuple[int, int]]:
 
 def analysis_parts(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates: Rates) -> dict:
     """Seconds of the decomposition of ``n_windows`` windows (``n_bound`` of them with the error bound) by part:
-    ``factor`` (Method B's normal matrices, once per job), ``moments``, ``method_b``, ``error``; and ``bands``."""
+    ``moments``, ``method_b``, ``error``; and ``bands``."""
     T = cfg["seq_len"]
     dec = cfg["decomposition"]
     n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
-    parts = {"factor": sum(2 * design_flops(T, w) for w in shape.windows(T)) / rates.factor}
-    parts["moments"] = parts["method_b"] = parts["error"] = 0.0
+    parts = dict.fromkeys(("moments", "method_b", "error"), 0.0)
     for window, n_layers in _layer_windows(shape, T):
         parts["moments"] += n_windows * n_layers * moments_flops(shape, T, n_distances, window) / rates.moments
         flops, read = method_b_cost(shape, T, window)
@@ -322,15 +316,14 @@ def _activation_bytes(shape: Shape, n_tokens: int, dtype: str, n_windows: int = 
 
 
 def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
-    """Working set of one layer's analysis: Method B's cached factors, the moments' Grams, the error blocks."""
+    """Working set of one layer's analysis: the moments' Grams, Method B's vectors, the error blocks."""
     T, H, d = n_tokens, shape.n_heads, shape.head_dim
-    designs = sum(2 * 2 * (T + _n_delta(T, w)) ** 2 * 8 for w in shape.windows(T))
-    building = 3 * (2 * T) ** 2 * 8  # the dense normal matrix, its factor and inverse while one is built
+    method_b = 12 * H * 3 * T * 8  # the conjugate gradients' vectors and the FFT sums
     h = H // shape.n_kv_heads
     grams = 3 * (T // RAGGED_COLUMNS + 1) * h * (2 * d) ** 2 * 8  # one KV head's query Grams and sums
     operands = (H + shape.n_kv_heads) * T * d * 8 * 8  # rotated q/k, keys [x | f | phi | g] in float64
     block = 2**28 if device == "gpu" else 2**20
-    return designs + building + grams + operands + 8 * block * 4
+    return method_b + grams + operands + 8 * block * 4
 
 
 def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], device: str = "gpu") -> Cost:

@@ -388,7 +388,7 @@ class QKWriter:
         self._write_blocks("q", position, self._stored(q, "q", sample))
         self._write_blocks("k", position, self._stored(k, "k", sample))
         self.token_id[position] = token_id
-        if sample in self.ref_samples:
+        if sample in self.ref_samples and self.ref_layers:  # ref_layers [] (long windows): no reference logits
             self._write_blocks("logits_ref", self.ref_samples.index(sample), logits_ref)
         self.written[position] = True
 

@@ -53,6 +53,7 @@ STEP_LEAVES = {
         "decomposition.dummy_distances",
         "decomposition.dummy_distance",
         "decomposition.lstsq_tol",
+        "decomposition.precision",
         "decomposition.bound_samples",
         "device",
     ),

@@ -132,3 +132,30 @@ def test_float16_storage_round_trips_and_refuses_overflow(tmp_path):
     assert not (tmp_path / "big.h5").exists()
     with pytest.raises(ValueError, match="extract.qk_dtype: 'bfloat16'"):
         _write(tmp_path / "bf.h5", [0], q[None], k[None], "bfloat16")
+
+
+def test_long_window_without_reference_layers(tiny_source, tmp_path):
+    """A window of ten token blocks with ``ref_layers: []`` (the long-window setting: no H T^2 reference
+    logits; the self-check runs on the check_tokens prefix of every layer): the fused statistics equal the
+    store path's, and the store keeps no reference logits."""
+    acquire(f"local:{tiny_source('llama')}", tmp_path / "model")
+    _, tokenizer, _ = load_model(tmp_path / "model")
+    write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 320, 0, "embedded"), tmp_path / "windows.h5")
+    common = {"model": "llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    options = default_options(ref_layers=[], check_tokens=64)
+    report = extract(ModelJob(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", **common), **options)
+    assert report["self_check_max_rel_error"] < 1e-4
+    with open_dataset(tmp_path / "qk.h5", lazy=False) as ds:
+        assert ds.sizes["token"] == 320 and ds.sizes["ref_layer"] == 0
+        assert np.isfinite(ds["self_check_rel_error"].values).all()  # the prefix check reached every layer
+    store = decompose_store(tmp_path / "qk.h5", tmp_path / "store.nc", device="cpu", progress=False, **DECOMPOSITION)
+    analysis = Analysis(
+        decomposition_path=tmp_path / "fused.nc", bands_path=tmp_path / "bands.nc", device="cpu", **DECOMPOSITION
+    )
+    extract(
+        ModelJob(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "fused-qk.h5", **common),
+        **options,
+        keep_qk=0,
+        analysis=analysis,
+    )
+    _assert_same(open_dataset(tmp_path / "fused.nc", lazy=False), store, rtol=1e-6)

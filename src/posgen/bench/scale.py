@@ -1,4 +1,4 @@
-"""Paper-scale shapes: a paper model's exact config (posgen.shapes), random weights, truncated to a few layers on
+"""Paper-scale shapes (``--seq-lens``: the scaling with the window length, posgen.bench.context): a paper model's exact config (posgen.shapes), random weights, truncated to a few layers on
 the CPU (``--layers 0``: full depth, for a GPU), windows of paper length through a plain forward pass, extraction
 (capture + HDF5), the store-then-decompose decomposition, and the fused path (extraction with the analysis in
 memory, no q/k written). ``--device cuda`` runs every stage on the GPU and reports its peak GPU memory;
@@ -47,7 +47,7 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()  # kernels run asynchronously: a timer stops only after they are done
 
 
-def _model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
+def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
     """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none);
     ``n_layers`` None keeps the full depth."""
     from posgen.testing.tiny import corpus_tokenizer
@@ -179,7 +179,6 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
     seconds = time.perf_counter() - start
     steps = timer.steps()
     parts = {
-        "factor": steps["factor"],
         "moments": steps["moments"],
         "method_b": steps["method_b"],
         "error": steps["bound"],
@@ -238,14 +237,12 @@ def implied_rates(shape, cfg: dict, stages: dict, rates) -> dict:
     n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
     parts = stages["decompose (from qk.h5)"]["parts"]
     flops_b, read_b = plan.method_b_cost(shape, T)
-    design = sum(2 * plan.design_flops(T, w) for w in shape.windows(T))
     plain = stages["plain forward"]["seconds"]
     return {
         "forward FLOP/s": plan.forward_flops(shape, T) / plain,
         "capture overhead": stages["extract (capture + HDF5)"]["seconds"] / plain,
         "moments FLOP/s": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / parts["moments"],
-        "factor FLOP/s": design / parts["factor"],
-        # Method B's solves: the inverse's bytes over the time left after its FLOPs at the factorisation rate
+        # Method B's conjugate gradients: their bytes over the time left after its FFTs
         "memory B/s": n
         * shape.n_layers
         * read_b
@@ -306,7 +303,21 @@ def main(argv=None):
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES, help="decompose needs extract")
     parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
     parser.add_argument("--paper-config", type=Path, default=Path(__file__).resolve().parents[3] / "config.paper.yaml")
+    sweep = parser.add_argument_group("context sweep (posgen.bench.context): one layer per shape, one window per T")
+    sweep.add_argument("--seq-lens", type=int, nargs="+", help="run the sweep over these T instead")
+    sweep.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["smollm2-135m", "llama-3.1-8b"])
+    sweep.add_argument("--method-b-max", type=int, default=0, help="largest T of Method B (0: every T)")
+    sweep.add_argument("--bound-max", type=int, default=0, help="largest T of the entry-by-entry bound (0: every T)")
     args = parser.parse_args(argv)
+    if args.seq_lens:
+        from posgen.bench import context
+
+        for shape in args.shapes:
+            rows = context.sweep(
+                shape, args.seq_lens, args.threads, args.dummy_distances, args.method_b_max, args.bound_max
+            )
+            context.report(shape, rows)
+        return None
     if "decompose" in args.stages and "extract" not in args.stages:
         parser.error("--stages: decompose reads the qk.h5 that extract writes")
     device = resolve_device(args.device).type
@@ -316,7 +327,7 @@ def main(argv=None):
     stages = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        model_dir = _model_dir(root, args.shape, args.layers or None)
+        model_dir = shape_model_dir(root, args.shape, args.layers or None)
         windows = root / "windows.h5"
         _windows(windows, 512, args.windows, args.seq_len)
         common = (str(model_dir), str(windows), args.threads, device, args.dtype)

@@ -1,8 +1,7 @@
 """Seconds spent in each step of :meth:`posgen.decomposition.Decomposer.unit`, for the benches.
 
-The library keeps no timers: while a :class:`StepTimer` is active, each step (a Decomposer method) and Method B's
-factorisation (:class:`~posgen.decomposition.design.AdditiveDesign`, built inside ``method_b`` on a mask's first
-use) are wrapped with a clock. ``method_b`` is reported without the factorisation in it.
+The library keeps no timers: while a :class:`StepTimer` is active, each step (a Decomposer method) is wrapped
+with a clock.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import time
 
 from posgen.decomposition.decomposer import Decomposer
-from posgen.decomposition.design import AdditiveDesign
 
 # step name -> the Decomposer method that runs it, in the order Decomposer.unit runs them
 STEPS = {
@@ -24,12 +22,11 @@ STEPS = {
 
 
 class StepTimer:
-    """Context manager: ``seconds[step]`` accumulates the time of each of :data:`STEPS` and of ``factor`` (Method
-    B's factorisations). ``sync`` runs before each clock reading (a GPU's kernels run asynchronously)."""
+    """Context manager: ``seconds[step]`` accumulates the time of each of :data:`STEPS`. ``sync`` runs before each clock reading (a GPU's kernels run asynchronously)."""
 
     def __init__(self, sync=None):
         self.sync = sync or (lambda: None)
-        self.seconds = dict.fromkeys([*STEPS, "factor"], 0.0)
+        self.seconds = dict.fromkeys(STEPS, 0.0)
         self._saved: list = []
 
     def reset(self) -> None:
@@ -49,7 +46,6 @@ class StepTimer:
 
     def __enter__(self) -> StepTimer:
         targets = [(Decomposer, attr, name) for name, attr in STEPS.items()]
-        targets.append((AdditiveDesign, "__init__", "factor"))
         for cls, attr, name in targets:
             original = cls.__dict__[attr]
             self._saved.append((cls, attr, original))
@@ -63,7 +59,5 @@ class StepTimer:
         return False
 
     def steps(self) -> dict:
-        """Seconds per step so far, ``method_b`` without the factorisations inside it."""
-        out = dict(self.seconds)
-        out["method_b"] -= out["factor"]
-        return out
+        """Seconds per step so far."""
+        return dict(self.seconds)

@@ -12,14 +12,15 @@ Everything is exact (no sampling, no truncated iterations). W, f and every g_D a
 * ``mask``: the counted entries (causal, windowed, with or without the sink column);
 * ``operands``: one (sample, layer) rotated once, the mean keys and the rotations R_D, query heads grouped by
   KV head;
-* ``moments``: sums and second moments over the counted entries, in float64 from query-block Gram matrices
+* ``moments``: sums and second moments over the counted entries (float32 products on centred queries plus their
+  mean parts in float64, or float64: ``decomposition.precision``), from query-block Gram matrices
   summed over the query blocks that count a key block in full, times the keys, plus the ragged diagonal blocks
   entry by entry (``masked_moments``); dropping the sink column is an O(T) correction (``moments_by_sink``); D
   enters only through the fixed rotation R_D, applied after the sums over tokens;
-* ``design``: Method B. The normal matrix depends only on the mask; b is eliminated, the 3-dim gauge fixed, and
-  the reduced matrix Cholesky-factorised and inverted once per mask in float64 (cached). A head needs only the
-  diagonal sums of its masked W (a cross-correlation along tokens, FFT), row and column sums (``w_sums``) and
-  one matrix product; the normal residual is evaluated from the mask structure in O(T) and refined if needed;
+* ``design``: Method B. The normal matrix depends only on the mask; its products are evaluated from the mask
+  structure in O(T), and the fit is solved by conjugate gradients preconditioned with its diagonal (no T x T
+  matrix). A head needs only the diagonal sums of its masked W (a cross-correlation along tokens, FFT) and its
+  row and column sums (``w_sums``);
 * ``bound``: the error of A and the section 5 bound (on the first ``bound_samples`` samples): the mean bound is
   a causal convolution per band (FFT); the error ``W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j -
   kbar)]`` is one product per cache-sized row block; the bound per entry is one more product times a sign for

@@ -33,6 +33,7 @@ METHODS = ("A", "B", "A-drift")
 SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A, B, ...)
 FG_METHODS = ("A", "A-drift")  # the constructions with an f and a g term (r_f, r_g); Method B has none
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
+PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
 
 
 class Decomposer:
@@ -42,7 +43,8 @@ class Decomposer:
     and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
     is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
     error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
-    :func:`masked_moments`.
+    :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts in
+    float64; method.md section 4, "Precision").
     """
 
     def __init__(
@@ -53,7 +55,11 @@ class Decomposer:
         lstsq_tol: float = LSTSQ_TOL,
         block_elems: int | None = None,
         block: int = 32,
+        precision: str = "float32",
     ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"decomposition.precision: {precision!r} is not one of {sorted(PRECISIONS)}")
+        self.precision = precision
         self.dummy_distances = [int(D) for D in dummy_distances]
         if not self.dummy_distances:
             raise ValueError("decomposition.dummy_distances: empty")
@@ -68,7 +74,7 @@ class Decomposer:
         self.max_residual = 0.0
 
     def design(self, n_tokens: int, window: int, sink: str) -> AdditiveDesign:
-        """Method B's normal equations of one mask, factorised once and cached."""
+        """Method B's normal equations of one mask (matrix-free), cached."""
         key = (n_tokens, window, sink)
         if key not in self._designs:
             self._designs[key] = AdditiveDesign(n_tokens, window, sink, self.device)
@@ -173,6 +179,7 @@ class Decomposer:
                 ops.window,
                 self.block,
                 g_sets=DRIFT_SET,  # A-drift's f set meets only its own g, a q0 key set: no g_D sums
+                dtype=PRECISIONS[self.precision],
             )
             r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
             gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)

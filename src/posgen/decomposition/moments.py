@@ -129,6 +129,7 @@ def masked_moments(
     window: int,
     block: int = 32,
     g_sets: int | None = None,
+    dtype: torch.dtype = torch.float64,
 ) -> MaskedMoments:
     """Sums over the counted entries of ``x_a = q Ka^T``, ``g_D = (q0 R_D^T) Kg^T`` and ``v_p = q0 Vp^T`` and
     of their products.
@@ -145,28 +146,38 @@ def masked_moments(
     a key block that a query block counts in full enters through the query block's Gram matrices, summed
     over every such query block; the rest (the diagonal block and, with a window, its ragged start: under 3
     blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
-    are contracted once for every D (for g^2, per pair of bands). Everything in float64: raw second moments
-    then need no shifting against cancellation. method.md sections 3A (Method A's terms), 3C (A-drift's) and 4
-    (the sums).
+    are contracted once for every D (for g^2, per pair of bands).
+
+    ``dtype`` is that of the products. float64 takes them raw. float32 takes them on the centred vectors (every
+    query and key set less its mean over tokens), where no mean cancels, and adds the mean parts, which are of
+    rank one along rows and columns, exactly in float64 (:func:`_mean_parts`); block sums, sums over keys and
+    the row sums are float64 either way. method.md sections 3A (Method A's terms), 3C (A-drift's) and 4 (the
+    sums, "Precision").
 
     Index names in the shape comments: a, b key sets K_a (a = k: Kg); p, p' the V sets; D dummy distances; e, f
     dims; l, m bands and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key
-    blocks, r rows of a block; j ragged key columns.
+    blocks, r rows of a block; j ragged key columns; F, G every form (the x_a, then the g_D, then the v_p).
     """
     f64 = torch.float64
     q, q0, rotations = q.to(f64), q0.to(f64), rotations.to(f64)
     keys, q0_keys = keys.to(f64), q0_keys.to(f64)
-    T = q.shape[2]
-    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, rotations, keys, q0_keys, window)
-    blocks = Blocks(T, window, block, q.device)
-    qb = _by_block(q, block)  # (n, b, (h, r), e)
-    q0b = _by_block(q0, block)  # (n, b, (h, r), e)
-    pad = (0, 0, 0, blocks.nb * block - T)
-    kp = torch.nn.functional.pad(keys, pad)  # (n, (c, r), (k + 1) d), zero-padded
-    vp = torch.nn.functional.pad(q0_keys, pad)  # (n, (c, r), p d), zero-padded
     k = keys.shape[-1] // q.shape[-1] - 1
-    full = _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks, k if g_sets is None else g_sets)
-    qq, qg, gg, qv, vv = _add_ragged(*full, qb, q0b, kp, vp, rotations, blocks)
+    g_sets = k if g_sets is None else g_sets
+    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, rotations, keys, q0_keys, window)
+    if dtype == f64:
+        qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets)
+    else:
+        q_c, q0_c = (x - x.mean(-2, keepdim=True) for x in (q, q0))  # queries less their means over tokens
+        qq, qg, gg, qv, vv = _products(
+            q_c.to(dtype), q0_c.to(dtype), rotations.to(dtype), keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
+        )
+        means = _mean_parts(q, q0, rotations, keys, q0_keys, window)  # (n, h, F, G)
+        G, V = slice(k, k + rotations.shape[0]), slice(k + rotations.shape[0], means.shape[-1])
+        qq = qq + means[..., :k, :k]
+        qg = qg + means[..., G, :g_sets].permute(2, 0, 1, 3)
+        gg = gg + means[..., G, G].diagonal(dim1=-2, dim2=-1).permute(2, 0, 1)
+        qv = qv + means[..., :k, V]
+        vv = vv + means[..., V, V]
     return MaskedMoments(
         qq=qq,
         qg=qg,
@@ -180,6 +191,50 @@ def masked_moments(
         g_col0=g_col0,
         v_col0=v_col0,
     )
+
+
+def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: int):
+    """qq, qg, gg, qv, vv over the counted entries, products in the inputs' dtype, sums float64."""
+    blocks = Blocks(q.shape[2], window, block, q.device)
+    qb = _by_block(q, block)  # (n, b, (h, r), e)
+    q0b = _by_block(q0, block)  # (n, b, (h, r), e)
+    pad = (0, 0, 0, blocks.nb * block - q.shape[2])
+    kp = torch.nn.functional.pad(keys, pad)  # (n, (c, r), (k + 1) d), zero-padded
+    vp = torch.nn.functional.pad(q0_keys, pad)  # (n, (c, r), p d), zero-padded
+    full = _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks, g_sets)
+    return _add_ragged(*full, qb, q0b, kp, vp, rotations, blocks)
+
+
+def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
+    """``sum x_F x_G`` over the counted entries less that of their parts with centred queries, float64, for
+    every pair of forms F, G (the x_a, the g_D, the v_p): ``(n, h, F, G)``. method.md section 4, "Precision".
+
+    A form ``x_ij = a_i . u_j`` with the queries' mean ``abar`` over tokens is ``C(j) + z_ij``: the column
+    function ``C(j) = abar . u_j``, which carries the mean, and ``z_ij = (a_i - abar) . u_j``. So
+    ``sum x y - sum z_x z_y = sum_j n_col(j) C_x C_y + C_x Z_y + Z_x C_y`` with ``Z(j)`` the sum of z over the
+    queries that count key j: O(T d) per form.
+    """
+    n, h, T, d = q.shape
+    k = keys.shape[-1] // d - 1
+    nD, L = rotations.shape[0], d // 2
+    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l): R_D, block-diagonal per band
+    kg = torch.einsum("Dxzl,ntxl->ntDzl", r, keys[..., k * d :].view(n, T, 2, L))  # (n, T, D, z, l): R_D^T kg_j
+    groups = [
+        (q, keys[..., : k * d].reshape(n, T, k, d)),  # the x_a read q
+        (q0, torch.cat([kg.reshape(n, T, nD, d), q0_keys.view(n, T, -1, d)], 2)),  # the g_D and v_p read q0
+    ]
+    C, Z = [], []
+    for a, u in groups:  # u (n, T, F, e): the forms' keys
+        a_mean = a.mean(2)  # (n, h, e)
+        beta = a - a_mean[:, :, None]  # (n, h, T, e): centred queries
+        after = window_prefix(beta.flip(2), window, dim=2).flip(2)  # (n, h, T, e): over the queries key j counts
+        C.append(torch.einsum("nhe,ntfe->nhtf", a_mean, u))  # (n, h, T, F)
+        Z.append(torch.einsum("nhte,ntfe->nhtf", after, u))  # (n, h, T, F)
+    C, Z = torch.cat(C, -1), torch.cat(Z, -1)  # (n, h, T, F) each
+    tok = torch.arange(T, device=q.device)
+    n_col = (T - tok).clamp(max=window or T).to(q.dtype)[:, None]  # (T, 1): queries that count key j
+    cross = torch.einsum("nhtf,nhtg->nhfg", C, Z)  # sum_j C_F Z_G
+    return torch.einsum("nhtf,nhtg->nhfg", C * n_col, C) + cross + cross.transpose(-1, -2)
 
 
 def _rows_and_column0(q, q0, rotations, keys, q0_keys, window: int):
@@ -238,14 +293,14 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     s_q = torch.stack([s.view(n, nb, h, d, d).transpose(2, 3) for s in (s_qq, s_q0)], 3)  # (n, b, e, q | q0, h, e')
     del s_qq, s_q0
     s_q = s_q.view(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
-    s_q = blocks.over_full(s_q, 1)  # (n, c, e, (q | q0, h, e'))
+    s_q = blocks.over_full(s_q.double(), 1).to(qb.dtype)  # (n, c, e, (q | q0, h, e')): summed in float64
     s_q = s_q.reshape(n * nc, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
     # q0 against q0 per query block and head (blocks of each head's own tokens, so no copy), summed likewise
     q0_blocks = torch.nn.functional.pad(q0, (0, 0, 0, nb * block - q0.shape[2]))  # (n, h, (b, r), e)
     q0_blocks = q0_blocks.view(n * h * nb, block, d)  # ((n, h, b), r, e)
     s_00 = torch.bmm(q0_blocks.transpose(1, 2).contiguous(), q0_blocks)  # ((n, h, b), e, e')
     s_00 = s_00.view(n, h, nb, d * d)  # (n, h, b, (e, e'))
-    s_00 = blocks.over_full(s_00, 2)  # (n, h, c, (e, e'))
+    s_00 = blocks.over_full(s_00.double(), 2)  # (n, h, c, (e, e')), float64
     # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r), the q and the q0 half apart (each
     # contiguous, so that the contractions below are plain batched products)
     kb = kp[:, : nc * block].reshape(n, nc, block, k + 1, d)  # (n, c, r, a, e)
@@ -255,25 +310,25 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     y_q = y_q.view(n * nc * block, k * h, d)  # ((n, c, r), (a, h), e')
     k_t = k_sets.view(n * nc * block, k, d).transpose(1, 2)  # ((n, c, r), e', b)
     qq = torch.bmm(y_q, k_t)  # ((n, c, r), (a, h), b)
-    qq = qq.view(n, nc * block, k, h, k).sum(1)  # (n, a, h, b)
+    qq = qq.view(n, nc * block, k, h, k).sum(1, dtype=torch.float64)  # (n, a, h, b)
     qq = qq.transpose(1, 2)  # (n, h, a, b)
     del y_q
     y_0 = torch.bmm(k_sets, s_q[..., h * d :])  # ((n, c), (r, a), (h, e))
     del k_sets
     # sum x_a v_p = sum_j K_a[j]^T (summed q q0^T Grams) V_p[j]
     qv = torch.bmm(y_0.view(n * nc * block, k * h, d), vb.transpose(1, 2))  # ((n, c, r), (a, h), p)
-    qv = qv.view(n, nc * block, k, h, p).sum(1)  # (n, a, h, p)
+    qv = qv.view(n, nc * block, k, h, p).sum(1, dtype=torch.float64)  # (n, a, h, p)
     qv = qv.transpose(1, 2)  # (n, h, a, p)
     # sum_i (q_i^T G_ag) . R_D q0_i = <R_D, m_a>, m_a = sum_j kg_j (K_a[j]^T summed q q0^T Grams)
     y_0 = y_0.view(n, nc * block, k * h * d)  # (n, (c, r), (a, h, e))
     kg = kb[..., k, :]  # (n, c, r, f)
     kg_t = kg.reshape(n, nc * block, d).transpose(1, 2)  # (n, f, (c, r))
-    m = torch.bmm(kg_t, y_0[..., : g_sets * h * d])  # (n, f, (a, h, e)): a < g_sets
+    m = torch.bmm(kg_t.double(), y_0[..., : g_sets * h * d].double())  # (n, f, (a, h, e)): a < g_sets; a sum over keys
     del y_0
     m = m.view(n, d, g_sets, h, d)  # (n, f, a, h, e)
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
     m = m.reshape(n * h * g_sets, d * d)  # ((n, h, a), (f, e))
-    qg = (r_flat @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
+    qg = (r_flat.double() @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
     # g^2 per key block c: <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams.
     # R_D is block-diagonal per band (dims l and l + d/2), so R_D^T G_c R_D takes 2 x 2 products per band pair:
     # r[D, x, z, l] = R_D[(x, l), (z, l)]
@@ -283,13 +338,13 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
     rg = torch.einsum("Dxzl,ncxlym->Dnczlym", r, g_c)  # (D, n, c, z, l, y, m)
     rgr = torch.einsum("Dnczlym,Dywm->Dnczlwm", rg, r)  # (D, n, c, z, l, w, m): R_D^T G_c R_D
-    rgr = rgr.reshape(nD, n, nc * d * d)  # (D, n, (c, e, e'))
+    rgr = rgr.reshape(nD, n, nc * d * d).double()  # (D, n, (c, e, e'))
     gg = torch.einsum("Dnx,nhx->Dnh", rgr, s_00.reshape(n, h, nc * d * d))  # (D, n, h)
     # sum v_p v_p' = sum_j V_p[j]^T (summed q0 q0^T Grams) V_p'[j]
     v_blocks = vb.view(n, 1, nc, block * p, d)  # (n, 1, c, (r, p), e)
-    sv = v_blocks @ s_00.reshape(n, h, nc, d, d)  # (n, h, c, (r, p), e')
+    sv = v_blocks.double() @ s_00.reshape(n, h, nc, d, d)  # (n, h, c, (r, p), e'), float64: few keys
     sv = sv.view(n, h, nc * block, p, d)  # (n, h, (c, r), p, e')
-    vv = torch.einsum("nhjpe,njqe->nhpq", sv, vb.view(n, nc * block, p, d))  # (n, h, p, p')
+    vv = torch.einsum("nhjpe,njqe->nhpq", sv, vb.view(n, nc * block, p, d).double())  # (n, h, p, p')
     return qq, qg, gg, qv, vv
 
 
@@ -305,14 +360,14 @@ def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) 
     dev = qb.device
     rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
     cols, valid = blocks.ragged()  # (b, j), (b, r, j)
-    vm = valid.to(torch.float64)[:, None, None]  # (b, 1, 1, r, j)
+    vm = valid.to(qb.dtype)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
     kc = blocks.at_ragged(kp, cols)  # (n, b, j, (k + 1) d)
     kc = kc.view(n, nb, C, k + 1, d)  # (n, b, j, a, e)
     kc_q = kc[..., :k, :].permute(0, 1, 4, 3, 2)  # (n, b, e, a, j)
     kc_q = kc_q.reshape(n * nb, d, k * C)  # ((n, b), e, (a, j))
     # (n, b, h, a | D | p, r, j)
-    vals = torch.empty(n, nb, h, k + nD + p, block, C, dtype=torch.float64, device=dev)
+    vals = torch.empty(n, nb, h, k + nD + p, block, C, dtype=qb.dtype, device=dev)
     x = torch.bmm(qb.reshape(n * nb, h * block, d), kc_q)  # ((n, b), (h, r), (a, j))
     x = x.view(n, nb, h, block, k, C)  # (n, b, h, r, a, j)
     torch.mul(x.transpose(3, 4), vm, out=vals[:, :, :, :k])
@@ -330,7 +385,7 @@ def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) 
     t = k + nD + p
     flat = vals.view(n * nb * h, t, block * C)  # ((n, b, h), a | D | p, (r, j))
     prod = torch.bmm(flat, flat.transpose(1, 2))  # ((n, b, h), a | D | p, a | D | p)
-    prod = prod.view(n, nb, h, t, t).sum(1)  # (n, h, a | D | p, a | D | p)
+    prod = prod.view(n, nb, h, t, t).sum(1, dtype=torch.float64)  # (n, h, a | D | p, a | D | p)
     G, V = slice(k, k + nD), slice(k + nD, t)
     qq = qq + prod[..., :k, :k]
     qg = qg + prod[..., G, : qg.shape[-1]].permute(2, 0, 1, 3)

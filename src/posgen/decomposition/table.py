@@ -91,6 +91,7 @@ class DecompositionTable:
                 dummy_distance=int(dec.dummy_distance),
                 smooth_degree=SMOOTH_DEGREE,
                 lstsq_tol=float(dec.lstsq_tol),
+                precision=dec.precision,
                 bound_samples=bound_samples,
                 lstsq_residual_max=float(dec.max_residual),
                 device=str(dec.device),
@@ -107,6 +108,7 @@ def decompose_dataset(
     device: str = "auto",
     lstsq_tol: float,
     bound_samples: int,
+    precision: str = "float32",
     progress: bool = True,
     attrs: dict | None = None,
     what: str = "q/k dataset",
@@ -115,7 +117,7 @@ def decompose_dataset(
     :func:`posgen.api.capture_qk`), one (sample, layer) at a time; ``attrs`` are added to its provenance, before
     the carried attrs of ``ds``; ``what`` names ``ds`` in errors. The options are :func:`decompose_store`'s."""
     _check_store(ds, what)
-    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol)
+    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision)
     table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
     units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
     label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
@@ -135,6 +137,7 @@ def decompose_store(
     device: str = "auto",
     lstsq_tol: float,
     bound_samples: int,
+    precision: str = "float32",
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
@@ -156,6 +159,7 @@ def decompose_store(
         device=device,
         lstsq_tol=lstsq_tol,
         bound_samples=bound_samples,
+        precision=precision,
         progress=progress,
         attrs={"config_hash": config_hash, "analysis": "store", "source": str(qk_path)},
         what=str(qk_path),

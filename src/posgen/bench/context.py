@@ -1,0 +1,168 @@
+"""Scaling with the window length T: ``python -m posgen.bench scale --seq-lens 1024 2048 ...``.
+
+One layer of a paper shape (posgen.shapes, random weights), one window per T. Per T, each stage runs in its own
+process, so that its peak resident memory is its own:
+
+- ``forward``: the plain forward pass (the model's own attention kernel);
+- ``capture``: the forward pass through the capturing backend, which also writes the layer's q/k for the rest;
+- ``load``: reading those q/k and nothing else, the baseline of the analysis stages' memory;
+- ``moments``: the rotations, Method A's and A-drift's sums and r, and the position shares (Decomposer steps
+  ``operands``, ``moments``, ``method_a``, ``position_shares``);
+- ``method_b``: Method B's sums and fit (matrix-free conjugate gradients), up to ``--method-b-max``;
+- ``bound``: the error of A and the section 5 bound, entry by entry, up to ``--bound-max``.
+
+The table gives seconds and the peak memory over the ``load`` baseline per stage, the analysis (moments, Method
+B's fit, bound) over the forward pass, and the least-squares exponent of each column against T.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ANALYSIS = ("moments", "method_b", "bound")  # the stages of the analysis of one window
+
+
+def _peak_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
+    import torch
+
+    from posgen.families import plain_backend
+    from posgen.models import load_model
+
+    torch.set_num_threads(threads)
+    model, _, _ = load_model(model_dir, "random-seed0", attn_implementation=plain_backend)
+    ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model.base_model(input_ids=ids[:, :64], position_ids=torch.arange(64)[None], use_cache=False)  # warm-up
+        start = time.perf_counter()
+        model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
+        seconds = time.perf_counter() - start
+    return {"seconds": seconds, "peak_gb": _peak_gb()}
+
+
+def _capture(model_dir: str, seq_len: int, threads: int, out: str) -> dict:
+    import torch
+
+    from posgen.capture import Capture, load_capturing
+
+    torch.set_num_threads(threads)
+    model, _, _ = load_capturing(model_dir, "random-seed0")
+    ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    capture = Capture(model)
+    with torch.inference_mode(), capture:
+        capture.reset(64)
+        model.base_model(input_ids=ids[:, :64], position_ids=torch.arange(64)[None], use_cache=False)  # warm-up
+        start = time.perf_counter()
+        capture.reset(seq_len)
+        model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
+        q, k = capture.stacked()
+        seconds = time.perf_counter() - start
+        table = capture.rope()
+    rope = table.layer(0)
+    np.savez(out, q=q[0], k=k[0], kv_group=table.kv_group, inv_freq=np.asarray(rope.inv_freq))
+    return {"seconds": seconds, "peak_gb": _peak_gb(), "scaling": rope.scaling, "amp": rope.attention_scaling}
+
+
+def _analysis(stage: str, qk: str, scaling: float, amp: float, threads: int, dummy_distances: list) -> dict:
+    import torch
+
+    from posgen.decomposition import Decomposer
+    from posgen.rope_table import LayerRope
+
+    torch.set_num_threads(threads)
+    data = np.load(qk)
+    q, k, kv = data["q"], data["k"], data["kv_group"]
+    rope = LayerRope(data["inv_freq"], scaling, amp)
+    dec = Decomposer(dummy_distances, 1000, device="cpu")
+    out = {}
+    if stage != "load":
+        Decomposer(dummy_distances, 1000, device="cpu").unit(q[:, :64], k[:, :64], kv, rope)  # warm-up
+        start = time.perf_counter()
+        ops = dec.operands(q, k, kv, rope)
+        if stage == "method_b":
+            moments = dec.moments(ops)  # Method B reads Method A's sums of W
+            start = time.perf_counter()
+            dec.method_b(ops, moments["A"])
+        elif stage == "moments":
+            dec.method_a(ops, dec.moments(ops))
+            dec.position_shares(ops)
+        else:
+            dec.error_and_bound(ops)
+        out["seconds"] = time.perf_counter() - start
+    return {**out, "peak_gb": _peak_gb()}
+
+
+def _in_child(function, *args) -> dict:
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(function, args)
+
+
+def exponent(seq_lens, values) -> float:
+    """Least-squares slope of log(value) against log(T) over the finite, positive values (NaN under two)."""
+    pairs = [(math.log(t), math.log(v)) for t, v in zip(seq_lens, values) if v == v and v > 0]
+    if len(pairs) < 2:
+        return float("nan")
+    x, y = np.array(pairs).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def sweep(shape: str, seq_lens, threads: int, dummy_distances, method_b_max: int, bound_max: int) -> dict:
+    """{T: {stage: {"seconds", "extra_gb", ...}}} for one layer of ``shape``."""
+    from posgen.bench.scale import shape_model_dir
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = str(shape_model_dir(Path(tmp), shape, 1))
+        for T in seq_lens:
+            qk = str(Path(tmp) / f"qk{T}.npz")
+            row = {"forward": _in_child(_forward, model_dir, T, threads)}
+            row["capture"] = _in_child(_capture, model_dir, T, threads, qk)
+            scaling, amp = row["capture"].pop("scaling"), row["capture"].pop("amp")
+            base = _in_child(_analysis, "load", qk, scaling, amp, threads, dummy_distances)["peak_gb"]
+            for stage, limit in (("moments", 0), ("method_b", method_b_max), ("bound", bound_max)):
+                if not limit or T <= limit:
+                    row[stage] = _in_child(_analysis, stage, qk, scaling, amp, threads, dummy_distances)
+                    row[stage]["extra_gb"] = row[stage]["peak_gb"] - base
+            rows[T] = row
+            print(f"  T={T}: " + ", ".join(f"{s} {v['seconds']:.2f} s" for s, v in row.items()), flush=True)
+    return rows
+
+
+def report(shape: str, rows: dict) -> None:
+    """The table of one shape's sweep, with the exponents of every column."""
+    seq_lens = sorted(rows)
+
+    def col(stage, key):
+        return [rows[T].get(stage, {}).get(key, float("nan")) for T in seq_lens]
+
+    columns = {
+        "forward s": col("forward", "seconds"),
+        "capture s": col("capture", "seconds"),
+        "moments s": col("moments", "seconds"),
+        "method_b s": col("method_b", "seconds"),
+        "bound s": col("bound", "seconds"),
+        "moments +GB": col("moments", "extra_gb"),
+        "method_b +GB": col("method_b", "extra_gb"),
+        "bound +GB": col("bound", "extra_gb"),
+        "forward GB": col("forward", "peak_gb"),
+    }
+    analysis = [
+        sum(rows[T][s]["seconds"] for s in ANALYSIS if s in rows[T]) / rows[T]["forward"]["seconds"] for T in seq_lens
+    ]
+    print(f"\n{shape}, one layer, random weights; seconds per window, memory over the q/k baseline")
+    print(f"{'T':>7s} " + " ".join(f"{name:>12s}" for name in columns) + f" {'analysis/fwd':>13s}")
+    for i, T in enumerate(seq_lens):
+        print(f"{T:7d} " + " ".join(f"{v[i]:12.4g}" for v in columns.values()) + f" {analysis[i]:13.3f}")
+    print(f"{'exponent':>7s} " + " ".join(f"{exponent(seq_lens, v):12.2f}" for v in columns.values()))
+    print("(analysis/fwd: moments + Method B's fit + bound over the forward pass, the stages measured at that T)")
