@@ -210,3 +210,18 @@ def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(t
     with pytest.raises(SystemExit):
         scale.main(argv + ["--stages", "decompose"])
     assert "decompose reads the qk.h5 that extract writes" in capsys.readouterr().err
+
+
+def test_context_sweep_measures_every_stage_and_fits_exponents(capsys):
+    """`posgen.bench scale --seq-lens`: one layer per T, every stage timed in its own process, Method B and the
+    bound only up to their limits, and the least-squares exponent of each column (exact on a power law)."""
+    from posgen.bench import context, scale
+
+    swept = scale.main(["--seq-lens", "48", "96", "--shapes", "smollm2-135m", "--threads", "1", "--bound-max", "48"])
+    rows = swept["smollm2-135m"]
+    assert sorted(rows) == [48, 96]
+    assert set(rows[48]) == {"forward", "capture", "moments", "method_b", "bound"} and "bound" not in rows[96]
+    assert all(stage["seconds"] > 0 for row in rows.values() for stage in row.values())
+    assert "exponent" in capsys.readouterr().out
+    assert context.exponent([1024, 2048, 4096], [3.0, 12.0, 48.0]) == pytest.approx(2.0)
+    assert context.exponent([1024, 2048], [1.0, float("nan")]) != context.exponent([1024, 2048], [1.0, 2.0])

@@ -17,6 +17,7 @@ B's fit, bound) over the forward pass, and the least-squares exponent of each co
 
 from __future__ import annotations
 
+import json
 import math
 import resource
 import tempfile
@@ -24,6 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from posgen.shapes import shape_config
 
 ANALYSIS = ("moments", "method_b", "bound")  # the stages of the analysis of one window
 
@@ -42,7 +45,8 @@ def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
     model, _, _ = load_model(model_dir, "random-seed0", attn_implementation=plain_backend)
     ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        model.base_model(input_ids=ids[:, :64], position_ids=torch.arange(64)[None], use_cache=False)  # warm-up
+        warm = min(64, seq_len)  # a short pass first: allocator and thread pool
+        model.base_model(input_ids=ids[:, :warm], position_ids=torch.arange(warm)[None], use_cache=False)
         start = time.perf_counter()
         model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
         seconds = time.perf_counter() - start
@@ -59,8 +63,9 @@ def _capture(model_dir: str, seq_len: int, threads: int, out: str) -> dict:
     ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
     capture = Capture(model)
     with torch.inference_mode(), capture:
-        capture.reset(64)
-        model.base_model(input_ids=ids[:, :64], position_ids=torch.arange(64)[None], use_cache=False)  # warm-up
+        warm = min(64, seq_len)  # a short pass first: allocator and thread pool
+        capture.reset(warm)
+        model.base_model(input_ids=ids[:, :warm], position_ids=torch.arange(warm)[None], use_cache=False)
         start = time.perf_counter()
         capture.reset(seq_len)
         model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
@@ -101,6 +106,22 @@ def _analysis(stage: str, qk: str, scaling: float, amp: float, threads: int, dum
     return {**out, "peak_gb": _peak_gb()}
 
 
+def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
+    """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none);
+    ``n_layers`` None keeps the full depth."""
+    from posgen.testing.tiny import corpus_tokenizer
+
+    model_dir = root / shape
+    model_dir.mkdir()
+    config = shape_config(shape, n_layers)
+    config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"]
+    config.save_pretrained(model_dir)
+    corpus_tokenizer(512).save_pretrained(model_dir)
+    manifest = {"source": f"shape:{shape}", "revision": "random-init", "architecture": config.architectures[0]}
+    (model_dir / "manifest.json").write_text(json.dumps({**manifest, "files": {}}, indent=2) + "\n")
+    return model_dir
+
+
 def _in_child(function, *args) -> dict:
     import multiprocessing
 
@@ -119,8 +140,6 @@ def exponent(seq_lens, values) -> float:
 
 def sweep(shape: str, seq_lens, threads: int, dummy_distances, method_b_max: int, bound_max: int) -> dict:
     """{T: {stage: {"seconds", "extra_gb", ...}}} for one layer of ``shape``."""
-    from posgen.bench.scale import shape_model_dir
-
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(shape_model_dir(Path(tmp), shape, 1))

@@ -15,7 +15,6 @@ with ``posgen.plan``: the store path (float32 q/k of every window) and the fused
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import resource
 import tempfile
@@ -24,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from posgen.bench.context import report, shape_model_dir, sweep
 from posgen.config import schema_default
-from posgen.shapes import SHAPES, shape_config
+from posgen.shapes import SHAPES
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
 
@@ -45,22 +45,6 @@ def _synchronize(device: str) -> None:
 
     if device == "cuda":
         torch.cuda.synchronize()  # kernels run asynchronously: a timer stops only after they are done
-
-
-def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
-    """A checkpoint folder with config, tokenizer and manifest but no weights (random-init variants need none);
-    ``n_layers`` None keeps the full depth."""
-    from posgen.testing.tiny import corpus_tokenizer
-
-    model_dir = root / shape
-    model_dir.mkdir()
-    config = shape_config(shape, n_layers)
-    config.architectures = [f"{type(config).__name__.removesuffix('Config')}ForCausalLM"]
-    config.save_pretrained(model_dir)
-    corpus_tokenizer(512).save_pretrained(model_dir)
-    manifest = {"source": f"shape:{shape}", "revision": "random-init", "architecture": config.architectures[0]}
-    (model_dir / "manifest.json").write_text(json.dumps({**manifest, "files": {}}, indent=2) + "\n")
-    return model_dir
 
 
 def _windows(path: Path, vocab: int, n_windows: int, seq_len: int) -> None:
@@ -303,21 +287,20 @@ def main(argv=None):
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES, help="decompose needs extract")
     parser.add_argument("--dummy-distances", type=int, nargs="+", default=[0, 250, 500, 1000, 2000])
     parser.add_argument("--paper-config", type=Path, default=Path(__file__).resolve().parents[3] / "config.paper.yaml")
-    sweep = parser.add_argument_group("context sweep (posgen.bench.context): one layer per shape, one window per T")
-    sweep.add_argument("--seq-lens", type=int, nargs="+", help="run the sweep over these T instead")
-    sweep.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["smollm2-135m", "llama-3.1-8b"])
-    sweep.add_argument("--method-b-max", type=int, default=0, help="largest T of Method B (0: every T)")
-    sweep.add_argument("--bound-max", type=int, default=0, help="largest T of the entry-by-entry bound (0: every T)")
+    group = parser.add_argument_group("context sweep (posgen.bench.context): one layer per shape, one window per T")
+    group.add_argument("--seq-lens", type=int, nargs="+", help="run the sweep over these T instead")
+    group.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["smollm2-135m", "llama-3.1-8b"])
+    group.add_argument("--method-b-max", type=int, default=0, help="largest T of Method B (0: every T)")
+    group.add_argument("--bound-max", type=int, default=0, help="largest T of the entry-by-entry bound (0: every T)")
     args = parser.parse_args(argv)
     if args.seq_lens:
-        from posgen.bench import context
-
+        swept = {}
         for shape in args.shapes:
-            rows = context.sweep(
+            swept[shape] = sweep(
                 shape, args.seq_lens, args.threads, args.dummy_distances, args.method_b_max, args.bound_max
             )
-            context.report(shape, rows)
-        return None
+            report(shape, swept[shape])
+        return swept
     if "decompose" in args.stages and "extract" not in args.stages:
         parser.error("--stages: decompose reads the qk.h5 that extract writes")
     device = resolve_device(args.device).type
