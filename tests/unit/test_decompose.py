@@ -189,6 +189,31 @@ def test_additive_fit_recovers_exact_structure(window, sink):
     np.testing.assert_allclose(float(sums["sum_xy"][0]), (w * w).sum(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("T,window,dense", [(300, 0, False), (300, 64, False), (1200, 2, True)])
+def test_method_b_solves_matrix_free_unless_the_window_is_narrow(T, window, dense):
+    """Conjugate gradients solve Method B's normal equations without a T x T matrix; a window of a few tokens
+    stalls them (N is then as ill-conditioned as a chain's Laplacian) and the dense solve takes over. Either
+    way the fit's sums are those of the dense least squares."""
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, T, 8, dtype=torch.float64, generator=g) + 1.0
+    k = torch.randn(1, T, 8, dtype=torch.float64, generator=g) + torch.linspace(0, 2, T)[:, None]
+    x = torch.einsum("htd,sd->hts", q, k[0])  # (h, T, T) logits
+    mask = MaskInfo(T, window).bool("without")
+    design = AdditiveDesign(T, window, "without", "cpu")
+    _, resid, sums = design.fit(*design.rhs(w_sums(q, k, window, torch.zeros(2, dtype=torch.float64))))
+    assert float(resid.max()) < 1e-10 and (design.inverse is not None) == dense
+    i, j = torch.nonzero(mask, as_tuple=True)
+    nd = design.n_delta
+    onehot = torch.zeros(len(i), nd + 2 * T, dtype=torch.float64)  # the design matrix X of a, b, c
+    rows = torch.arange(len(i))
+    onehot[rows, i - j] = onehot[rows, nd + i] = onehot[rows, nd + T + j] = 1
+    for h in range(2):
+        w = x[h][mask]
+        yhat = onehot @ torch.linalg.lstsq(onehot, w, driver="gelsd").solution  # rank-deficient: the gauge
+        np.testing.assert_allclose(float(sums["sum_yy"][h]), float(yhat @ yhat), rtol=1e-9)
+        np.testing.assert_allclose(float(sums["sum_xy"][h]), float(w @ yhat), rtol=1e-9)
+
+
 def test_additive_logits_from_rope_give_method_b_r_one():
     """q/k built so that the true logits are exactly a(i-j) + b(i) + c(j): Method B scores r = 1.
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from posgen.decomposition.mask import window_prefix
+from posgen.decomposition.mask import MaskInfo, window_prefix
 
 LSTSQ_TOL = 1e-8  # max relative normal-equation residual of Method B (float64 solves reach ~1e-13)
 CG_RTOL = 1e-12  # the conjugate gradients' default target, relative normal residual
 CG_MAX_STEPS = 1000  # they take 15-25 steps on the masks tried
-CG_STALL = 20  # steps without a better residual after which they stop
+CG_STALL = 50  # steps without a better residual after which they stop
+CG_ENOUGH = 1e-10  # a residual they reach or the dense solve takes over (narrow windows)
 
 
 def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
@@ -63,6 +64,7 @@ class AdditiveDesign:
             raise ValueError(f"bidirectional additive fit takes no window and sink 'with' (got {window}, {sink!r})")
         f64 = torch.float64
         self.n_tokens, self.window, self.sink, self.causal = T, window, sink, causal
+        self.inverse = None  # the dense solve's, once factorised
         if causal:
             self.n_delta = window or T
             self.deltas = torch.arange(self.n_delta, device=device)
@@ -95,22 +97,28 @@ class AdditiveDesign:
         self.null_proj = torch.linalg.solve(null.T @ null, null.T)  # r -> r - (r null) null_proj
 
     def _factorise(self, device) -> None:
-        """The bidirectional design's dense mask blocks, counts and reduced normal matrix, inverted once: b
-        eliminated exactly, a_0 and c at the first and last key columns fixed to 0 (the gauge)."""
+        """The dense normal matrix, inverted once: always for the bidirectional design, and for a causal one
+        whose conjugate gradients stall (a window of a few tokens: N is then as ill-conditioned as a chain's
+        Laplacian). b is eliminated exactly (its block is diagonal); a_0 and c at the first and last counted
+        key columns are fixed to 0 (the gauge). O(T^2) memory, O(T^3) time."""
         f64, T = torch.float64, self.n_tokens
-        self.n_delta = 2 * T - 1
-        index = torch.arange(self.n_delta, device=device)
-        self.deltas = torch.where(index < T, index, index - self.n_delta)  # signed i - j per a index
-        M = torch.ones(T, T, dtype=f64, device=device)
+        if self.causal:
+            M = MaskInfo(T, self.window).bool(self.sink, device).to(f64)
+        else:
+            self.n_delta = 2 * T - 1
+            index = torch.arange(self.n_delta, device=device)
+            self.deltas = torch.where(index < T, index, index - self.n_delta)  # signed i - j per a index
+            M = torch.ones(T, T, dtype=f64, device=device)
         nab = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, i] = M[i, i - delta]
         nac = torch.zeros(self.n_delta, T, dtype=f64, device=device)  # [delta, j] = M[j + delta, j]
         for index, delta in enumerate(self.deltas.tolist()):
             diag = torch.diagonal(M, -delta)
             nab[index, max(delta, 0) : T + min(delta, 0)] = diag
             nac[index, max(-delta, 0) : T - max(delta, 0)] = diag
-        self._dense = (nab, nac, M)  # mask blocks for the products below
+        if not self.causal:
+            self._dense = (nab, nac, M)  # mask blocks for the products below
         self.cnt_a, self.cnt_b, self.cnt_c = nab.sum(1), M.sum(1), M.sum(0)
-        inv_b = 1.0 / self.cnt_b
+        inv_b = torch.where(self.cnt_b > 0, 1.0 / self.cnt_b.clamp(min=1), torch.zeros_like(self.cnt_b))
         # reduced system on z = (a, c) after eliminating b; e[z, i] couples z with b
         e = torch.cat([nab, M.T])
         n_z = self.n_delta + T
@@ -120,8 +128,10 @@ class AdditiveDesign:
         s[: self.n_delta, self.n_delta :] = nac
         s[self.n_delta :, : self.n_delta] = nac.T
         s -= (e * inv_b) @ e.T
-        counted = torch.ones(n_z, dtype=torch.bool, device=device)
-        counted[[0, self.n_delta, n_z - 1]] = False  # the gauge: keeps the fitted linear trend small
+        del e, nab, nac, M
+        counted = torch.cat([self.cnt_a, self.cnt_c]) > 0
+        cols = torch.nonzero(self.cnt_c > 0).flatten()
+        counted[[0, self.n_delta + int(cols[0]), self.n_delta + int(cols[-1])]] = False  # the gauge
         self.keep = torch.nonzero(counted).flatten()
         # an explicit inverse turns every solve into one matrix product; refinement in ``fit`` removes its
         # extra rounding
@@ -209,11 +219,14 @@ class AdditiveDesign:
         return out
 
     def solve(self, ra, rb, rc, rtol: float = CG_RTOL):
-        """Least-squares (a, b, c) for right-hand sides (h, .): causal by conjugate gradients to the relative
-        normal residual ``rtol`` (from 0: the solution of least preconditioned norm); bidirectional by the
-        factorised inverse, gauge entries 0."""
-        if self.causal:
-            return self._conjugate_gradients(torch.cat([ra, rb, rc], -1), rtol)
+        """Least-squares (a, b, c) for right-hand sides (h, .). Causal: conjugate gradients to the relative
+        normal residual ``rtol`` (from 0: the solution of least preconditioned norm); where they stall above
+        ``CG_ENOUGH``, the dense solve from then on. Dense: the factorised inverse, gauge entries 0."""
+        if self.inverse is None:
+            *theta, reached = self._conjugate_gradients(torch.cat([ra, rb, rc], -1), rtol)
+            if reached <= max(rtol, CG_ENOUGH):
+                return theta
+            self._factorise(ra.device)
         rb_scaled = rb * self.inv_b
         rz = torch.cat([ra - self.nab(rb_scaled), rc - self.m_t(rb_scaled)], -1)
         z = torch.zeros_like(rz)
@@ -254,7 +267,7 @@ class AdditiveDesign:
             rz_next = (resid * z).sum(-1, keepdim=True)
             p = z + rz_next / torch.where(rz > 0, rz, 1.0) * p
             rz = rz_next
-        return torch.split(best_theta, split, -1)
+        return (*torch.split(best_theta, split, -1), best)
 
     def normal(self, a, b, c):
         """N theta, from the mask structure (independent of the factorisation)."""
@@ -274,7 +287,7 @@ class AdditiveDesign:
         r = torch.cat([ra, rb, rc], -1)
         r_norm = torch.linalg.vector_norm(r, dim=-1).clamp(min=1e-300)
         a, b, c = self.solve(ra, rb, rc, rtol=min(tol, CG_RTOL) if tol else CG_RTOL)
-        refine = 0 if self.causal else refine  # conjugate gradients refine as they go
+        refine = refine if self.inverse is not None else 0  # conjugate gradients refine as they go
         for step in range(refine + 1):
             n_theta = torch.cat(self.normal(a, b, c), -1)
             resid = torch.linalg.vector_norm(n_theta - r, dim=-1) / r_norm
