@@ -12,6 +12,7 @@ decompose_store(
     device=p.device,
     lstsq_tol=p.lstsq_tol,
     precision=p.precision,
+    bound_rows=p.bound_rows,
     bound_samples=p.bound_samples,
     config_hash=p.config_hash,
 )

@@ -18,6 +18,7 @@ analysis = (
         device=p.device,
         lstsq_tol=p.lstsq_tol,
         precision=p.precision,
+        bound_rows=p.bound_rows,
         bound_samples=p.bound_samples,
         config_hash=p.config_hash,
     )

@@ -54,12 +54,18 @@ class Analysis:
         lstsq_tol: float,
         bound_samples: int,
         precision: str = "float32",
+        bound_rows: int = 0,
         config_hash: str = "",
     ):
         self.decomposition_path = Path(decomposition_path)
         self.bands_path = Path(bands_path)
         self.decomposer = Decomposer(
-            dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision
+            dummy_distances,
+            dummy_distance,
+            device=device,
+            lstsq_tol=lstsq_tol,
+            precision=precision,
+            bound_rows=bound_rows,
         )
         self.bound_samples = int(bound_samples)
         self.config_hash = config_hash

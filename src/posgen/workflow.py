@@ -54,6 +54,7 @@ STEP_LEAVES = {
         "decomposition.dummy_distance",
         "decomposition.lstsq_tol",
         "decomposition.precision",
+        "decomposition.bound_rows",
         "decomposition.bound_samples",
         "device",
     ),

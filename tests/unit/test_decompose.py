@@ -588,3 +588,26 @@ def test_bench_times_each_step_and_leaves_the_decomposer_unwrapped(capsys):
     assert steps["total"]["s"] == report["decomposition_s"]
     assert "every sample" in capsys.readouterr().err
     assert {attr: Unwrapped.__dict__[attr] for attr in STEPS.values()} == methods
+
+
+@pytest.mark.parametrize("window", [0, 300])
+def test_sampled_rows_estimate_the_error_within_its_stated_error(window):
+    """``bound_rows``: the entry pass over evenly spaced row blocks only. The mean |error| of A is a ratio
+    estimate within a few stated standard errors of the exact one; the bound's minimum slack over the entries
+    taken is no lower than over all; the mean bound stays exact; every row taken is the exact pass again."""
+    q, k, kv = random_qk(H=4, H_kv=2, T=1500, d=16, seed=3)
+    rope = LayerRope(inv_freq(16), 0.25, 1.0, window)
+    block_elems = 2**15  # row blocks of a row or two at T = 1500: 200 rows are a sample of the blocks
+    exact = Decomposer([0, 50], 50, block_elems=block_elems).unit(q, k, kv, rope)
+    for rows, check in ((200, "sampled"), (1500, "all")):
+        got = Decomposer([0, 50], 50, block_elems=block_elems, bound_rows=rows).unit(q, k, kv, rope)
+        np.testing.assert_allclose(got["bound_mean"], exact["bound_mean"], rtol=1e-12)
+        if check == "all":
+            np.testing.assert_allclose(got["err_abs_mean"], exact["err_abs_mean"], rtol=1e-9)
+            assert np.all(got["err_abs_se"] == 0) and np.array_equal(got["bound_slack_min"], exact["bound_slack_min"])
+            continue
+        assert np.all(got["err_abs_se"] > 0)
+        z = np.abs(got["err_abs_mean"] - exact["err_abs_mean"]) / got["err_abs_se"]
+        assert z.max() < 4, z
+        assert np.all(got["bound_slack_min"] >= exact["bound_slack_min"])
+        assert np.all(np.abs(got["err_abs_mean"] / exact["err_abs_mean"] - 1) < 0.05)

@@ -9,7 +9,8 @@ process, so that its peak resident memory is its own:
 - ``moments``: the rotations, Method A's and A-drift's sums and r, and the position shares (Decomposer steps
   ``operands``, ``moments``, ``method_a``, ``position_shares``);
 - ``method_b``: Method B's sums and fit (matrix-free conjugate gradients), up to ``--method-b-max``;
-- ``bound``: the error of A and the section 5 bound, entry by entry, up to ``--bound-max``.
+- ``bound``: the error of A and the section 5 bound, entry by entry, up to ``--bound-max`` (over about
+  ``--bound-rows`` query rows, ``decomposition.bound_rows``; 0: every row).
 
 The table gives seconds and the peak memory over the ``load`` baseline per stage, the analysis (moments, Method
 B's fit, bound) over the forward pass, and the least-squares exponent of each column against T.
@@ -77,7 +78,9 @@ def _capture(model_dir: str, seq_len: int, threads: int, out: str) -> dict:
     return {"seconds": seconds, "peak_gb": _peak_gb(), "scaling": rope.scaling, "amp": rope.attention_scaling}
 
 
-def _analysis(stage: str, qk: str, scaling: float, amp: float, threads: int, dummy_distances: list) -> dict:
+def _analysis(
+    stage: str, qk: str, scaling: float, amp: float, threads: int, dummy_distances: list, bound_rows: int
+) -> dict:
     import torch
 
     from posgen.decomposition import Decomposer
@@ -87,7 +90,7 @@ def _analysis(stage: str, qk: str, scaling: float, amp: float, threads: int, dum
     data = np.load(qk)
     q, k, kv = data["q"], data["k"], data["kv_group"]
     rope = LayerRope(data["inv_freq"], scaling, amp)
-    dec = Decomposer(dummy_distances, 1000, device="cpu")
+    dec = Decomposer(dummy_distances, 1000, device="cpu", bound_rows=bound_rows)
     out = {}
     if stage != "load":
         Decomposer(dummy_distances, 1000, device="cpu").unit(q[:, :64], k[:, :64], kv, rope)  # warm-up
@@ -138,7 +141,9 @@ def exponent(seq_lens, values) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
-def sweep(shape: str, seq_lens, threads: int, dummy_distances, method_b_max: int, bound_max: int) -> dict:
+def sweep(
+    shape: str, seq_lens, threads: int, dummy_distances, method_b_max: int, bound_max: int, bound_rows: int = 0
+) -> dict:
     """{T: {stage: {"seconds", "extra_gb", ...}}} for one layer of ``shape``."""
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,10 +153,11 @@ def sweep(shape: str, seq_lens, threads: int, dummy_distances, method_b_max: int
             row = {"forward": _in_child(_forward, model_dir, T, threads)}
             row["capture"] = _in_child(_capture, model_dir, T, threads, qk)
             scaling, amp = row["capture"].pop("scaling"), row["capture"].pop("amp")
-            base = _in_child(_analysis, "load", qk, scaling, amp, threads, dummy_distances)["peak_gb"]
+            common = (qk, scaling, amp, threads, dummy_distances, bound_rows)
+            base = _in_child(_analysis, "load", *common)["peak_gb"]
             for stage, limit in (("moments", 0), ("method_b", method_b_max), ("bound", bound_max)):
                 if not limit or T <= limit:
-                    row[stage] = _in_child(_analysis, stage, qk, scaling, amp, threads, dummy_distances)
+                    row[stage] = _in_child(_analysis, stage, *common)
                     row[stage]["extra_gb"] = row[stage]["peak_gb"] - base
             rows[T] = row
             print(f"  T={T}: " + ", ".join(f"{s} {v['seconds']:.2f} s" for s, v in row.items()), flush=True)

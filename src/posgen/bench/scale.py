@@ -292,12 +292,19 @@ def main(argv=None):
     group.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["smollm2-135m", "llama-3.1-8b"])
     group.add_argument("--method-b-max", type=int, default=0, help="largest T of Method B (0: every T)")
     group.add_argument("--bound-max", type=int, default=0, help="largest T of the entry-by-entry bound (0: every T)")
+    group.add_argument("--bound-rows", type=int, default=0, help="decomposition.bound_rows of the bound stage")
     args = parser.parse_args(argv)
     if args.seq_lens:
         swept = {}
         for shape in args.shapes:
             swept[shape] = sweep(
-                shape, args.seq_lens, args.threads, args.dummy_distances, args.method_b_max, args.bound_max
+                shape,
+                args.seq_lens,
+                args.threads,
+                args.dummy_distances,
+                args.method_b_max,
+                args.bound_max,
+                args.bound_rows,
             )
             report(shape, swept[shape])
         return swept

@@ -73,14 +73,17 @@ class BoundTable:
         return torch.einsum("htl,hslt->hs", a.double(), conv[kv])
 
 
-def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: int) -> dict:
+def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: int, bound_rows: int = 0) -> dict:
     """The error of A and the bound of method.md section 5, entry by entry, per head and sink.
 
     ``E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)]`` and the bound
     ``s sum_l a_il b_jl |2 sin(theta_l (i - j - D) / 2)|`` with ``a = |q^(l)|``, ``b = |k^(l) - kbar^(l)|``
     (0 for a dropped column), with ``table`` the layer's factors (:class:`BoundTable`) and ``block_elems`` the
-    size of the row blocks of the one pass over every entry. Returns (H, sink) float64 ``err_abs_mean`` (mean
-    |E|), ``bound_mean`` and ``bound_slack_min`` (min of bound - |E|).
+    size of the row blocks of the one pass over every entry. ``bound_rows`` > 0 (and below T) takes that pass
+    over about that many query rows only, in evenly spaced row blocks (:func:`_row_blocks`). Returns (H, sink)
+    float64 ``err_abs_mean`` (mean |E|; over the sampled rows, a ratio estimate), ``err_abs_se`` (its standard
+    error over the row blocks; 0 when every row is taken), ``bound_mean`` (every entry) and ``bound_slack_min``
+    (min of bound - |E| over the entries taken).
     """
     dev, f64 = device, torch.float64
     groups, rope = ops.groups, ops.rope
@@ -98,7 +101,7 @@ def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: i
     e_keys = torch.stack([e_with, e_without], 1)  # (H_kv, sink, T, 2d)
     e_keys[:, 1, 0] = 0  # 'without' drops column 0
     p_dummy = rotate(ops.q, torch.tensor(ops.dummy_distance), ops.theta, amp) * s  # (H, T, d) s R_D q_i
-    err_sum, slack_min = _error_pass(
+    err_mean, err_se, slack_min = _error_pass(
         groups.by_kv(torch.cat([ops.q_rot, p_dummy], -1)),  # (H_kv, h, T, 2d)
         e_keys,
         groups.by_kv(a_norm),  # (H_kv, h, T, L)
@@ -107,11 +110,12 @@ def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: i
         ops.window,
         device,
         block_elems,
+        bound_rows,
     )  # (H_kv, h, sink) each
-    err_sum = groups.to_heads(err_sum.permute(2, 0, 1)).T  # (H, sink)
-    slack_min = groups.to_heads(slack_min.permute(2, 0, 1)).T  # (H, sink)
+    err_mean, err_se, slack_min = (groups.to_heads(x.permute(2, 0, 1)).T for x in (err_mean, err_se, slack_min))
     return {
-        "err_abs_mean": err_sum / counts,
+        "err_abs_mean": err_mean,  # (H, sink)
+        "err_abs_se": err_se,
         "bound_mean": table.sums(a_norm, b_norm, ops.kv) / counts,
         "bound_slack_min": slack_min.double(),
     }
@@ -138,12 +142,25 @@ def check_bound(ops: UnitOperands, slack_min: np.ndarray) -> None:
         )
 
 
-def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device, block_elems: int):
-    """Per query head and sink: sum over the counted entries of |W - A|, and min (bound - |W - A|).
+def _row_blocks(n_tokens: int, rows: int, bound_rows: int) -> list[int]:
+    """First rows of the row blocks the entry pass takes: all of them, or for ``0 < bound_rows < n_tokens`` about
+    ``bound_rows / rows`` blocks (at least 2) evenly spaced from the first to the last (a systematic sample)."""
+    starts = list(range(0, n_tokens, rows))
+    if not 0 < bound_rows < n_tokens:
+        return starts
+    k = min(len(starts), max(2, -(-bound_rows // rows)))
+    return [starts[i] for i in sorted(set(np.linspace(0, len(starts) - 1, k).round().astype(int).tolist()))]
+
+
+def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device, block_elems: int, bound_rows: int):
+    """Per query head and sink: the mean of |W - A| over the counted entries of the row blocks taken, its standard
+    error over those blocks, and min (bound - |W - A|).
 
     Per KV head: ``e_queries (n, h, T, 2d)``, ``e_keys (n, sink, T, 2d)``, bound factors ``a (n, h, T, L)`` and
     ``b (n, sink, T, L)``. Returns (n, h, sink) each. The one pass over (T x T) entries, in row blocks that
-    keep the working set in cache. In a block the columns are taken in reverse order, where a Toeplitz
+    keep the working set in cache (all of them, or those of :func:`_row_blocks`; the mean is then the ratio
+    estimate sum |E| / entries over the blocks taken, its standard error that of a ratio estimator with the
+    finite-population correction). In a block the columns are taken in reverse order, where a Toeplitz
     factor f(i - j) becomes a Hankel view of one stored vector. Slow bands of the bound: one matrix product
     times sign(i - j - D); fast bands: per row, one product of the query factors with the Hankel factors
     times the key factors. Layout (row, head, sink, column). method.md section 5.
@@ -152,7 +169,7 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
     n, h, T, _ = e_queries.shape
     nf, stride = len(table.fast), 2 * T + 1
     fast = table.fast.to(dev)
-    err_sum = torch.zeros(n, h, 2, dtype=torch.float64, device=dev)
+    block_sums, block_counts = [], []  # per row block taken: (n, h, sink) sums of |E|, (sink,) entries
     slack_min = torch.full((n, h, 2), float("inf"), device=dev)
     u, v = table.slow_factors(a, b)  # (n, h, T, 2 n_slow), (n, sink, T, 2 n_slow)
     # rows first; keys in reversed token order
@@ -161,7 +178,8 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
     k_rev, v_rev = e_keys.flip(2), v.flip(2)
     b_rev = b[..., fast].flip(2).permute(0, 3, 1, 2).contiguous()  # (n, nf, sink, T)
     rows = max(1, min(T, block_elems // (2 * T * max(h, nf))))
-    for i0 in range(0, T, rows):
+    starts = _row_blocks(T, rows, bound_rows)
+    for i0 in starts:
         i1 = min(T, i0 + rows)
         j0 = max(0, i0 - window + 1) if window else 0
         t, w = i1 - i0, i1 - j0
@@ -177,12 +195,14 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
         sign = table.sign.as_strided((t, 1, 1, w), (1, 0, 0, 1), base)
         hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
         factors = torch.empty(t, nf, 2, w, device=dev)
+        block_counts.append(keep_f.sum((0, 1, 3)).double())  # (sink,)
+        block_sums.append(torch.zeros(n, h, 2, dtype=torch.float64, device=dev))
         for g in range(n):
             q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
             k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
             err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
             err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
-            err_sum[g] += err.sum((0, 3)).double()  # a block's float32 sum is exact enough
+            block_sums[-1][g] = err.sum((0, 3)).double()  # a block's float32 sum is exact enough
             u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
             v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
             bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
@@ -193,4 +213,11 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
             bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
             slack = bound.sub_(err).masked_fill_(drop, float("inf"))
             slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
-    return err_sum, slack_min
+    S, N = torch.stack(block_sums), torch.stack(block_counts)[:, None, None]  # (b, n, h, sink), (b, 1, 1, sink)
+    mean = S.sum(0) / N.sum(0)  # (n, h, sink)
+    k, total = len(starts), -(-T // rows)
+    if k == total:
+        return mean, torch.zeros_like(mean), slack_min
+    spread = ((S - mean * N) ** 2).sum(0) / (k * (k - 1))  # (n, h, sink): the ratio estimator's variance
+    se = (spread * (1 - k / total)).sqrt() / N.mean(0)
+    return mean, se, slack_min

@@ -44,7 +44,8 @@ class Decomposer:
     is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
     error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
     :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts in
-    float64; method.md section 4, "Precision").
+    float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
+    bound (0: all; method.md section 5).
     """
 
     def __init__(
@@ -56,10 +57,12 @@ class Decomposer:
         block_elems: int | None = None,
         block: int = 32,
         precision: str = "float32",
+        bound_rows: int = 0,
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"decomposition.precision: {precision!r} is not one of {sorted(PRECISIONS)}")
         self.precision = precision
+        self.bound_rows = int(bound_rows)
         self.dummy_distances = [int(D) for D in dummy_distances]
         if not self.dummy_distances:
             raise ValueError("decomposition.dummy_distances: empty")
@@ -129,7 +132,7 @@ class Decomposer:
             out.update(self.error_and_bound(ops))
         else:
             H = ops.q.shape[0]
-            for name in ("err_abs_mean", "bound_mean", "bound_slack_min"):
+            for name in ("err_abs_mean", "err_abs_se", "bound_mean", "bound_slack_min"):
                 out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
         result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
         if with_bound:
@@ -303,7 +306,7 @@ class Decomposer:
     def error_and_bound(self, ops: UnitOperands) -> dict:
         """The error of A and the bound of method.md section 5, entry by entry (:func:`error_and_bound`)."""
         table = self.table(ops.rope.inv_freq, ops.q.shape[1], ops.window, ops.dummy_distance)
-        return error_and_bound(ops, table, self.device, self.block_elems)
+        return error_and_bound(ops, table, self.device, self.block_elems, self.bound_rows)
 
     def check_bound(self, ops: UnitOperands, slack_min: np.ndarray) -> None:
         """Raises unless the bound of method.md section 5 holds (:func:`check_bound`)."""

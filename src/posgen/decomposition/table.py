@@ -74,6 +74,7 @@ class DecompositionTable:
             "r_g": base + ("method", "sink"),
             "r_sweep": base + ("sink", "D"),
             "err_abs_mean": base + ("sink",),
+            "err_abs_se": base + ("sink",),
             "bound_mean": base + ("sink",),
             "bound_slack_min": base + ("sink",),
             "lstsq_residual": base + ("sink",),
@@ -92,6 +93,7 @@ class DecompositionTable:
                 smooth_degree=SMOOTH_DEGREE,
                 lstsq_tol=float(dec.lstsq_tol),
                 precision=dec.precision,
+                bound_rows=dec.bound_rows,
                 bound_samples=bound_samples,
                 lstsq_residual_max=float(dec.max_residual),
                 device=str(dec.device),
@@ -109,6 +111,7 @@ def decompose_dataset(
     lstsq_tol: float,
     bound_samples: int,
     precision: str = "float32",
+    bound_rows: int = 0,
     progress: bool = True,
     attrs: dict | None = None,
     what: str = "q/k dataset",
@@ -117,7 +120,9 @@ def decompose_dataset(
     :func:`posgen.api.capture_qk`), one (sample, layer) at a time; ``attrs`` are added to its provenance, before
     the carried attrs of ``ds``; ``what`` names ``ds`` in errors. The options are :func:`decompose_store`'s."""
     _check_store(ds, what)
-    dec = Decomposer(dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision)
+    dec = Decomposer(
+        dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision, bound_rows=bound_rows
+    )
     table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
     units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
     label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
@@ -138,6 +143,7 @@ def decompose_store(
     lstsq_tol: float,
     bound_samples: int,
     precision: str = "float32",
+    bound_rows: int = 0,
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
@@ -160,6 +166,7 @@ def decompose_store(
         lstsq_tol=lstsq_tol,
         bound_samples=bound_samples,
         precision=precision,
+        bound_rows=bound_rows,
         progress=progress,
         attrs={"config_hash": config_hash, "analysis": "store", "source": str(qk_path)},
         what=str(qk_path),
