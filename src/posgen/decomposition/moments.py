@@ -148,10 +148,10 @@ def masked_moments(
     blocks) through explicit products, masked. The dummy distance enters only through R_D, so the g terms
     are contracted once for every D (for g^2, per pair of bands).
 
-    ``dtype`` is that of the products. float64 takes them raw. float32 takes them on the centred vectors (every
-    query and key set less its mean over tokens), where no mean cancels, and adds the mean parts, which are of
-    rank one along rows and columns, exactly in float64 (:func:`_mean_parts`); block sums, sums over keys and
-    the row sums are float64 either way. method.md sections 3A (Method A's terms), 3C (A-drift's) and 4 (the
+    ``dtype`` is that of the products. float64 takes them raw. float32 takes them on centred queries (each less
+    its mean over tokens), whose products carry no large mean to cancel, and adds the mean parts, a column
+    function per form, exactly in float64 (:func:`_mean_parts`); block sums, sums over keys and the row sums
+    are float64 either way. method.md sections 3A (Method A's terms), 3C (A-drift's) and 4 (the
     sums, "Precision").
 
     Index names in the shape comments: a, b key sets K_a (a = k: Kg); p, p' the V sets; D dummy distances; e, f
