@@ -162,8 +162,8 @@ def capture_qk(
 def decompose(qk: xr.Dataset, *, device: str | None = None, progress: bool = False, **options) -> xr.Dataset:
     """The dataset decomposition.nc holds (docs/data-model.md) of a :func:`capture_qk` (or an opened qk.h5), by the
     store path's own code (:func:`posgen.decomposition.table.decompose_dataset`). ``options``: the config
-    section ``decomposition`` (dummy_distances, dummy_distance, lstsq_tol, bound_samples; the schema's when not
-    given); ``device``: auto, cpu or cuda (None: the schema's)."""
+    section ``decomposition`` (dummy_distances, dummy_distance, lstsq_tol, bound_samples, precision, bound_rows;
+    the schema's when not given); ``device``: auto, cpu or cuda (None: the schema's)."""
     options = {**schema_defaults("decomposition"), **options}
     device = schema_default("device") if device is None else device
     return decompose_dataset(qk, device=device, progress=progress, attrs={"analysis": "memory"}, **options)

@@ -53,8 +53,8 @@ class Analysis:
         device: str = "auto",
         lstsq_tol: float,
         bound_samples: int,
-        precision: str = "float32",
-        bound_rows: int = 0,
+        precision: str,
+        bound_rows: int,
         config_hash: str = "",
     ):
         self.decomposition_path = Path(decomposition_path)

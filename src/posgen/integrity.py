@@ -111,6 +111,19 @@ def record_inputs(paths) -> None:
     _job_inputs[:] = [Path(p) for p in paths]
 
 
+def _file_attr(path: Path, name: str) -> str | None:
+    """A global attr of an HDF5 file as text, read without its data; None where it is missing or the file is not
+    readable (its reader says why, with the command that remakes it)."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            value = f.attrs.get(name)
+    except OSError:
+        return None
+    return None if value is None else str(value.decode() if isinstance(value, bytes) else value)
+
+
 def current_digest(path: Path) -> str | None:
     """What a file's digest is now: a posgen file's content digest (a global attr, read without its data), else
     the CRC-32 of a small file's bytes (a manifest, a CSV); None for a missing, large or unreadable file."""
@@ -118,14 +131,7 @@ def current_digest(path: Path) -> str | None:
     if not path.is_file():
         return None
     if path.suffix in (".nc", ".h5"):
-        import h5py
-
-        try:
-            with h5py.File(path, "r") as f:
-                value = f.attrs.get(CONTENT_ATTR)
-        except OSError:
-            return None
-        return None if value is None else str(value.decode() if isinstance(value, bytes) else value)
+        return _file_attr(path, CONTENT_ATTR)
     if path.stat().st_size > 64 * 2**20:
         return None
     return f"{zlib.crc32(path.read_bytes()):08x}"
@@ -139,22 +145,15 @@ def input_digests() -> str:
 def stale(paths) -> list[str]:
     """One line for each posgen file among ``paths`` (files or folders, searched for .nc/.h5) that was made from
     another version of one of its inputs than the one there now (or from an input that is gone)."""
-    import h5py
-
     files = []
     for path in map(Path, paths):
         files += sorted(p for p in path.rglob("*") if p.suffix in (".nc", ".h5")) if path.is_dir() else [path]
     lines = []
     for path in files:
-        try:
-            with h5py.File(path, "r") as f:
-                recorded = f.attrs.get(INPUTS_ATTR)
-        except OSError:
-            continue  # not readable: its reader says so, with the command that remakes it
+        recorded = _file_attr(path, INPUTS_ATTR)
         if recorded is None:
             continue
-        recorded = json.loads(recorded.decode() if isinstance(recorded, bytes) else recorded)
-        for source, then in sorted(recorded.items()):
+        for source, then in sorted(json.loads(recorded).items()):
             now = current_digest(Path(source))
             if then is not None and now != then:
                 change = "is gone" if now is None and not Path(source).exists() else "has changed since"

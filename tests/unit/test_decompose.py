@@ -372,6 +372,8 @@ def test_store_to_netcdf(tmp_path):
         dummy_distances=[0, 50],
         dummy_distance=50,
         lstsq_tol=LSTSQ_TOL,
+        precision="float32",
+        bound_rows=0,
         bound_samples=0,
         device="cpu",
         config_hash="abc",
@@ -408,6 +410,8 @@ def test_bad_inputs_are_named(tmp_path):
             dummy_distances=[0],
             dummy_distance=0,
             lstsq_tol=LSTSQ_TOL,
+            precision="float32",
+            bound_rows=0,
             bound_samples=0,
         )
     xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
@@ -418,6 +422,8 @@ def test_bad_inputs_are_named(tmp_path):
             dummy_distances=[0],
             dummy_distance=0,
             lstsq_tol=LSTSQ_TOL,
+            precision="float32",
+            bound_rows=0,
             bound_samples=0,
         )
 
@@ -491,6 +497,8 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
         dummy_distances=[0, 5, 50],
         dummy_distance=50,
         lstsq_tol=LSTSQ_TOL,
+        precision="float32",
+        bound_rows=0,
         bound_samples=0,
         device="cpu",
         progress=False,
@@ -558,6 +566,8 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
         dummy_distances=[0, 15, 100],
         dummy_distance=100,
         lstsq_tol=LSTSQ_TOL,
+        precision="float32",
+        bound_rows=0,
         bound_samples=0,
         device="cpu",
         progress=False,

@@ -105,6 +105,8 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
         dummy_distance=20,
         lstsq_tol=LSTSQ_TOL,
         bound_samples=0,
+        precision="float32",
+        bound_rows=0,
         device="cpu",
         progress=False,
     )

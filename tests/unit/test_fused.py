@@ -18,7 +18,14 @@ from posgen.store import open_dataset, write_netcdf
 from posgen.testing.qk_store import toy_rope, write_qk_store
 from posgen.workflow import parse_shard, shard_names, shard_of, shard_ranges
 
-DECOMPOSITION = {"dummy_distances": [0, 8, 100], "dummy_distance": 100, "lstsq_tol": 1e-8, "bound_samples": 2}
+DECOMPOSITION = {
+    "dummy_distances": [0, 8, 100],
+    "dummy_distance": 100,
+    "lstsq_tol": 1e-8,
+    "bound_samples": 2,
+    "precision": "float32",
+    "bound_rows": 0,
+}
 N_WINDOWS = 5
 
 

@@ -225,6 +225,8 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
         dummy_distances=[0, 100],
         dummy_distance=100,
         lstsq_tol=LSTSQ_TOL,
+        precision="float32",
+        bound_rows=0,
         bound_samples=0,
         progress=False,
     )

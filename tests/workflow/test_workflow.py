@@ -65,6 +65,8 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
             dummy_distance=dec["dummy_distance"],
             lstsq_tol=dec["lstsq_tol"],
             bound_samples=dec["bound_samples"],
+            precision=dec["precision"],
+            bound_rows=dec["bound_rows"],
             device="cpu",
             progress=False,
         ),

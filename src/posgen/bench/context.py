@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import resource
 import tempfile
 import time
@@ -125,9 +126,8 @@ def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
     return model_dir
 
 
-def _in_child(function, *args) -> dict:
-    import multiprocessing
-
+def in_child(function, *args) -> dict:
+    """``function(*args)`` in a fresh process (spawned: nothing inherited), so that its peak memory is its own."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(function, args)
 
@@ -150,14 +150,14 @@ def sweep(
         model_dir = str(shape_model_dir(Path(tmp), shape, 1))
         for T in seq_lens:
             qk = str(Path(tmp) / f"qk{T}.npz")
-            row = {"forward": _in_child(_forward, model_dir, T, threads)}
-            row["capture"] = _in_child(_capture, model_dir, T, threads, qk)
+            row = {"forward": in_child(_forward, model_dir, T, threads)}
+            row["capture"] = in_child(_capture, model_dir, T, threads, qk)
             scaling, amp = row["capture"].pop("scaling"), row["capture"].pop("amp")
             common = (qk, scaling, amp, threads, dummy_distances, bound_rows)
-            base = _in_child(_analysis, "load", *common)["peak_gb"]
+            base = in_child(_analysis, "load", *common)["peak_gb"]
             for stage, limit in (("moments", 0), ("method_b", method_b_max), ("bound", bound_max)):
                 if not limit or T <= limit:
-                    row[stage] = _in_child(_analysis, stage, *common)
+                    row[stage] = in_child(_analysis, stage, *common)
                     row[stage]["extra_gb"] = row[stage]["peak_gb"] - base
             rows[T] = row
             print(f"  T={T}: " + ", ".join(f"{s} {v['seconds']:.2f} s" for s, v in row.items()), flush=True)

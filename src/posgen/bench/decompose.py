@@ -297,6 +297,8 @@ def main(argv=None):
                 dummy_distance=args.dummy_distance,
                 bound_samples=args.bound_samples,
                 lstsq_tol=schema_default("decomposition.lstsq_tol"),
+                precision=args.precision,
+                bound_rows=schema_default("decomposition.bound_rows"),
                 device=args.device,
                 progress=False,
             )

@@ -85,7 +85,8 @@ def main(argv=None):
     parser.add_argument("--configfile", type=Path, default=Path(__file__).resolve().parents[3] / "config.yaml")
     args = parser.parse_args(argv)
     decomposition = load(args.configfile)["decomposition"]
-    settings = {name: decomposition[name] for name in ("dummy_distances", "dummy_distance", "lstsq_tol", "precision")}
+    names = ("dummy_distances", "dummy_distance", "lstsq_tol", "precision", "bound_rows")
+    settings = {name: decomposition[name] for name in names}
     # the error and bound on the first window, as the default config's bound_samples does on its first ones
     settings["bound_samples"] = 1
 

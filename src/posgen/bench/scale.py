@@ -15,7 +15,6 @@ with ``posgen.plan``: the store path (float32 q/k of every window) and the fused
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import resource
 import tempfile
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.bench.context import report, shape_model_dir, sweep
+from posgen.bench.context import in_child, report, shape_model_dir, sweep
 from posgen.config import schema_default
 from posgen.shapes import SHAPES
 
@@ -123,6 +122,8 @@ def _stage_fused(
         dummy_distance=1000,
         device=device,
         lstsq_tol=schema_default("decomposition.lstsq_tol"),
+        precision=schema_default("decomposition.precision"),
+        bound_rows=schema_default("decomposition.bound_rows"),
         bound_samples=1,
     )
     report = extract(
@@ -157,6 +158,8 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
             dummy_distance=1000,
             device=device,
             lstsq_tol=schema_default("decomposition.lstsq_tol"),
+            precision=schema_default("decomposition.precision"),
+            bound_rows=schema_default("decomposition.bound_rows"),
             bound_samples=1,
         )
     _synchronize(device)
@@ -173,11 +176,6 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
         "bytes": Path(out).stat().st_size,
         "parts": parts,
     }
-
-
-def _in_child(function, *args) -> dict:
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(function, args)
 
 
 def bench_config(seq_len: int, n_windows: int, dummy_distances: list[int]) -> dict:
@@ -322,9 +320,9 @@ def main(argv=None):
         _windows(windows, 512, args.windows, args.seq_len)
         common = (str(model_dir), str(windows), args.threads, device, args.dtype)
         calls = {
-            "forward": lambda: _in_child(_stage_forward, *common),
-            "extract": lambda: _in_child(_stage_extract, *common, str(root / "qk.h5")),
-            "decompose": lambda: _in_child(
+            "forward": lambda: in_child(_stage_forward, *common),
+            "extract": lambda: in_child(_stage_extract, *common, str(root / "qk.h5")),
+            "decompose": lambda: in_child(
                 _stage_decompose,
                 str(root / "qk.h5"),
                 args.threads,
@@ -332,7 +330,7 @@ def main(argv=None):
                 str(root / "decomposition.nc"),
                 args.dummy_distances,
             ),
-            "fused": lambda: _in_child(_stage_fused, *common, str(root / "fused"), args.dummy_distances),
+            "fused": lambda: in_child(_stage_fused, *common, str(root / "fused"), args.dummy_distances),
         }
         for stage in STAGES:
             if stage in args.stages:

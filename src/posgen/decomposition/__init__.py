@@ -5,8 +5,9 @@ Method A (mean-key construction): ``f_ij = s (R_i q_i).(R_j kbar)``, ``g_ij = s 
 ``R_D^T R_0 = R_i^T R_(i-D)`` exactly as for a real pair at distance D. Method B: exact least-squares fit
 ``W_ij ~ a(i-j) + b(i) + c(j)`` over the counted entries.
 
-Everything is exact (no sampling, no truncated iterations). W, f and every g_D are rank-d matrices
-(``x_ij = a_i . u_j``), so only the error of A and its bound need every entry. One module per step, in the order
+Every entry counts: nothing is sampled but, where ``decomposition.bound_rows`` asks, the rows of the error of A
+and its bound. Method B's fit is iterative, to a relative normal residual of 1e-12. W, f and every g_D are
+rank-d matrices (``x_ij = a_i . u_j``), so only the error of A and its bound need every entry. One module per step, in the order
 :meth:`Decomposer.unit <posgen.decomposition.decomposer.Decomposer.unit>` runs them:
 
 * ``mask``: the counted entries (causal, windowed, with or without the sink column);

@@ -16,6 +16,7 @@ from posgen.decomposition.mask import SINKS
 from posgen.decomposition.operands import KEY_SETS, UnitOperands
 from posgen.rope import rotate
 
+STATISTICS = ("err_abs_mean", "err_abs_se", "bound_mean", "bound_slack_min")  # error_and_bound's, (H, sink) each
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
 from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
 from posgen.decomposition.drift import (
@@ -132,7 +133,7 @@ class Decomposer:
             out.update(self.error_and_bound(ops))
         else:
             H = ops.q.shape[0]
-            for name in ("err_abs_mean", "err_abs_se", "bound_mean", "bound_slack_min"):
+            for name in BOUND_STATISTICS:
                 out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
         result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
         if with_bound:

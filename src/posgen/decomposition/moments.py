@@ -167,11 +167,12 @@ def masked_moments(
     if dtype == f64:
         qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets)
     else:
-        q_c, q0_c = (x - x.mean(-2, keepdim=True) for x in (q, q0))  # queries less their means over tokens
+        q_mean, q0_mean = q.mean(2, keepdim=True), q0.mean(2, keepdim=True)  # (n, h, 1, e): means over tokens
+        q_c, q0_c = q - q_mean, q0 - q0_mean  # centred queries
         qq, qg, gg, qv, vv = _products(
             q_c.to(dtype), q0_c.to(dtype), rotations.to(dtype), keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
         )
-        means = _mean_parts(q, q0, rotations, keys, q0_keys, window)  # (n, h, F, G)
+        means = _mean_parts((q_mean, q_c), (q0_mean, q0_c), rotations, keys, q0_keys, window)  # (n, h, F, G)
         G, V = slice(k, k + rotations.shape[0]), slice(k + rotations.shape[0], means.shape[-1])
         qq = qq + means[..., :k, :k]
         qg = qg + means[..., G, :g_sets].permute(2, 0, 1, 3)
@@ -212,9 +213,10 @@ def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
     A form ``x_ij = a_i . u_j`` with the queries' mean ``abar`` over tokens is ``C(j) + z_ij``: the column
     function ``C(j) = abar . u_j``, which carries the mean, and ``z_ij = (a_i - abar) . u_j``. So
     ``sum x y - sum z_x z_y = sum_j n_col(j) C_x C_y + C_x Z_y + Z_x C_y`` with ``Z(j)`` the sum of z over the
-    queries that count key j: O(T d) per form.
+    queries that count key j: O(T d) per form. ``q`` and ``q0`` are each (mean ``(n, h, 1, e)``, centred
+    queries ``(n, h, T, e)``).
     """
-    n, h, T, d = q.shape
+    n, h, T, d = q[1].shape
     k = keys.shape[-1] // d - 1
     nD, L = rotations.shape[0], d // 2
     r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l): R_D, block-diagonal per band
@@ -224,15 +226,13 @@ def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
         (q0, torch.cat([kg.reshape(n, T, nD, d), q0_keys.view(n, T, -1, d)], 2)),  # the g_D and v_p read q0
     ]
     C, Z = [], []
-    for a, u in groups:  # u (n, T, F, e): the forms' keys
-        a_mean = a.mean(2)  # (n, h, e)
-        beta = a - a_mean[:, :, None]  # (n, h, T, e): centred queries
+    for (a_mean, beta), u in groups:  # u (n, T, F, e): the forms' keys
         after = window_prefix(beta.flip(2), window, dim=2).flip(2)  # (n, h, T, e): over the queries key j counts
-        C.append(torch.einsum("nhe,ntfe->nhtf", a_mean, u))  # (n, h, T, F)
+        C.append(torch.einsum("nhe,ntfe->nhtf", a_mean[:, :, 0], u))  # (n, h, T, F)
         Z.append(torch.einsum("nhte,ntfe->nhtf", after, u))  # (n, h, T, F)
     C, Z = torch.cat(C, -1), torch.cat(Z, -1)  # (n, h, T, F) each
-    tok = torch.arange(T, device=q.device)
-    n_col = (T - tok).clamp(max=window or T).to(q.dtype)[:, None]  # (T, 1): queries that count key j
+    tok = torch.arange(T, device=keys.device)
+    n_col = (T - tok).clamp(max=window or T).to(keys.dtype)[:, None]  # (T, 1): queries that count key j
     cross = torch.einsum("nhtf,nhtg->nhfg", C, Z)  # sum_j C_F Z_G
     return torch.einsum("nhtf,nhtg->nhfg", C * n_col, C) + cross + cross.transpose(-1, -2)
 

@@ -8,6 +8,7 @@ import numpy as np
 import xarray as xr
 from tqdm import tqdm
 
+from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
 from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
@@ -73,10 +74,7 @@ class DecompositionTable:
             "r_f": base + ("method", "sink"),
             "r_g": base + ("method", "sink"),
             "r_sweep": base + ("sink", "D"),
-            "err_abs_mean": base + ("sink",),
-            "err_abs_se": base + ("sink",),
-            "bound_mean": base + ("sink",),
-            "bound_slack_min": base + ("sink",),
+            **{name: base + ("sink",) for name in BOUND_STATISTICS},
             "lstsq_residual": base + ("sink",),
             **{name: base + ("method", "sink") for name in SUMS},
             **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
@@ -110,8 +108,8 @@ def decompose_dataset(
     device: str = "auto",
     lstsq_tol: float,
     bound_samples: int,
-    precision: str = "float32",
-    bound_rows: int = 0,
+    precision: str,
+    bound_rows: int,
     progress: bool = True,
     attrs: dict | None = None,
     what: str = "q/k dataset",
@@ -142,8 +140,8 @@ def decompose_store(
     device: str = "auto",
     lstsq_tol: float,
     bound_samples: int,
-    precision: str = "float32",
-    bound_rows: int = 0,
+    precision: str,
+    bound_rows: int,
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
