@@ -93,6 +93,7 @@ CASES = {
     "window": dict(window=7),
     "attention_scaling": dict(amp=1.3, D0=30, Ds=(30, 1, 60)),
     "row_blocks": dict(T=40, window=10, block_elems=2000),
+    "column_tiles": dict(T=70, block_elems=1000),  # rows of 32, their columns split in tiles of 3
     "one_kv_head": dict(T=33, H=3, H_kv=1, d=16, D0=0, Ds=(0, 7)),
     "default_block": dict(T=70, H=2, H_kv=1, block=32),
 }
@@ -607,7 +608,7 @@ def test_sampled_rows_estimate_the_error_within_its_stated_error(window):
     taken is no lower than over all; the mean bound stays exact; every row taken is the exact pass again."""
     q, k, kv = random_qk(H=4, H_kv=2, T=1500, d=16, seed=3)
     rope = LayerRope(inv_freq(16), 0.25, 1.0, window)
-    block_elems = 2**15  # row blocks of a row or two at T = 1500: 200 rows are a sample of the blocks
+    block_elems = 2**15  # tiles of 32 rows by 64 columns at T = 1500: 200 rows are 7 of the 47 row blocks
     exact = Decomposer([0, 50], 50, block_elems=block_elems).unit(q, k, kv, rope)
     for rows, check in ((200, "sampled"), (1500, "all")):
         got = Decomposer([0, 50], 50, block_elems=block_elems, bound_rows=rows).unit(q, k, kv, rope)

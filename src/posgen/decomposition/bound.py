@@ -17,6 +17,7 @@ from posgen.decomposition.operands import KEY_SETS, UnitOperands
 from posgen.rope import rotate
 
 STATISTICS = ("err_abs_mean", "err_abs_se", "bound_mean", "bound_slack_min")  # error_and_bound's, (H, sink) each
+ROW_BLOCK = 32  # the fewest query rows in a tile of the entry pass (_error_pass)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
 
 
@@ -158,8 +159,9 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
     error over those blocks, and min (bound - |W - A|).
 
     Per KV head: ``e_queries (n, h, T, 2d)``, ``e_keys (n, sink, T, 2d)``, bound factors ``a (n, h, T, L)`` and
-    ``b (n, sink, T, L)``. Returns (n, h, sink) each. The one pass over (T x T) entries, in row blocks that
-    keep the working set in cache (all of them, or those of :func:`_row_blocks`; the mean is then the ratio
+    ``b (n, sink, T, L)``. Returns (n, h, sink) each. The one pass over (T x T) entries, in tiles that keep
+    the working set in cache: row blocks of at least ``ROW_BLOCK`` rows, their columns split when the window is
+    long (all row blocks, or those of :func:`_row_blocks`; the mean is then the ratio
     estimate sum |E| / entries over the blocks taken, its standard error that of a ratio estimator with the
     finite-population correction). In a block the columns are taken in reverse order, where a Toeplitz
     factor f(i - j) becomes a Hankel view of one stored vector. Slow bands of the bound: one matrix product
@@ -178,42 +180,49 @@ def _error_pass(e_queries, e_keys, a, b, table: BoundTable, window: int, device,
     a_rows = a[..., fast].transpose(1, 2).contiguous()  # (n, T, h, nf)
     k_rev, v_rev = e_keys.flip(2), v.flip(2)
     b_rev = b[..., fast].flip(2).permute(0, 3, 1, 2).contiguous()  # (n, nf, sink, T)
-    rows = max(1, min(T, block_elems // (2 * T * max(h, nf))))
+    # tiles of rows x cols entries, about block_elems each: at least ROW_BLOCK rows, so that long windows split
+    # their columns rather than shrink the rows to a few (skinny products, keys streamed from beyond the cache)
+    width = 2 * max(h, nf)
+    rows = min(T, max(ROW_BLOCK, block_elems // (width * T)))
+    cols = max(1, block_elems // (width * rows))
     starts = _row_blocks(T, rows, bound_rows)
     for i0 in starts:
         i1 = min(T, i0 + rows)
         j0 = max(0, i0 - window + 1) if window else 0
-        t, w = i1 - i0, i1 - j0
-        ii = torch.arange(i0, i1, device=dev)[:, None]
-        jj = torch.arange(i1 - 1, j0 - 1, -1, device=dev)[None, :]  # reversed columns
-        keep = jj <= ii
-        if window:
-            keep &= ii - jj < window
-        keep = torch.stack([keep, keep & (jj > 0)], 1)[:, None]  # (t, 1, sink, w)
-        keep_f, drop = keep.float(), ~keep
-        base = i0 - i1 + 1 + T  # [r, u] -> delta + T = base + r + u
-        rev = slice(T - i1, T - j0)  # columns i1 - 1 down to j0 in reversed token order
-        sign = table.sign.as_strided((t, 1, 1, w), (1, 0, 0, 1), base)
-        hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
-        factors = torch.empty(t, nf, 2, w, device=dev)
-        block_counts.append(keep_f.sum((0, 1, 3)).double())  # (sink,)
+        block_counts.append(torch.zeros(2, dtype=torch.float64, device=dev))  # (sink,)
         block_sums.append(torch.zeros(n, h, 2, dtype=torch.float64, device=dev))
-        for g in range(n):
-            q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
-            k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
-            err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
-            err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
-            block_sums[-1][g] = err.sum((0, 3)).double()  # a block's float32 sum is exact enough
-            u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
-            v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
-            bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
-            bound = bound.view(t, h, 2, w).mul_(sign)
-            bound = bound.view(t, h, 2 * w)  # (row, head, (sink, column))
-            torch.mul(hank, b_rev[g, :, :, rev], out=factors)  # (row, band, sink, column)
-            bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w))  # plus the fast bands
-            bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
-            slack = bound.sub_(err).masked_fill_(drop, float("inf"))
-            slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
+        for c0 in range(j0, i1, cols):
+            c1 = min(i1, c0 + cols)
+            t, w = i1 - i0, c1 - c0
+            ii = torch.arange(i0, i1, device=dev)[:, None]
+            jj = torch.arange(c1 - 1, c0 - 1, -1, device=dev)[None, :]  # reversed columns
+            keep = jj <= ii
+            if window:
+                keep &= ii - jj < window
+            keep = torch.stack([keep, keep & (jj > 0)], 1)[:, None]  # (t, 1, sink, w)
+            keep_f, drop = keep.float(), ~keep
+            base = i0 - c1 + 1 + T  # [r, u] -> delta + T = base + r + u
+            rev = slice(T - c1, T - c0)  # columns c1 - 1 down to c0 in reversed token order
+            sign = table.sign.as_strided((t, 1, 1, w), (1, 0, 0, 1), base)
+            hank = table.fast_factor.as_strided((t, nf, 1, w), (1, stride, 0, 1), base)
+            factors = torch.empty(t, nf, 2, w, device=dev)
+            block_counts[-1] += keep_f.sum((0, 1, 3)).double()
+            for g in range(n):
+                q_block = q_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2d)
+                k_block = k_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2d)
+                err = torch.mm(q_block, k_block.T)  # ((row, head), (sink, column)): W - A
+                err = err.view(t, h, 2, w).abs_().mul_(keep_f)  # |W - A|, 0 where not counted
+                block_sums[-1][g] += err.sum((0, 3)).double()  # a tile's float32 sum is exact enough
+                u_block = u_rows[g, i0:i1].view(t * h, -1)  # ((row, head), 2 n_slow)
+                v_block = v_rev[g, :, rev].reshape(2 * w, -1)  # ((sink, column), 2 n_slow)
+                bound = torch.mm(u_block, v_block.T)  # ((row, head), (sink, column)): slow bands, unsigned
+                bound = bound.view(t, h, 2, w).mul_(sign)
+                bound = bound.view(t, h, 2 * w)  # (row, head, (sink, column))
+                torch.mul(hank, b_rev[g, :, :, rev], out=factors)  # (row, band, sink, column)
+                bound = torch.baddbmm(bound, a_rows[g, i0:i1], factors.view(t, nf, 2 * w))  # plus the fast bands
+                bound = bound.view(t, h, 2, w)  # (row, head, sink, column)
+                slack = bound.sub_(err).masked_fill_(drop, float("inf"))
+                slack_min[g] = torch.minimum(slack_min[g], slack.amin((0, 3)))
     S, N = torch.stack(block_sums), torch.stack(block_counts)[:, None, None]  # (b, n, h, sink), (b, 1, 1, sink)
     mean = S.sum(0) / N.sum(0)  # (n, h, sink)
     k, total = len(starts), -(-T // rows)
