@@ -329,17 +329,17 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
     m = m.reshape(n * h * g_sets, d * d)  # ((n, h, a), (f, e))
     qg = (r_flat.double() @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
-    # g^2 per key block c: <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams.
-    # R_D is block-diagonal per band (dims l and l + d/2), so R_D^T G_c R_D takes 2 x 2 products per band pair:
-    # r[D, x, z, l] = R_D[(x, l), (z, l)]
+    # g^2 = sum_c <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams. R_D is
+    # block-diagonal per band (dims l and l + d/2): r[D, x, z, l] = R_D[(x, l), (z, l)]. So the sum over c
+    # comes first, once for every D: P = sum_c G_c (x) S_c per pair of bands (l, m), then R_D on both sides
     kg_blocks = kg.reshape(n * nc, block, d)  # ((n, c), r, f)
     g_c = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
-    g_c = g_c.view(n, nc, 2, L, 2, L)  # (n, c, x, l, y, m)
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
-    rg = torch.einsum("Dxzl,ncxlym->Dnczlym", r, g_c)  # (D, n, c, z, l, y, m)
-    rgr = torch.einsum("Dnczlym,Dywm->Dnczlwm", rg, r)  # (D, n, c, z, l, w, m): R_D^T G_c R_D
-    rgr = rgr.reshape(nD, n, nc * d * d).double()  # (D, n, (c, e, e'))
-    gg = torch.einsum("Dnx,nhx->Dnh", rgr, s_00.reshape(n, h, nc * d * d))  # (D, n, h)
+    g_c = g_c.view(n, nc, 2, L, 2, L).double()  # (n, c, x, l, y, m)
+    s_c = s_00.view(n, h, nc, 2, L, 2, L)  # (n, h, c, z, l, w, m)
+    pairs = torch.einsum("ncxlym,nhczlwm->nhxzlywm", g_c, s_c)  # (n, h, x, z, l, y, w, m): summed over c
+    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4).double()  # (D, x, z, l)
+    left = torch.einsum("Dxzl,nhxzlywm->Dnhywm", r, pairs.view(n, h, 2, 2, L, 2, 2, L))  # sums over x, z, l
+    gg = torch.einsum("Dnhywm,Dywm->Dnh", left, r)  # (D, n, h)
     # sum v_p v_p' = sum_j V_p[j]^T (summed q0 q0^T Grams) V_p'[j]
     v_blocks = vb.view(n, 1, nc, block * p, d)  # (n, 1, c, (r, p), e)
     sv = v_blocks.double() @ s_00.reshape(n, h, nc, d, d)  # (n, h, c, (r, p), e'), float64: few keys
