@@ -69,6 +69,15 @@ class AdditiveDesign:
         if causal:
             self.n_delta = window or T
             self.deltas = torch.arange(self.n_delta, device=device)
+            tok, nd = torch.arange(T, device=device), self.n_delta
+            self.ends = {  # where the products below read the prefix sums
+                "tok": tok,
+                "nab_t": tok.clamp(max=nd - 1) + 1,  # sum_{delta <= min(i, nd - 1)}
+                "nac": T - self.deltas,  # sum_{j <= T - 1 - delta}
+                "nac_t": (T - 1 - tok).clamp(max=nd - 1) + 1,  # sum_{delta <= min(T - 1 - j, nd - 1)}
+                "m": (tok - nd + 1).clamp(min=0),  # sum_{lo_i <= j}
+                "m_t": (tok + nd).clamp(max=T),  # sum_{i <= j + nd - 1}
+            }
             ones = torch.ones(T, dtype=f64, device=device)
             self.cnt_a, self.cnt_b, self.cnt_c = self.nab(ones), self.m(ones), self.m_t(ones)  # N's diagonal
         else:
@@ -164,65 +173,59 @@ class AdditiveDesign:
         return torch.split(r, [self.n_delta, self.n_tokens, self.n_tokens], -1)
 
     # products with the mask blocks in O(T) from prefix sums (float64), batched over leading dims:
-    # nab[delta, i] = M[i, i - delta], nac[delta, j] = M[j + delta, j], M[i, j]
+    # nab[delta, i] = M[i, i - delta], nac[delta, j] = M[j + delta, j], M[i, j]. Each takes its operand's
+    # prefix sums ``pre`` when the caller has them (``normal`` forms each once for the three products)
     def _prefix(self, v):
         return torch.nn.functional.pad(torch.cumsum(v, -1), (1, 0))  # [k] = sum of v[:k]
 
-    def nab(self, b):
+    def nab(self, b, pre=None):
         if not self.causal:
             return b @ self._dense[0].T
-        out = self._prefix(b)[..., -1:] - self._prefix(b)[..., : self.n_delta]  # sum_{i >= delta} b_i
+        pre = self._prefix(b) if pre is None else pre
+        out = pre[..., -1:] - pre[..., : self.n_delta]  # sum_{i >= delta} b_i
         return out - b[..., : self.n_delta] if self.sink == "without" else out
 
-    def nab_t(self, a):
+    def nab_t(self, a, pre=None):
         if not self.causal:
             return a @ self._dense[0]
-        T, nd = self.n_tokens, self.n_delta
-        idx = torch.arange(T, device=a.device).clamp(max=nd - 1) + 1
-        out = self._prefix(a)[..., idx]  # sum_{delta <= min(i, nd - 1)} a_delta
+        pre = self._prefix(a) if pre is None else pre
+        out = pre[..., self.ends["nab_t"]]  # sum_{delta <= min(i, nd - 1)} a_delta
         if self.sink == "without":
-            out = out - torch.nn.functional.pad(a, (0, T - nd))
+            out = out - torch.nn.functional.pad(a, (0, self.n_tokens - self.n_delta))
         return out
 
-    def nac(self, c):
+    def nac(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[1].T
-        T, nd = self.n_tokens, self.n_delta
-        out = self._prefix(c)[..., T - torch.arange(nd, device=c.device)]  # sum_{j <= T - 1 - delta} c_j
+        pre = self._prefix(c) if pre is None else pre
+        out = pre[..., self.ends["nac"]]  # sum_{j <= T - 1 - delta} c_j
         return out - c[..., :1] if self.sink == "without" else out
 
-    def nac_t(self, a):
+    def nac_t(self, a, pre=None):
         if not self.causal:
             return a @ self._dense[1]
-        T, nd = self.n_tokens, self.n_delta
-        idx = (T - 1 - torch.arange(T, device=a.device)).clamp(max=nd - 1) + 1
-        out = self._prefix(a)[..., idx]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
+        pre = self._prefix(a) if pre is None else pre
+        out = pre[..., self.ends["nac_t"]]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
         if self.sink == "without":
-            out = out.clone()
-            out[..., 0] = 0
+            out[..., 0] = 0  # a gather: out is a new tensor
         return out
 
-    def m(self, c):
+    def m(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[2].T
-        T, nd = self.n_tokens, self.n_delta
-        i = torch.arange(T, device=c.device)
-        pre = self._prefix(c)
-        out = pre[..., i + 1] - pre[..., (i - nd + 1).clamp(min=0)]  # sum_{lo_i <= j <= i} c_j
+        pre = self._prefix(c) if pre is None else pre
+        out = pre[..., 1:] - pre[..., self.ends["m"]]  # sum_{lo_i <= j <= i} c_j
         if self.sink == "without":
-            out = out - c[..., :1] * (i < nd)
+            out = out - c[..., :1] * (self.ends["tok"] < self.n_delta)
         return out
 
-    def m_t(self, b):
+    def m_t(self, b, pre=None):
         if not self.causal:
             return b @ self._dense[2]
-        T, nd = self.n_tokens, self.n_delta
-        j = torch.arange(T, device=b.device)
-        pre = self._prefix(b)
-        out = pre[..., (j + nd).clamp(max=T)] - pre[..., j]  # sum_{j <= i <= j + nd - 1} b_i
+        pre = self._prefix(b) if pre is None else pre
+        out = pre[..., self.ends["m_t"]] - pre[..., :-1]  # sum_{j <= i <= j + nd - 1} b_i
         if self.sink == "without":
-            out = out.clone()
-            out[..., 0] = 0
+            out[..., 0] = 0  # a new tensor
         return out
 
     def solve(self, ra, rb, rc, rtol: float = CG_RTOL):
@@ -278,9 +281,10 @@ class AdditiveDesign:
 
     def normal(self, a, b, c):
         """N theta, from the mask structure (independent of the factorisation)."""
-        na = a * self.cnt_a + self.nab(b) + self.nac(c)
-        nb = self.nab_t(a) + b * self.cnt_b + self.m(c)
-        nc = self.nac_t(a) + self.m_t(b) + c * self.cnt_c
+        pa, pb, pc = (self._prefix(v) if self.causal else None for v in (a, b, c))  # each formed once
+        na = a * self.cnt_a + self.nab(b, pb) + self.nac(c, pc)
+        nb = self.nab_t(a, pa) + b * self.cnt_b + self.m(c, pc)
+        nc = self.nac_t(a, pa) + self.m_t(b, pb) + c * self.cnt_c
         return na, nb, nc
 
     def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2):
