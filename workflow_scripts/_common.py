@@ -45,6 +45,9 @@ def setup(snakemake, uses_torch: bool = False) -> None:
         # changes no result beyond 1e-38.
         torch.set_flush_denormal(True)
         torch.set_num_threads(max(1, snakemake.threads))
+        from posgen.allocator import keep_freed_memory
+
+        keep_freed_memory()  # freed tensors stay in the process: no page faults on the next (posgen.allocator)
     from posgen.testing.faults import fail_once
 
     fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/workflow/test_slurm.py)

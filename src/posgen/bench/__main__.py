@@ -1,8 +1,11 @@
 import importlib
 import sys
 
+from posgen.allocator import keep_freed_memory
+
 NAMES = ["extract", "decompose", "synthetic", "scale"]
 
 if len(sys.argv) < 2 or sys.argv[1] not in NAMES:
     sys.exit(f"usage: python -m posgen.bench {{{'|'.join(NAMES)}}} [options]")
+keep_freed_memory()  # as the workflow's jobs do (workflow_scripts/_common.py)
 importlib.import_module(f"posgen.bench.{sys.argv[1]}").main(sys.argv[2:])

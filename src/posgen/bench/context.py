@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posgen.allocator import keep_freed_memory
 from posgen.shapes import shape_config
 
 ANALYSIS = ("moments", "method_b", "bound")  # the stages of the analysis of one window
@@ -128,7 +129,7 @@ def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
 
 def in_child(function, *args) -> dict:
     """``function(*args)`` in a fresh process (spawned: nothing inherited), so that its peak memory is its own."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
+    with multiprocessing.get_context("spawn").Pool(1, initializer=keep_freed_memory) as pool:
         return pool.apply(function, args)
 
 
