@@ -163,7 +163,10 @@ def masked_moments(
     keys, q0_keys = keys.to(f64), q0_keys.to(f64)
     k = keys.shape[-1] // q.shape[-1] - 1
     g_sets = k if g_sets is None else g_sets
-    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, rotations, keys, q0_keys, window)
+    n, T, d = keys.shape[0], keys.shape[1], q.shape[-1]
+    kg_rot = keys[..., k * d :] @ rotations.transpose(0, 1).reshape(d, -1)  # (n, T, (D, e)): R_D^T kg_j, every D
+    kg_rot = kg_rot.view(n, T, -1, d)  # (n, T, D, e)
+    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)
     if dtype == f64:
         qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets)
     else:
@@ -172,7 +175,7 @@ def masked_moments(
         qq, qg, gg, qv, vv = _products(
             q_c.to(dtype), q0_c.to(dtype), rotations.to(dtype), keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
         )
-        means = _mean_parts((q_mean, q_c), (q0_mean, q0_c), rotations, keys, q0_keys, window)  # (n, h, F, G)
+        means = _mean_parts((q_mean, q_c), (q0_mean, q0_c), kg_rot, keys, q0_keys, window)  # (n, h, F, G)
         G, V = slice(k, k + rotations.shape[0]), slice(k + rotations.shape[0], means.shape[-1])
         qq = qq + means[..., :k, :k]
         qg = qg + means[..., G, :g_sets].permute(2, 0, 1, 3)
@@ -206,7 +209,7 @@ def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: 
     return _add_ragged(*full, qb, q0b, kp, vp, rotations, blocks)
 
 
-def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
+def _mean_parts(q, q0, kg_rot, keys, q0_keys, window: int) -> torch.Tensor:
     """``sum x_F x_G`` over the counted entries less that of their parts with centred queries, float64, for
     every pair of forms F, G (the x_a, the g_D, the v_p): ``(n, h, F, G)``. method.md section 4, "Precision".
 
@@ -214,16 +217,13 @@ def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
     function ``C(j) = abar . u_j``, which carries the mean, and ``z_ij = (a_i - abar) . u_j``. So
     ``sum x y - sum z_x z_y = sum_j n_col(j) C_x C_y + C_x Z_y + Z_x C_y`` with ``Z(j)`` the sum of z over the
     queries that count key j: O(T d) per form. ``q`` and ``q0`` are each (mean ``(n, h, 1, e)``, centred
-    queries ``(n, h, T, e)``).
+    queries ``(n, h, T, e)``); ``kg_rot (n, T, D, e)`` the g keys rotated, R_D^T kg_j.
     """
     n, h, T, d = q[1].shape
     k = keys.shape[-1] // d - 1
-    nD, L = rotations.shape[0], d // 2
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l): R_D, block-diagonal per band
-    kg = torch.einsum("Dxzl,ntxl->ntDzl", r, keys[..., k * d :].view(n, T, 2, L))  # (n, T, D, z, l): R_D^T kg_j
     groups = [
         (q, keys[..., : k * d].reshape(n, T, k, d)),  # the x_a read q
-        (q0, torch.cat([kg.reshape(n, T, nD, d), q0_keys.view(n, T, -1, d)], 2)),  # the g_D and v_p read q0
+        (q0, torch.cat([kg_rot, q0_keys.view(n, T, -1, d)], 2)),  # the g_D and v_p read q0
     ]
     C, Z = [], []
     for (a_mean, beta), u in groups:  # u (n, T, F, e): the forms' keys
@@ -237,31 +237,27 @@ def _mean_parts(q, q0, rotations, keys, q0_keys, window: int) -> torch.Tensor:
     return torch.einsum("nhtf,nhtg->nhfg", C * n_col, C) + cross + cross.transpose(-1, -2)
 
 
-def _rows_and_column0(q, q0, rotations, keys, q0_keys, window: int):
-    """Row sums of every x_a, g_D and v_p from prefix sums of the keys, and their key column 0 where it counts."""
+def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
+    """Row sums of every x_a, g_D and v_p from prefix sums of the keys, and their key column 0 where it counts;
+    ``kg_rot (n, T, D, e)`` the g keys rotated, R_D^T kg_j (g_D's row i: (R_D q0_i) . kg_j = q0_i . R_D^T kg_j)."""
     n, h, T, d = q.shape
     k = keys.shape[-1] // d - 1
     p = q0_keys.shape[-1] // d
-    nD = rotations.shape[0]
-    Q, G = slice(0, k * d), slice(k * d, (k + 1) * d)
-    rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
     nd = window or T
-    # g_D rows: (R_D q0_i) . u = q0_i . (R_D^T u)
-    pre = window_prefix(keys, window, dim=1)  # (n, T, (k + 1) d): sum of the keys that row i counts
-    pre_q = pre[:, None, :, Q].reshape(n, 1, T, k, d)  # (n, 1, T, a, e)
+    q_keys = keys[..., : k * d]  # (n, T, (a, e))
+    pre_q = window_prefix(q_keys, window, dim=1).view(n, 1, T, k, d)  # (n, 1, T, a, e): the keys row i counts
+    pre_g = window_prefix(kg_rot, window, dim=1).unsqueeze(1)  # (n, 1, T, D, e)
     pre_v = window_prefix(q0_keys, window, dim=1).view(n, 1, T, p, d)  # (n, 1, T, p, e)
-    pre_g = pre[..., G] @ rot_t  # (n, T, (D, e))
-    pre_g = pre_g.view(n, 1, T, nD, d)  # (n, 1, T, D, e): R_D^T u
     q_rows = torch.einsum("nhte,nutae->nhta", q, pre_q)  # (n, h, T, a); no (n, h, T, a, e) temporary
     g_rows = torch.einsum("nhte,nutDe->nhtD", q0, pre_g)  # (n, h, T, D)
     v_rows = torch.einsum("nhte,nutpe->nhtp", q0, pre_v)  # (n, h, T, p)
-    del pre, pre_q, pre_v, pre_g  # temporaries go as soon as they are used: the working set stays small
+    del pre_q, pre_v, pre_g  # temporaries go as soon as they are used: the working set stays small
     counts0 = (torch.arange(T, device=q.device) < nd).to(torch.float64)[:, None]  # (T, 1): rows that count column 0
-    k0_q = keys[:, None, 0, Q].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
-    k0_g = torch.einsum("Dfe,nf->nDe", rotations, keys[:, 0, G])  # (n, D, e): R_D^T kg_0
+    k0_q = q_keys[:, None, 0].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
+    k0_g = kg_rot[:, None, 0]  # (n, 1, D, e): R_D^T kg_0
     k0_v = q0_keys[:, None, 0].reshape(n, 1, p, d)  # (n, 1, p, e)
     q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
-    g_col0 = (q0 @ k0_g[:, None].transpose(-1, -2)) * counts0  # (n, h, T, D)
+    g_col0 = (q0 @ k0_g.transpose(-1, -2)) * counts0  # (n, h, T, D)
     v_col0 = (q0 @ k0_v.transpose(-1, -2)) * counts0  # (n, h, T, p)
     return (
         q_rows.transpose(2, 3),  # (n, h, a, T)
