@@ -13,7 +13,7 @@ import torch
 
 from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
-from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, w_sums
+from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, fit_sinks, w_sums
 from posgen.decomposition.drift import (
     BASES,
     SMOOTH_DEGREE,
@@ -276,10 +276,11 @@ class Decomposer:
         )
         b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
         cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
+        designs = {sink: self.design(T, ops.window, sink) for sink in SINKS}
+        fits = fit_sinks(designs, {sink: designs[sink].rhs(b_sums) for sink in SINKS}, tol=self.lstsq_tol * 1e-3)
         for sink in SINKS:
             m, n = moments[sink], ops.counts[sink]
-            design = self.design(T, ops.window, sink)
-            _, resid, bs = design.fit(*design.rhs(b_sums), tol=self.lstsq_tol * 1e-3)  # bs: sums of x, yhat
+            _, resid, bs = fits[sink]  # bs: sums of x, yhat
             worst = float(resid.max())
             self.max_residual = max(self.max_residual, worst)
             if not worst < self.lstsq_tol:

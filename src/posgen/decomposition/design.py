@@ -4,6 +4,8 @@ equations, factorised once per mask (:class:`AdditiveDesign`)."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from posgen.decomposition.mask import MaskInfo, window_prefix
@@ -65,6 +67,7 @@ class AdditiveDesign:
             raise ValueError(f"bidirectional additive fit takes no window and sink 'with' (got {window}, {sink!r})")
         f64 = torch.float64
         self.n_tokens, self.window, self.sink, self.causal = T, window, sink, causal
+        self.drop = float(sink == "without")  # 1 where key column 0 is dropped; per row in a stack (stack_sinks)
         self.inverse = None  # the dense solve's, once factorised
         if causal:
             self.n_delta = window or T
@@ -178,55 +181,62 @@ class AdditiveDesign:
     def _prefix(self, v):
         return torch.nn.functional.pad(torch.cumsum(v, -1), (1, 0))  # [k] = sum of v[:k]
 
+    def _less_sink(self, out, part):
+        """``out`` less ``part()``, key column 0's share, on the rows that drop that column (``drop``)."""
+        if isinstance(self.drop, float):
+            return out - part() if self.drop else out
+        return out - self.drop * part()
+
+    def _no_column0(self, out):
+        """``out`` (a new tensor) with key column 0's unknown zeroed on the rows that drop that column."""
+        if isinstance(self.drop, float):
+            if self.drop:
+                out[..., 0] = 0
+            return out
+        out[..., :1] *= 1 - self.drop
+        return out
+
     def nab(self, b, pre=None):
         if not self.causal:
             return b @ self._dense[0].T
         pre = self._prefix(b) if pre is None else pre
         out = pre[..., -1:] - pre[..., : self.n_delta]  # sum_{i >= delta} b_i
-        return out - b[..., : self.n_delta] if self.sink == "without" else out
+        return self._less_sink(out, lambda: b[..., : self.n_delta])
 
     def nab_t(self, a, pre=None):
         if not self.causal:
             return a @ self._dense[0]
         pre = self._prefix(a) if pre is None else pre
         out = pre[..., self.ends["nab_t"]]  # sum_{delta <= min(i, nd - 1)} a_delta
-        if self.sink == "without":
-            out = out - torch.nn.functional.pad(a, (0, self.n_tokens - self.n_delta))
-        return out
+        return self._less_sink(out, lambda: torch.nn.functional.pad(a, (0, self.n_tokens - self.n_delta)))
 
     def nac(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[1].T
         pre = self._prefix(c) if pre is None else pre
         out = pre[..., self.ends["nac"]]  # sum_{j <= T - 1 - delta} c_j
-        return out - c[..., :1] if self.sink == "without" else out
+        return self._less_sink(out, lambda: c[..., :1])
 
     def nac_t(self, a, pre=None):
         if not self.causal:
             return a @ self._dense[1]
         pre = self._prefix(a) if pre is None else pre
         out = pre[..., self.ends["nac_t"]]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
-        if self.sink == "without":
-            out[..., 0] = 0  # a gather: out is a new tensor
-        return out
+        return self._no_column0(out)  # a gather: out is a new tensor
 
     def m(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[2].T
         pre = self._prefix(c) if pre is None else pre
         out = pre[..., 1:] - pre[..., self.ends["m"]]  # sum_{lo_i <= j <= i} c_j
-        if self.sink == "without":
-            out = out - c[..., :1] * (self.ends["tok"] < self.n_delta)
-        return out
+        return self._less_sink(out, lambda: c[..., :1] * (self.ends["tok"] < self.n_delta))
 
     def m_t(self, b, pre=None):
         if not self.causal:
             return b @ self._dense[2]
         pre = self._prefix(b) if pre is None else pre
         out = pre[..., self.ends["m_t"]] - pre[..., :-1]  # sum_{j <= i <= j + nd - 1} b_i
-        if self.sink == "without":
-            out[..., 0] = 0  # a new tensor
-        return out
+        return self._no_column0(out)  # a new tensor
 
     def solve(self, ra, rb, rc, rtol: float = CG_RTOL):
         """Least-squares (a, b, c) for right-hand sides (h, .). Causal: conjugate gradients to the relative
@@ -252,8 +262,9 @@ class AdditiveDesign:
         ``CG_STALL`` steps have not improved on the best (rounding's floor, or a stall); returns the best iterate
         and its relative residual."""
         split = [self.n_delta, self.n_tokens, self.n_tokens]
-        r = r - (r @ self.null) @ self.null_proj
-        diag = torch.cat([self.cnt_a, self.cnt_b, self.cnt_c]).clamp(min=1)  # (n_z,)
+        if self.null is not None:  # a stack's rows come projected (stack_sinks)
+            r = r - (r @ self.null) @ self.null_proj
+        diag = torch.cat([self.cnt_a, self.cnt_b, self.cnt_c], -1).clamp(min=1)  # (n_z,), or (h, n_z) in a stack
         r_norm = torch.linalg.vector_norm(r, dim=-1, keepdim=True).clamp(min=1e-300)  # (h, 1)
         theta = torch.zeros_like(r)
         resid = r.clone()  # r - N theta
@@ -287,18 +298,18 @@ class AdditiveDesign:
         nc = self.nac_t(a, pa) + self.m_t(b, pb) + c * self.cnt_c
         return na, nb, nc
 
-    def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2):
+    def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2, theta=None):
         """Solve and score: (a, b, c), relative normal residual, and sums over the mask (float64).
 
         Conjugate gradients to ``tol`` (or :data:`CG_RTOL`); the dense solve (bidirectional, or a causal mask
         they stalled on) with up to ``refine`` steps of iterative refinement (residual from the mask structure,
         not the factor) while the residual exceeds ``tol``. The residual reported is that of the returned
-        solution.
+        solution. ``theta``, (a, b, c) solved already (:func:`fit_sinks`), skips the solve.
         ``sum_y = sum(yhat)``, ``sum_yy = sum(yhat^2) = theta.N theta``, ``sum_xy = sum(x yhat) = theta.r``.
         """
         r = torch.cat([ra, rb, rc], -1)
         r_norm = torch.linalg.vector_norm(r, dim=-1).clamp(min=1e-300)
-        a, b, c = self.solve(ra, rb, rc, rtol=min(tol, CG_RTOL) if tol else CG_RTOL)
+        a, b, c = theta if theta is not None else self.solve(ra, rb, rc, rtol=min(tol, CG_RTOL) if tol else CG_RTOL)
         refine = refine if self.inverse is not None else 0  # conjugate gradients refine as they go
         for step in range(refine + 1):
             n_theta = torch.cat(self.normal(a, b, c), -1)
@@ -314,3 +325,33 @@ class AdditiveDesign:
             "sum_xy": (theta * r).sum(-1),
         }
         return (a, b, c), resid, sums
+
+
+def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesign:
+    """One causal, matrix-free operator over the stacked right-hand sides of designs of the same mask and other
+    sink handlings, ``rows[i]`` rows of ``designs[i]``: its counts and ``drop`` per row. The rows come projected
+    (:meth:`AdditiveDesign.rhs`), so the stack has no null space of its own."""
+    stack = copy.copy(designs[0])
+    for name in ("cnt_a", "cnt_b", "cnt_c"):
+        setattr(stack, name, torch.cat([getattr(d, name).expand(n, -1) for d, n in zip(designs, rows)]))
+    stack.drop = torch.cat([torch.full((n, 1), d.drop, dtype=stack.cnt_a.dtype) for d, n in zip(designs, rows)])
+    stack.drop = stack.drop.to(stack.cnt_a.device)  # (rows, 1)
+    stack.null = stack.null_proj = stack.inverse = None
+    return stack
+
+
+def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
+    """:meth:`AdditiveDesign.fit` of each sink handling's design of one mask, ``{sink: design}`` with
+    ``{sink: (ra, rb, rc)}``. Causal matrix-free designs share one set of conjugate gradients over their stacked
+    rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens)
+    or a design is dense, each fits on its own."""
+    sinks = list(designs)
+    if all(d.causal and d.inverse is None for d in designs.values()):
+        rows = [rhs[sink][0].shape[0] for sink in sinks]
+        stack = stack_sinks([designs[sink] for sink in sinks], rows)
+        rtol = min(tol, CG_RTOL) if tol else CG_RTOL
+        *theta, reached = stack._conjugate_gradients(torch.cat([torch.cat(rhs[sink], -1) for sink in sinks]), rtol)
+        if reached <= max(rtol, CG_ENOUGH):
+            parts = zip(*(x.split(rows) for x in theta))  # (a, b, c) per sink
+            return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
+    return {sink: designs[sink].fit(*rhs[sink], tol=tol) for sink in sinks}
