@@ -243,8 +243,8 @@ class AdditiveDesign:
         normal residual ``rtol`` (from 0: the solution of least preconditioned norm); where they stall above
         ``CG_ENOUGH``, the dense solve from then on. Dense: the factorised inverse, gauge entries 0."""
         if self.inverse is None:
-            *theta, reached = self._conjugate_gradients(torch.cat([ra, rb, rc], -1), rtol)
-            if reached <= max(rtol, CG_ENOUGH):
+            *theta, converged = self._conjugate_gradients(torch.cat([ra, rb, rc], -1), rtol)
+            if converged:
                 return theta
             self._factorise(ra.device)
         rb_scaled = rb * self.inv_b
@@ -260,7 +260,7 @@ class AdditiveDesign:
         an unknown no entry counts, whose r is 0), from theta = 0. r is projected onto N's range first (the null
         space is the fit's gauge), so the iterates stay there. Stops at the relative residual ``rtol`` or when
         ``CG_STALL`` steps have not improved on the best (rounding's floor, or a stall); returns the best iterate
-        and its relative residual."""
+        and whether its relative residual reached ``rtol``, or at least ``CG_ENOUGH``."""
         split = [self.n_delta, self.n_tokens, self.n_tokens]
         if self.null is not None:  # a stack's rows come projected (stack_sinks)
             r = r - (r @ self.null) @ self.null_proj
@@ -288,7 +288,7 @@ class AdditiveDesign:
             rz_next = (resid * z).sum(-1, keepdim=True)
             p = z + rz_next / torch.where(rz > 0, rz, 1.0) * p
             rz = rz_next
-        return (*torch.split(best_theta, split, -1), best)
+        return (*torch.split(best_theta, split, -1), best <= max(rtol, CG_ENOUGH))
 
     def normal(self, a, b, c):
         """N theta, from the mask structure (independent of the factorisation)."""
@@ -309,7 +309,7 @@ class AdditiveDesign:
         """
         r = torch.cat([ra, rb, rc], -1)
         r_norm = torch.linalg.vector_norm(r, dim=-1).clamp(min=1e-300)
-        a, b, c = theta if theta is not None else self.solve(ra, rb, rc, rtol=min(tol, CG_RTOL) if tol else CG_RTOL)
+        a, b, c = theta if theta is not None else self.solve(ra, rb, rc, rtol=_cg_rtol(tol))
         refine = refine if self.inverse is not None else 0  # conjugate gradients refine as they go
         for step in range(refine + 1):
             n_theta = torch.cat(self.normal(a, b, c), -1)
@@ -327,6 +327,11 @@ class AdditiveDesign:
         return (a, b, c), resid, sums
 
 
+def _cg_rtol(tol: float) -> float:
+    """The conjugate gradients' target for a fit to ``tol``: :data:`CG_RTOL`, or ``tol`` where it is smaller."""
+    return min(tol, CG_RTOL) if tol else CG_RTOL
+
+
 def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesign:
     """One causal, matrix-free operator over the stacked right-hand sides of designs of the same mask and other
     sink handlings, ``rows[i]`` rows of ``designs[i]``: its counts and ``drop`` per row. The rows come projected
@@ -334,8 +339,10 @@ def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesig
     stack = copy.copy(designs[0])
     for name in ("cnt_a", "cnt_b", "cnt_c"):
         setattr(stack, name, torch.cat([getattr(d, name).expand(n, -1) for d, n in zip(designs, rows)]))
-    stack.drop = torch.cat([torch.full((n, 1), d.drop, dtype=stack.cnt_a.dtype) for d, n in zip(designs, rows)])
-    stack.drop = stack.drop.to(stack.cnt_a.device)  # (rows, 1)
+    per_row = [
+        torch.full((n, 1), d.drop, dtype=stack.cnt_a.dtype, device=stack.cnt_a.device) for d, n in zip(designs, rows)
+    ]
+    stack.drop = torch.cat(per_row)  # (rows, 1)
     stack.null = stack.null_proj = stack.inverse = None
     return stack
 
@@ -349,9 +356,9 @@ def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
     if all(d.causal and d.inverse is None for d in designs.values()):
         rows = [rhs[sink][0].shape[0] for sink in sinks]
         stack = stack_sinks([designs[sink] for sink in sinks], rows)
-        rtol = min(tol, CG_RTOL) if tol else CG_RTOL
-        *theta, reached = stack._conjugate_gradients(torch.cat([torch.cat(rhs[sink], -1) for sink in sinks]), rtol)
-        if reached <= max(rtol, CG_ENOUGH):
+        r = torch.cat([torch.cat(rhs[sink], -1) for sink in sinks])  # (rows, n_z)
+        *theta, converged = stack._conjugate_gradients(r, _cg_rtol(tol))
+        if converged:
             parts = zip(*(x.split(rows) for x in theta))  # (a, b, c) per sink
             return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
     return {sink: designs[sink].fit(*rhs[sink], tol=tol) for sink in sinks}
