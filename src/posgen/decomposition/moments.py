@@ -173,7 +173,7 @@ def masked_moments(
         q_mean, q0_mean = q.mean(2, keepdim=True), q0.mean(2, keepdim=True)  # (n, h, 1, e): means over tokens
         q_c, q0_c = q - q_mean, q0 - q0_mean  # centred queries
         qq, qg, gg, qv, vv = _products(
-            q_c.to(dtype), q0_c.to(dtype), rotations.to(dtype), keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
+            q_c.to(dtype), q0_c.to(dtype), rotations, keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
         )
         means = _mean_parts((q_mean, q_c), (q0_mean, q0_c), kg_rot, keys, q0_keys, window)  # (n, h, F, G)
         G, V = slice(k, k + rotations.shape[0]), slice(k + rotations.shape[0], means.shape[-1])
@@ -198,7 +198,8 @@ def masked_moments(
 
 
 def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: int):
-    """qq, qg, gg, qv, vv over the counted entries, products in the inputs' dtype, sums float64."""
+    """qq, qg, gg, qv, vv over the counted entries, products in the dtype of q, sums float64; ``rotations``
+    float64 (the contractions with R_D after the sums over keys are float64)."""
     blocks = Blocks(q.shape[2], window, block, q.device)
     qb = _by_block(q, block)  # (n, b, (h, r), e)
     q0b = _by_block(q0, block)  # (n, b, (h, r), e)
@@ -324,7 +325,7 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     m = m.view(n, d, g_sets, h, d)  # (n, f, a, h, e)
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
     m = m.reshape(n * h * g_sets, d * d)  # ((n, h, a), (f, e))
-    qg = (r_flat.double() @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
+    qg = (r_flat @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
     # g^2 = sum_c <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams. R_D is
     # block-diagonal per band (dims l and l + d/2): r[D, x, z, l] = R_D[(x, l), (z, l)]. So the sum over c
     # comes first, once for every D: P = sum_c G_c (x) S_c per pair of bands (l, m), then R_D on both sides
@@ -333,7 +334,7 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     g_c = g_c.view(n, nc, 2, L, 2, L).double()  # (n, c, x, l, y, m)
     s_c = s_00.view(n, h, nc, 2, L, 2, L)  # (n, h, c, z, l, w, m)
     pairs = torch.einsum("ncxlym,nhczlwm->nhxzlywm", g_c, s_c)  # (n, h, x, z, l, y, w, m): summed over c
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4).double()  # (D, x, z, l)
+    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
     left = torch.einsum("Dxzl,nhxzlywm->Dnhywm", r, pairs.view(n, h, 2, 2, L, 2, 2, L))  # sums over x, z, l
     gg = torch.einsum("Dnhywm,Dywm->Dnh", left, r)  # (D, n, h)
     # sum v_p v_p' = sum_j V_p[j]^T (summed q0 q0^T Grams) V_p'[j]
@@ -354,7 +355,7 @@ def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) 
     p = vp.shape[-1] // d
     nD = rotations.shape[0]
     dev = qb.device
-    rot_t = rotations.transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u for every D
+    rot_t = rotations.to(qb.dtype).transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u, every D
     cols, valid = blocks.ragged()  # (b, j), (b, r, j)
     vm = valid.to(qb.dtype)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
