@@ -10,7 +10,7 @@ import xarray as xr
 from posgen.decomposition import SINKS, Decomposer, decompose_store
 from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, fit_sinks, stack_sinks, w_sums
 from posgen.decomposition.mask import MaskInfo
-from posgen.decomposition.moments import masked_moments
+from posgen.decomposition.moments import band_factors, masked_moments
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
 from posgen.rope_table import LayerRope
@@ -355,6 +355,24 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
                 dense = (q[kv, h_] @ keys[kv, :, :d].T - shift[kv, h_]) * m
                 for part, ref in zip(mine, dense_sums(dense)):
                     np.testing.assert_allclose(part[kv, h_], ref[0], atol=1e-9)
+
+
+def test_band_factors_are_rope_angles_and_refuse_other_matrices():
+    """g_D^2 takes R_D per band as a complex factor: RoPE's rotation by D theta_l (times a scale) is
+    exp(i D theta_l); a matrix that mixes bands, or a reflection, is refused rather than summed wrongly."""
+    d, Ds = 8, (0, 3, 70)
+    theta = inv_freq(d)
+    rotations = torch.stack([rotate(torch.eye(d), torch.tensor(D), theta, 1.3).T for D in Ds]).double()
+    w = band_factors(rotations)
+    want = 1.3 * torch.exp(1j * torch.tensor(Ds, dtype=torch.float64)[:, None] * theta.double()[None])
+    np.testing.assert_allclose(w.numpy(), want.numpy(), rtol=0, atol=1e-6)
+    mixed = rotations.clone()
+    mixed[1, 0, 1] = 0.5  # band 0 reads band 1
+    reflected = rotations.clone()
+    reflected[2, d // 2 :, d // 2 :] *= -1  # cos -> -cos in the second dim of every band: not a rotation
+    for bad in (mixed, reflected):
+        with pytest.raises(ValueError, match="not a rotation"):
+            band_factors(bad)
 
 
 @pytest.mark.parametrize("window,sink", [(0, "with"), (0, "without"), (5, "with"), (5, "without")])

@@ -280,7 +280,7 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     h = hr // block
     k = kp.shape[-1] // d - 1
     p = vp.shape[-1] // d
-    nD, L = rotations.shape[0], d // 2
+    nD = rotations.shape[0]
     r_flat = rotations.reshape(nD, d * d)  # (D, (f, e)): R_D[f, e]
     # q against q and q0 per query block and head, summed over the query blocks: the q rows and q g terms
     q_t = qb.view(n * nb * h, block, d).transpose(1, 2).contiguous()  # ((n, b, h), e, r) (strided operands are slow)
@@ -326,23 +326,56 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
     m = m.reshape(n * h * g_sets, d * d)  # ((n, h, a), (f, e))
     qg = (r_flat @ m.T).view(nD, n, h, g_sets)  # (D, n, h, a)
-    # g^2 = sum_c <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams. R_D is
-    # block-diagonal per band (dims l and l + d/2): r[D, x, z, l] = R_D[(x, l), (z, l)]. So the sum over c
-    # comes first, once for every D: P = sum_c G_c (x) S_c per pair of bands (l, m), then R_D on both sides
+    # g^2 = sum_c <R_D^T G_c R_D, S_c>, G_c = sum_(j in c) kg_j kg_j^T and S_c the summed q0 Grams. R_D multiplies
+    # band l as a complex number (u_l + i u_(l + d/2)) by w_Dl, so g_D = Re z, z = sum_l conj(w_l a_l) b_l for
+    # a = q0_i, b = kg_j, and g^2 = (|z|^2 + Re z^2) / 2: the sum over c comes first, entrywise per pair of bands
+    # (l, m), on the Hermitian and the symmetric complex Grams; then w_D on both sides, once for every D
     kg_blocks = kg.reshape(n * nc, block, d)  # ((n, c), r, f)
-    g_c = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks)  # ((n, c), (x, l), (y, m))
-    g_c = g_c.view(n, nc, 2, L, 2, L).double()  # (n, c, x, l, y, m)
-    s_c = s_00.view(n, h, nc, 2, L, 2, L)  # (n, h, c, z, l, w, m)
-    pairs = torch.einsum("ncxlym,nhczlwm->nhxzlywm", g_c, s_c)  # (n, h, x, z, l, y, w, m): summed over c
-    r = rotations.view(nD, 2, L, 2, L).diagonal(dim1=2, dim2=4)  # (D, x, z, l)
-    left = torch.einsum("Dxzl,nhxzlywm->Dnhywm", r, pairs.view(n, h, 2, 2, L, 2, 2, L))  # sums over x, z, l
-    gg = torch.einsum("Dnhywm,Dywm->Dnh", left, r)  # (D, n, h)
-    # sum v_p v_p' = sum_j V_p[j]^T (summed q0 q0^T Grams) V_p'[j]
-    v_blocks = vb.view(n, 1, nc, block * p, d)  # (n, 1, c, (r, p), e)
-    sv = v_blocks.double() @ s_00.reshape(n, h, nc, d, d)  # (n, h, c, (r, p), e'), float64: few keys
-    sv = sv.view(n, h, nc * block, p, d)  # (n, h, (c, r), p, e')
-    vv = torch.einsum("nhjpe,njqe->nhpq", sv, vb.view(n, nc * block, p, d).double())  # (n, h, p, p')
+    g_c = torch.bmm(kg_blocks.transpose(1, 2).contiguous(), kg_blocks).double()  # ((n, c), f, f')
+    herm_k, sym_k = _complex_grams(g_c.view(n, 1, nc, d, d))  # (n, 1, c, l, m) each
+    herm_q, sym_q = _complex_grams(s_00.view(n, h, nc, d, d))  # (n, h, c, l, m) each
+    p_abs = (herm_q * herm_k.conj()).sum(2)  # (n, h, l, m): sum_c over the products of |z|^2
+    p_sq = (sym_q.conj() * sym_k).sum(2)  # (n, h, l, m): the same of z^2
+    w = band_factors(rotations)  # (D, l)
+    z_abs = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_abs, w)  # (D, n, h): sum |z|^2
+    z_sq = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_sq, w.conj())  # (D, n, h): sum z^2
+    gg = 0.5 * (z_abs.real + z_sq.real)  # (D, n, h)
+    # sum v_p v_p' = sum_c <S_c, sum_(j in c) V_p[j] V_p'[j]^T>: the V keys' block Grams, float64 (few keys)
+    v_t = vb.view(n * nc, block, p * d).transpose(1, 2).double()  # ((n, c), (p, e), r)
+    gv = torch.bmm(v_t, v_t.transpose(1, 2))  # ((n, c), (p, e), (p', e'))
+    gv = gv.view(n, nc, p, d, p, d)  # (n, c, p, e, p', e')
+    vv = torch.einsum("nhcef,ncpeqf->nhpq", s_00.view(n, h, nc, d, d), gv)  # (n, h, p, p')
     return qq, qg, gg, qv, vv
+
+
+def band_factors(rotations: torch.Tensor) -> torch.Tensor:
+    """R_D per band as a complex factor: R_D multiplies ``u_l + i u_(l + d/2)`` by ``w_Dl``; ``(nD, l)``.
+
+    ``rotations (nD, d, d)``; a ValueError where an R_D is not such a product per band (RoPE's rotations are;
+    method.md section 3A)."""
+    nD, d = rotations.shape[0], rotations.shape[-1]
+    r = rotations.view(nD, 2, d // 2, 2, d // 2).diagonal(dim1=2, dim2=4)  # (D, x, z, l): R_D[(x, l), (z, l)]
+    cos, sin = r[:, 0, 0], r[:, 1, 0]  # (D, l)
+    rebuilt = torch.cat(
+        [
+            torch.cat([torch.diag_embed(cos), -torch.diag_embed(sin)], -1),
+            torch.cat([torch.diag_embed(sin), torch.diag_embed(cos)], -1),
+        ],
+        -2,
+    )  # (D, d, d)
+    if not torch.allclose(rebuilt, rotations, rtol=0, atol=1e-9 * float(rotations.abs().max())):
+        raise ValueError("rotations: an R_D is not a rotation (times a scale) per RoPE band, dims l and l + d/2")
+    return torch.complex(cos, sin)
+
+
+def _complex_grams(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Hermitian ``sum conj(u_l) u_m`` and the symmetric ``sum u_l u_m`` (l, m bands) of the complex vectors
+    ``u_l = x_l + i x_(l + d/2)`` whose real Gram ``sum x x^T`` is ``gram (..., d, d)``: ``(..., l, m)`` each."""
+    L = gram.shape[-1] // 2
+    g = gram.unflatten(-1, (2, L)).unflatten(-3, (2, L))  # (..., x, l, y, m)
+    g00, g11 = g[..., 0, :, 0, :], g[..., 1, :, 1, :]  # (..., l, m)
+    g01, g10 = g[..., 0, :, 1, :], g[..., 1, :, 0, :]  # (..., l, m)
+    return torch.complex(g00 + g11, g01 - g10), torch.complex(g00 - g11, g01 + g10)
 
 
 def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) -> tuple:
