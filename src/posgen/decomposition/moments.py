@@ -8,6 +8,7 @@ a_i b_i^T) v_j`` over the counted (i, j): :func:`masked_moments` over the 'with'
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import torch
@@ -77,8 +78,9 @@ class Blocks:
         # row's window start; so key block c is counted in full by query blocks c < b <= last[c] (full_lo ascends)
         self.full_lo = torch.minimum(-(-self.lo[:, -1] // block), self.b_idx)
         self.last = torch.searchsorted(self.full_lo, self.b_idx, right=True) - 1  # >= c, as full_lo[c] <= c
+        self.cols, self.valid = self._ragged()
 
-    def ragged(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _ragged(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The key columns each query block takes one by one, ``cols (b, j)`` (negative: none), and which of its
         entries count, ``valid (b, r, j)``: the diagonal block and, with a window, the ragged start before the
         first key block it counts in full."""
@@ -101,7 +103,7 @@ class Blocks:
 
     def at_ragged(self, x: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """``x (n, (c, r), e)`` (zero-padded to whole blocks) at the ragged key columns ``cols (b, j)`` of
-        :meth:`ragged`: ``(n, b, j, e)``. Without a window they are the diagonal blocks themselves: a view."""
+        :attr:`cols`: ``(n, b, j, e)``. Without a window they are the diagonal blocks themselves: a view."""
         if not self.window:
             return x.view(x.shape[0], self.nb, self.block, x.shape[-1])
         return x[:, cols.clamp(min=0)]
@@ -118,6 +120,12 @@ class Blocks:
         ends = self.last[:-1] + 1  # (c,): the first query block past those that count c in full
         inside = (ends < nb).to(x.dtype).view([-1 if i == dim else 1 for i in range(x.dim())])
         return after - x.index_select(dim, ends.clamp(max=nb - 1)) * inside
+
+
+@functools.lru_cache(maxsize=16)
+def _blocks(n_tokens: int, window: int, block: int, device) -> Blocks:
+    """:class:`Blocks` of one mask, with its ragged columns: the same for every head and layer that share it."""
+    return Blocks(n_tokens, window, block, device)
 
 
 def masked_moments(
@@ -200,7 +208,7 @@ def masked_moments(
 def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: int):
     """qq, qg, gg, qv, vv over the counted entries, products in the dtype of q, sums float64; ``rotations``
     float64 (the contractions with R_D after the sums over keys are float64)."""
-    blocks = Blocks(q.shape[2], window, block, q.device)
+    blocks = _blocks(q.shape[2], window, block, q.device)
     qb = _by_block(q, block)  # (n, b, (h, r), e)
     q0b = _by_block(q0, block)  # (n, b, (h, r), e)
     pad = (0, 0, 0, blocks.nb * block - q.shape[2])
@@ -389,7 +397,7 @@ def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) 
     nD = rotations.shape[0]
     dev = qb.device
     rot_t = rotations.to(qb.dtype).transpose(0, 1).reshape(d, nD * d)  # (f, (D, e)): u @ rot_t = R_D^T u, every D
-    cols, valid = blocks.ragged()  # (b, j), (b, r, j)
+    cols, valid = blocks.cols, blocks.valid  # (b, j), (b, r, j)
     vm = valid.to(qb.dtype)[:, None, None]  # (b, 1, 1, r, j)
     C = cols.shape[1]
     kc = blocks.at_ragged(kp, cols)  # (n, b, j, (k + 1) d)
