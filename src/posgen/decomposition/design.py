@@ -181,6 +181,11 @@ class AdditiveDesign:
     def _prefix(self, v):
         return torch.nn.functional.pad(torch.cumsum(v, -1), (1, 0))  # [k] = sum of v[:k]
 
+    def _at(self, pre, name: str):
+        """``pre[..., self.ends[name]]``: a gather, several times faster on a CPU than that indexing."""
+        ends = self.ends[name]
+        return torch.gather(pre, -1, ends.expand(*pre.shape[:-1], -1))
+
     def _less_sink(self, out, part):
         """``out`` less ``part()``, key column 0's share, on the rows that drop that column (``drop``)."""
         if isinstance(self.drop, float):
@@ -207,35 +212,35 @@ class AdditiveDesign:
         if not self.causal:
             return a @ self._dense[0]
         pre = self._prefix(a) if pre is None else pre
-        out = pre[..., self.ends["nab_t"]]  # sum_{delta <= min(i, nd - 1)} a_delta
+        out = self._at(pre, "nab_t")  # sum_{delta <= min(i, nd - 1)} a_delta
         return self._less_sink(out, lambda: torch.nn.functional.pad(a, (0, self.n_tokens - self.n_delta)))
 
     def nac(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[1].T
         pre = self._prefix(c) if pre is None else pre
-        out = pre[..., self.ends["nac"]]  # sum_{j <= T - 1 - delta} c_j
+        out = self._at(pre, "nac")  # sum_{j <= T - 1 - delta} c_j
         return self._less_sink(out, lambda: c[..., :1])
 
     def nac_t(self, a, pre=None):
         if not self.causal:
             return a @ self._dense[1]
         pre = self._prefix(a) if pre is None else pre
-        out = pre[..., self.ends["nac_t"]]  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
+        out = self._at(pre, "nac_t")  # sum_{delta <= min(T - 1 - j, nd - 1)} a_delta
         return self._no_column0(out)  # a gather: out is a new tensor
 
     def m(self, c, pre=None):
         if not self.causal:
             return c @ self._dense[2].T
         pre = self._prefix(c) if pre is None else pre
-        out = pre[..., 1:] - pre[..., self.ends["m"]]  # sum_{lo_i <= j <= i} c_j
+        out = pre[..., 1:] - self._at(pre, "m")  # sum_{lo_i <= j <= i} c_j
         return self._less_sink(out, lambda: c[..., :1] * (self.ends["tok"] < self.n_delta))
 
     def m_t(self, b, pre=None):
         if not self.causal:
             return b @ self._dense[2]
         pre = self._prefix(b) if pre is None else pre
-        out = pre[..., self.ends["m_t"]] - pre[..., :-1]  # sum_{j <= i <= j + nd - 1} b_i
+        out = self._at(pre, "m_t") - pre[..., :-1]  # sum_{j <= i <= j + nd - 1} b_i
         return self._no_column0(out)  # a new tensor
 
     def solve(self, ra, rb, rc, rtol: float = CG_RTOL):
@@ -280,13 +285,13 @@ class AdditiveDesign:
             if best <= rtol or since > CG_STALL:
                 break
             n_p = torch.cat(self.normal(*torch.split(p, split, -1)), -1)  # N p
-            p_np = (p * n_p).sum(-1, keepdim=True)
+            p_np = torch.linalg.vecdot(p, n_p).unsqueeze(-1)  # (h, 1)
             alpha = rz / torch.where(p_np > 0, p_np, 1.0) * (p_np > 0)  # 0 for a row already solved
-            theta = theta + alpha * p
-            resid = resid - alpha * n_p
-            z = resid / diag
-            rz_next = (resid * z).sum(-1, keepdim=True)
-            p = z + rz_next / torch.where(rz > 0, rz, 1.0) * p
+            theta = torch.addcmul(theta, alpha, p)  # a new tensor: best_theta may hold the last one
+            resid.addcmul_(alpha, n_p, value=-1)
+            z = torch.div(resid, diag, out=z)
+            rz_next = torch.linalg.vecdot(resid, z).unsqueeze(-1)  # (h, 1)
+            p = p.mul_(rz_next / torch.where(rz > 0, rz, 1.0)).add_(z)
             rz = rz_next
         return (*torch.split(best_theta, split, -1), best <= max(rtol, CG_ENOUGH))
 
