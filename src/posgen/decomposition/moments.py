@@ -122,6 +122,9 @@ class Blocks:
         return after - x.index_select(dim, ends.clamp(max=nb - 1)) * inside
 
 
+KEY_CHUNK = 256  # keys per product of _full_blocks' q-g sums, in the products' dtype; summed over chunks in float64
+
+
 @functools.lru_cache(maxsize=16)
 def _blocks(n_tokens: int, window: int, block: int, device) -> Blocks:
     """:class:`Blocks` of one mask, with its ragged columns: the same for every head and layer that share it."""
@@ -328,7 +331,9 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     y_0 = y_0.view(n, nc * block, k * h * d)  # (n, (c, r), (a, h, e))
     kg = kb[..., k, :]  # (n, c, r, f)
     kg_t = kg.reshape(n, nc * block, d).transpose(1, 2)  # (n, f, (c, r))
-    m = torch.bmm(kg_t.double(), y_0[..., : g_sets * h * d].double())  # (n, f, (a, h, e)): a < g_sets; a sum over keys
+    m = torch.zeros(n, d, g_sets * h * d, dtype=torch.float64, device=qb.device)  # (n, f, (a, h, e)): a < g_sets
+    for j0 in range(0, nc * block, KEY_CHUNK):  # products over a chunk of keys, their sums over chunks float64
+        m += torch.bmm(kg_t[..., j0 : j0 + KEY_CHUNK], y_0[:, j0 : j0 + KEY_CHUNK, : g_sets * h * d])
     del y_0
     m = m.view(n, d, g_sets, h, d)  # (n, f, a, h, e)
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
