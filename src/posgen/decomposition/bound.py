@@ -75,7 +75,7 @@ class BoundTable:
         return torch.einsum("htl,hslt->hs", a.double(), conv[kv])
 
 
-def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: int, bound_rows: int = 0) -> dict:
+def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: int, bound_rows: int) -> dict:
     """The error of A and the bound of method.md section 5, entry by entry, per head and sink.
 
     ``E = W - f - g = [q_rot | p_D] . [R_j (k_j - kbar) | -R_0 (k_j - kbar)]`` and the bound

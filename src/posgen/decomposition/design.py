@@ -355,8 +355,9 @@ def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesig
 def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
     """:meth:`AdditiveDesign.fit` of each sink handling's design of one mask, ``{sink: design}`` with
     ``{sink: (ra, rb, rc)}``. Causal matrix-free designs share one set of conjugate gradients over their stacked
-    rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens)
-    or a design is dense, each fits on its own."""
+    rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens),
+    each design takes its dense solve (factorised once, cached with the design), as it would have after its own
+    conjugate gradients stalled; a dense design fits on its own."""
     sinks = list(designs)
     if all(d.causal and d.inverse is None for d in designs.values()):
         rows = [rhs[sink][0].shape[0] for sink in sinks]
@@ -366,4 +367,6 @@ def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
         if converged:
             parts = zip(*(x.split(rows) for x in theta))  # (a, b, c) per sink
             return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
+        for design in designs.values():  # where the stack stalls each design would too: the dense solve at once
+            design._factorise(r.device)
     return {sink: designs[sink].fit(*rhs[sink], tol=tol) for sink in sinks}
