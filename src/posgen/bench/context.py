@@ -38,6 +38,20 @@ def _peak_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def _timed_pass(model, seq_len: int, before=None) -> float:
+    """Seconds of a forward pass over ``seq_len`` random tokens, after a short pass of the same kind (allocator,
+    thread pool); ``before(n)`` runs ahead of each pass and inside the time (a capture's reset)."""
+    import torch
+
+    ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
+    for n in (min(64, seq_len), seq_len):  # the warm-up, then the timed pass
+        start = time.perf_counter()
+        if before is not None:
+            before(n)
+        model.base_model(input_ids=ids[:, :n], position_ids=torch.arange(n)[None], use_cache=False)
+    return time.perf_counter() - start
+
+
 def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
     import torch
 
@@ -46,13 +60,8 @@ def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     model, _, _ = load_model(model_dir, "random-seed0", attn_implementation=plain_backend)
-    ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        warm = min(64, seq_len)  # a short pass first: allocator and thread pool
-        model.base_model(input_ids=ids[:, :warm], position_ids=torch.arange(warm)[None], use_cache=False)
-        start = time.perf_counter()
-        model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
-        seconds = time.perf_counter() - start
+        seconds = _timed_pass(model, seq_len)
     return {"seconds": seconds, "peak_gb": _peak_gb()}
 
 
@@ -63,17 +72,12 @@ def _capture(model_dir: str, seq_len: int, threads: int, out: str) -> dict:
 
     torch.set_num_threads(threads)
     model, _, _ = load_capturing(model_dir, "random-seed0")
-    ids = torch.randint(0, 512, (1, seq_len), generator=torch.Generator().manual_seed(0))
     capture = Capture(model)
     with torch.inference_mode(), capture:
-        warm = min(64, seq_len)  # a short pass first: allocator and thread pool
-        capture.reset(warm)
-        model.base_model(input_ids=ids[:, :warm], position_ids=torch.arange(warm)[None], use_cache=False)
+        seconds = _timed_pass(model, seq_len, capture.reset)
         start = time.perf_counter()
-        capture.reset(seq_len)
-        model.base_model(input_ids=ids, position_ids=torch.arange(seq_len)[None], use_cache=False)
         q, k = capture.stacked()
-        seconds = time.perf_counter() - start
+        seconds += time.perf_counter() - start
         table = capture.rope()
     rope = table.layer(0)
     np.savez(out, q=q[0], k=k[0], kv_group=table.kv_group, inv_freq=np.asarray(rope.inv_freq))
