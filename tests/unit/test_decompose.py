@@ -192,10 +192,10 @@ def test_additive_fit_recovers_exact_structure(window, sink):
 
 @pytest.mark.parametrize("T,window", [(300, 0), (300, 64), (1200, 2)])
 def test_both_sinks_fit_together_as_each_alone(T, window, monkeypatch):
-    """fit_sinks: one set of conjugate gradients over the stacked rows of both sink handlings (one call, where
-    they converge) gives each design's own fit (its sums to 1e-9, its residual under 1e-10); with a window of 2
-    tokens the steps stall and each design takes its dense solve at once (alone, its own steps stall first). The
-    stack's product with N is each design's on its own rows."""
+    """fit_sinks: one set of conjugate gradients over the stacked rows of both sink handlings (one call) gives
+    each design's own fit (its sums to 1e-9, its residual under 1e-10); with a window of 2 tokens the steps stall
+    and each design takes its dense solve at once (alone, its own steps stall first). The stack's product with N
+    is each design's on its own rows."""
     g = torch.Generator().manual_seed(2)
     q = torch.randn(3, T, 8, dtype=torch.float64, generator=g) + 1.0
     k = torch.randn(1, T, 8, dtype=torch.float64, generator=g) + torch.linspace(0, 2, T)[:, None]
