@@ -15,7 +15,12 @@ from posgen.config import (  # noqa: E402
     validate as validate_config,
     variants,
 )
-from posgen.figure_table import FIGURES as FIGURE_TABLE, STUDY_FIGURES, TRAJECTORY_FIGURES  # noqa: E402
+from posgen.figure_table import (  # noqa: E402
+    FIGURES as FIGURE_TABLE,
+    REGIME_FIGURES,
+    STUDY_FIGURES,
+    TRAJECTORY_FIGURES,
+)
 from posgen.trajectory import heatmap_variants  # noqa: E402
 
 # The workflow's shape (posgen.workflow): path templates, model jobs, shards, what `all` builds.
@@ -38,7 +43,9 @@ from posgen.workflow import (  # noqa: E402
     SHARD_TABLE,
     SUMMARY_TABLE,
     SYN_CLASSIFIER_DIR,
+    SYN_DECISIVE,
     SYN_PARTS,
+    SYN_REGIME,
     SYN_STUDY,
     TABLE,
     TRAINING_LOG,
@@ -183,23 +190,40 @@ def trajectory_figure_inputs(row):
 # The second paper's family (rules/synthetic.smk, rules/deposit_study.smk; posgen.synthetic.experiments): the
 # experiments of both collections with their resolved settings, and the params and input functions of its rules.
 from posgen.config import config_hash as _hash_of_options
-from posgen.synthetic.experiments import COLLECTIONS, classifiers, pe_labels, resolve, train_options
+from posgen.synthetic.experiments import COLLECTIONS, classifiers, dataset, pe_labels, resolve, train_options
 
 SYN = config["synthetic"]
 SYN_DATA_KEYS = ["data_seed", "vocab_size", "test_fraction", "distance", "count"]
 SYN_DATA = canonical({key: SYN[key] for key in SYN_DATA_KEYS})
-SYN_DATA_LEAVES = [f"synthetic.{key}" for key in SYN_DATA_KEYS]
 # every experiment named by a collection, with its resolved settings
 SYN_EXPERIMENTS = {name: resolve(SYN, name) for which in COLLECTIONS for name in SYN[which]}
 SYN_TASKS = sorted({task for options in SYN_EXPERIMENTS.values() for task in options["tasks"]})
 SYN_PES = sorted({pe for options in SYN_EXPERIMENTS.values() for pe in pe_labels(options)})
+# the task data sets (posgen.synthetic.experiments.dataset): name -> (task, the data settings its job reads);
+# experiments with their own task sizes get their own
+SYN_DATASETS = {
+    dataset(SYN, options, task): (task, canonical({**SYN_DATA, task: options[task]}))
+    for options in SYN_EXPERIMENTS.values()
+    for task in options["tasks"]
+}
+SYN_TASK_DATA = "results/synthetic/tasks/{dataset}.nc"
 
 
 wildcard_constraints:
     experiment="|".join(re.escape(name) for name in SYN_EXPERIMENTS) or "none",
     task="|".join(SYN_TASKS),
+    dataset="|".join(re.escape(name) for name in SYN_DATASETS) or "none",
     pe="|".join(re.escape(pe) for pe in SYN_PES),
     seed=r"\d+",
+
+
+def syn_dataset(experiment, task):
+    return dataset(SYN, SYN_EXPERIMENTS[experiment], task)
+
+
+def syn_task_data(wildcards):
+    """The data set file a classifier of (experiment, task) trains on."""
+    return SYN_TASK_DATA.format(dataset=syn_dataset(wildcards.experiment, wildcards.task))
 
 
 def syn_train_options(wildcards):
@@ -215,7 +239,10 @@ def syn_hash(*parts):
     """A params function: the hash of the data settings and the experiment's ``parts`` (train, analysis)."""
 
     def job_config_hash(wildcards):
-        picked = {"data": SYN_DATA, "device": config["device"]}
+        picked = {
+            "data": SYN_DATASETS[syn_dataset(wildcards.experiment, wildcards.task)][1],
+            "device": config["device"],
+        }
         for part in parts:
             picked[part.__name__] = part(wildcards)
         return _hash_of_options(picked)
@@ -236,10 +263,17 @@ def syn_keys(which):
     return [[experiment, *key] for experiment in SYN[which] for key in classifiers(SYN_EXPERIMENTS[experiment])]
 
 
+def syn_task_keys(which):
+    """Every (experiment, task) of collection ``which`` and its data set file, for the baselines."""
+    pairs = [(experiment, task) for experiment in SYN[which] for task in SYN_EXPERIMENTS[experiment]["tasks"]]
+    return pairs, [SYN_TASK_DATA.format(dataset=syn_dataset(*pair)) for pair in pairs]
+
+
 def study_summary_if_built(wildcards):
-    """The deposit study's summary for the reproduction table: when this run builds the study (target
-    `deposit_study`) or an earlier run did; `make run` on a fresh clone neither waits for it nor builds it."""
-    path = f"{SYN_STUDY}/summary.csv"
-    if "deposit_study" in workflow.dag_settings.targets or Path(path).exists():
-        return [path]
+    """The deposit study's summary and per-classifier table for the reproduction table: when this run builds the
+    study (target `deposit_study`) or an earlier run did; `make run` on a fresh clone neither waits for it nor
+    builds it."""
+    paths = [f"{SYN_STUDY}/summary.csv", f"{SYN_STUDY}/classifiers.csv"]
+    if "deposit_study" in workflow.dag_settings.targets or all(Path(p).exists() for p in paths):
+        return paths
     return []

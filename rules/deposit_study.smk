@@ -4,7 +4,7 @@
 # which also rewrites results/reproduction.md with a verdict per claim from the study. Rule `all` never asks for
 # any of it.
 
-for row in STUDY_FIGURES.values():
+for row in [*STUDY_FIGURES.values(), *REGIME_FIGURES.values()]:
 
     rule:
         name:
@@ -16,7 +16,7 @@ for row in STUDY_FIGURES.values():
                 row.output("png"),
                 caption=f"../{row.caption}",
                 category=row.category,
-                subcategory="deposit study",
+                subcategory="deposit study" if row.name in STUDY_FIGURES else "regime study",
                 labels={"figure": row.name},
             ),
             pdf=row.output("pdf"),
@@ -37,6 +37,8 @@ for row in STUDY_FIGURES.values():
 
 localrules:
     deposit_study,
+    regime_study,
+    decisive_study,
 
 
 rule deposit_study:
@@ -45,3 +47,17 @@ rule deposit_study:
         f"{SYN_STUDY}/deposit.csv",
         [path for row in STUDY_FIGURES.values() for ext in ("png", "pdf") for path in row.paths({}, ext)],
         rules.reproduction.output,
+
+
+# The regime study (README "The regime study", docs/method.md section 8.10): brackets toward the paper's training
+# budget and task size on a CPU; its verdicts per regime and its figure.
+rule regime_study:
+    input:
+        [f"{SYN_REGIME}/{name}" for name in ("summary.csv", "classifiers.csv", "deposit.csv", "verdicts.md")],
+        [path for row in REGIME_FIGURES.values() for ext in ("png", "pdf") for path in row.paths({}, ext)],
+
+
+# The decisive subset of the deposit study at the authors' size (config.paper.yaml), for GPU nodes.
+rule decisive_study:
+    input:
+        [f"{SYN_DECISIVE}/{name}" for name in ("summary.csv", "classifiers.csv", "deposit.csv", "verdicts.md")],

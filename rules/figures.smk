@@ -63,6 +63,7 @@ rule reproduction:
     input:
         summary=rules.summary_table.output.csv,
         synthetic_summary="results/synthetic/summary.csv",
+        synthetic_classifiers="results/synthetic/classifiers.csv",
         study_summary=study_summary_if_built,
         bands=expand(BANDS, model=MODELS, variant=VARIANTS),
         perturb=expand(PERTURB, model=MODELS, variant=VARIANTS),

@@ -1,15 +1,16 @@
 # The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
 # named experiments (posgen.synthetic.experiments), one training and one analysis job per (experiment, task, pe,
-# seed); gathered NetCDFs and a summary per collection: `run` (what `all` builds) and `deposit_study` (target).
+# seed); gathered NetCDFs, a summary, a per-classifier table and the verdicts per collection: `run` (what `all`
+# builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
 
 
 rule synthetic_tasks:
     output:
-        data="results/synthetic/tasks/{task}.nc",
+        data=SYN_TASK_DATA,
     log:
-        "logs/synthetic/tasks/{task}.log",
+        "logs/synthetic/tasks/{dataset}.log",
     benchmark:
-        "benchmarks/synthetic/tasks/{task}.tsv"
+        "benchmarks/synthetic/tasks/{dataset}.tsv"
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -17,15 +18,16 @@ rule synthetic_tasks:
         mem_mb=2000,
         runtime=10,
     params:
-        options=SYN_DATA,
-        config_hash=hash_of(SYN_DATA_LEAVES, per_model=False),
+        task=lambda w: SYN_DATASETS[w.dataset][0],
+        options=lambda w: SYN_DATASETS[w.dataset][1],
+        config_hash=lambda w: _hash_of_options(SYN_DATASETS[w.dataset][1]),
     script:
         "../workflow_scripts/synthetic_tasks.py"
 
 
 rule synthetic_train:
     input:
-        data=rules.synthetic_tasks.output.data,
+        data=syn_task_data,
     output:
         checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
         curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
@@ -49,7 +51,7 @@ rule synthetic_train:
 
 rule synthetic_analyse:
     input:
-        data=rules.synthetic_tasks.output.data,
+        data=syn_task_data,
         checkpoint=rules.synthetic_train.output.checkpoint,
     output:
         ablation=f"{SYN_CLASSIFIER_DIR}/ablation.nc",
@@ -79,7 +81,7 @@ for which, folder in COLLECTIONS.items():
         name:
             f"synthetic_gather_{which}"
         input:
-            tasks=expand(rules.synthetic_tasks.output.data, task=SYN_TASKS),
+            tasks=syn_task_keys(which)[1],
             training=syn_classifier_files(which, "train.nc"),
             ablation=syn_classifier_files(which, "ablation.nc"),
             toeplitz=syn_classifier_files(which, "toeplitz.nc"),
@@ -99,6 +101,7 @@ for which, folder in COLLECTIONS.items():
             runtime=10,
         params:
             classifiers=syn_keys(which),
+            tasks=syn_task_keys(which)[0],
             config_hash=_hash_of_options({"data": SYN_DATA, "keys": syn_keys(which)}),
         script:
             "../workflow_scripts/synthetic_gather.py"
@@ -110,6 +113,7 @@ for which, folder in COLLECTIONS.items():
             **{part: f"{folder}/{part}.nc" for part in SYN_PARTS + ["baselines"]},
         output:
             csv=f"{folder}/summary.csv",
+            classifiers=f"{folder}/classifiers.csv",
             deposit=f"{folder}/deposit.csv",
         log:
             f"logs/synthetic/summary_{which}.log",
@@ -125,3 +129,20 @@ for which, folder in COLLECTIONS.items():
             **params_of("synthetic_summary", per_model=False),
         script:
             "../workflow_scripts/synthetic_summary.py"
+
+    rule:
+        name:
+            f"synthetic_verdicts_{which}"
+        input:
+            classifiers=f"{folder}/classifiers.csv",
+        output:
+            md=f"{folder}/verdicts.md",
+        log:
+            f"logs/synthetic/verdicts_{which}.log",
+        localrule: True
+        conda:
+            "../envs/posgen.yaml"
+        params:
+            title=f"Verdicts of the collection {which}",
+        script:
+            "../workflow_scripts/synthetic_verdicts.py"

@@ -4,4 +4,4 @@ setup(snakemake)
 from posgen.synthetic.tasks import write_task  # noqa: E402
 
 p = snakemake.params
-write_task(snakemake.wildcards.task, p.options, p.options["data_seed"], snakemake.output.data, p.config_hash)
+write_task(p.task, p.options, p.options["data_seed"], snakemake.output.data, p.config_hash)

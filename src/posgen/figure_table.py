@@ -154,3 +154,16 @@ STUDY_FIGURES = {
         _row("deposit_study_probe", "18. Deposit study: position probe", {"probe": f"{_STUDY}/probe.nc"}, scope=GLOBAL),
     ]
 }
+
+# The regime study (rules/deposit_study.smk): built by the `regime_study` target only.
+REGIME_FIGURES = {
+    row.name: row
+    for row in [
+        _row(
+            "regime_study",
+            "19. Regime study: accuracy and layer-0 drops against steps and distance",
+            {"classifiers": "results/synthetic/regime_study/classifiers.csv"},
+            scope=GLOBAL,
+        ),
+    ]
+}

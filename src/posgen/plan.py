@@ -1,7 +1,7 @@
 """What a run will cost before anything is submitted: per job, the device memory, host memory, disk written and
 time, from each model's shape and the config (docs/slurm.md, "Planning a run").
 
-    python -m posgen.plan --configfile config.paper.yaml [--device gpu|cpu]
+    python -m posgen.plan --configfile config.paper.yaml [--device gpu|cpu] [--study decisive_study]
 
 The same model sizes the SLURM jobs (``job_resources``, read by ``rules/resources.smk``).
 
@@ -546,11 +546,16 @@ def main(argv=None) -> None:
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     parser.add_argument("--models-dir", default=MODELS_DIR)
     parser.add_argument("--totals", action="store_true", help="print the totals only")
+    parser.add_argument("--study", help="a synthetic collection (e.g. decisive_study): its training plan instead")
     args = parser.parse_args(argv)
     try:
         cfg = posgen_config.load(args.configfile)
     except posgen_config.ConfigError as err:
         raise SystemExit(f"posgen.plan: {err}") from None
+    if args.study:
+        from posgen.synthetic.cost import study_table
+
+        return print(study_table(cfg["synthetic"], args.study, args.device))
     try:
         rows = plan(cfg, models_dir=args.models_dir, device=args.device)
     except (KeyError, ValueError) as err:

@@ -139,18 +139,3 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
     rank_x = pd.Series(x[keep]).rank().to_numpy()
     rank_y = pd.Series(y[keep]).rank().to_numpy()
     return float(pearson(rank_x, rank_y))
-
-
-def seed_interval(values, n_boot: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean over seeds and its 95 % percentile bootstrap interval (NaN interval with a single seed)."""
-    values = np.asarray(values, dtype=np.float64)
-    values = values[np.isfinite(values)]
-    if len(values) == 0:
-        return np.nan, np.nan, np.nan
-    if len(values) == 1:
-        return float(values[0]), np.nan, np.nan
-    idx = bootstrap_indices(len(values), n_boot, seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        mean, lo, hi = interval(lambda v: np.mean(v, axis=0), values, idx)
-    return float(mean), float(lo), float(hi)

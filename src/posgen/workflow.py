@@ -88,7 +88,7 @@ STEP_LEAVES = {
     ),
     "examples": leaves("figures.sample", "figures.map_tokens", "figures.pool_pairs", "figures.seed"),
     "summarize": INTERVALS,
-    "synthetic_summary": INTERVALS,
+    "synthetic_summary": {},  # t intervals over seeds: no resampling settings
     "train_trajectory": leaves(source="corpus.source"),
     "trajectory_table": leaves("trajectory.sensitivity_rates", **INTERVALS),
 }
@@ -136,6 +136,8 @@ REPRODUCTION = {
 SYN_CLASSIFIER_DIR = "results/synthetic/{experiment}/{task}/{pe}/seed{seed}"
 SYN_PARTS = ["training", "ablation", "toeplitz", "probe"]
 SYN_STUDY = COLLECTIONS["deposit_study"]
+SYN_REGIME = COLLECTIONS["regime_study"]
+SYN_DECISIVE = COLLECTIONS["decisive_study"]
 
 
 def shard_table(table: str) -> str:
@@ -144,9 +146,10 @@ def shard_table(table: str) -> str:
 
 
 def syn_outputs(which: str) -> list[str]:
-    """The gathered parts and the summary of collection ``which`` (run | deposit_study)."""
+    """The gathered parts, the tables and the verdicts of collection ``which`` (a key of ``COLLECTIONS``)."""
     folder = COLLECTIONS[which]
-    return [f"{folder}/{part}.nc" for part in SYN_PARTS] + [f"{folder}/summary.csv"]
+    tables = ("summary.csv", "classifiers.csv", "verdicts.md")
+    return [f"{folder}/{part}.nc" for part in SYN_PARTS] + [f"{folder}/{name}" for name in tables]
 
 
 # ------------------------------------------------------------------------------------------------ model jobs

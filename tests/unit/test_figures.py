@@ -580,3 +580,41 @@ def test_deposit_study_figure_shows_every_point():
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     assert x0 < -1 and x1 > 72 and y0 < -2 and y1 > 49  # no point on or beyond an edge
     plt.close(fig)
+
+
+def test_regime_study_figure_draws_both_brackets():
+    from posgen.figures.synthetic import fig_regime_study
+
+    rows = []
+    for steps, longest, faithful, lr in (
+        (330, 17, False, 6e-3),
+        (3300, 17, False, 6e-3),
+        (990, 17, False, 1e-3),
+        (990, 17, False, 6e-3),
+        (990, 71, False, 6e-3),
+        (990, 71, True, 6e-3),
+    ):
+        for seed in range(2):
+            rows.append(
+                dict(
+                    task="distance",
+                    pe="rope+sinusoidal",
+                    seed=seed,
+                    train_steps=steps,
+                    longest_distance=longest,
+                    faithful=faithful,
+                    lr=lr,
+                    test_accuracy=0.5 + steps / 10000,
+                    layer0_top_drop=0.4,
+                    layer0_second_drop=0.02,
+                    converged=seed == 0,
+                )
+            )
+    fig = fig_regime_study(pd.DataFrame(rows))
+    left, right = fig.axes[0], fig.axes[1]
+    assert len(left.lines) == 2  # two learning rates at the shortest distance, clean
+    assert sorted(left.lines[0].get_xdata()) == [990]  # lr 1e-3 has one budget
+    assert list(left.lines[1].get_xdata()) == [330, 990, 3300]
+    assert len(right.lines) == 2 and list(right.lines[0].get_xdata()) == [17, 71]  # clean: both distances at 990
+    assert list(right.lines[1].get_xdata()) == [71]  # faithful
+    plt.close(fig)

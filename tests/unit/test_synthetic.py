@@ -272,11 +272,3 @@ def test_training_is_deterministic_and_learns():
         assert torch.equal(value, runs[1][0][key]), key
     assert runs[0][1]["test_accuracy"] == runs[1][1]["test_accuracy"]
     assert runs[0][1]["train_loss"][-1] < runs[0][1]["train_loss"][0]
-
-
-def test_seed_interval_of_two_seeds():
-    from posgen.stats import seed_interval
-
-    # two seeds: a real interval around the mean
-    mean, lo, hi = seed_interval([0.2, 0.4], n_boot=200)
-    assert mean == pytest.approx(0.3) and 0.2 <= lo <= mean <= hi <= 0.4

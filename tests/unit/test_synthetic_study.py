@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
@@ -18,11 +17,10 @@ from posgen.synthetic.baselines import baselines, lookup_rule
 from posgen.synthetic.experiments import ExperimentError, classifiers, parse_pe, pe_labels, resolve
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe
-from posgen.synthetic.probe import held_out_r2, position_r2
+from posgen.synthetic.probe import held_out_r2, position_probes, stream_probes
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
 from posgen.synthetic.toeplitz import distance_content_shares, toeplitz_view
 from posgen.synthetic.train import init_gradients, load_split, snapshot_steps, train
-from posgen.synthetic.verdicts import verdicts
 
 OPTIONS = {
     "vocab_size": 16,
@@ -85,14 +83,17 @@ def test_faithful_learned_positions_start_at_the_token_scale():
     assert float(clean.detach().std()) == pytest.approx(0.02, rel=0.1)
 
 
-def test_faithful_keys_and_values_see_no_embedding_dropout():
-    m = model("sinusoidal", faithful=True, dropout=0.5).train()
+def test_faithful_embeddings_see_no_dropout_clean_ones_do():
     tokens = torch.randint(1, 16, (2, 9))
-    torch.manual_seed(1)
-    h, x0, key_bias, _ = m._inputs(tokens)
-    exact = m.pe.embed(m.embedding(tokens))
+    faithful = model("sinusoidal", faithful=True, dropout=0.5).train()
+    h, x0, key_bias, _ = faithful._inputs(tokens)
+    exact = faithful.pe.embed(faithful.embedding(tokens))
     torch.testing.assert_close(x0, exact)  # K/V source: no dropout
-    assert key_bias is None and not torch.allclose(h, exact)  # the residual stream is dropped out
+    torch.testing.assert_close(h, exact)  # nor on the residual stream's input: the authors' classifier has none
+    assert key_bias is None
+    clean = model("sinusoidal", dropout=0.5).train()
+    h, _, _, _ = clean._inputs(tokens)
+    assert not torch.allclose(h, clean.pe.embed(clean.embedding(tokens)))  # clean mode drops the input out
 
 
 def test_ignore_index_leaves_that_label_out_of_the_loss():
@@ -325,63 +326,26 @@ def test_position_probe_known_answers():
     assert held_out_r2(linear, position, fit) == pytest.approx(1.0, abs=1e-4)
     assert held_out_r2(rng.standard_normal((200, 3)), position, fit) < 0.1
     m = model("sinusoidal", max_len=12)
-    r2 = position_r2(m, torch.randint(1, 16, (40, 12)))
+    r2 = position_probes(m, torch.randint(1, 16, (40, 12)))["position_r2"]
     assert r2.shape == (3,) and r2[0] > 0.9  # the input carries the sinusoidal table
-    assert position_r2(model("nope", max_len=12), torch.randint(1, 16, (40, 12)))[0] < 0.2
+    assert position_probes(model("nope", max_len=12), torch.randint(1, 16, (40, 12)))["position_r2"][0] < 0.2
 
 
-# -------------------------------------------------------------------------------------- verdicts
-
-
-def _summary_rows(experiment, faithful, n_layers, accuracies, deposit_seeds, r2=(0.9, 0.1)):
-    rows = []
-    for (task, pe), acc in accuracies.items():
-        rows.append(
-            {
-                "experiment": experiment,
-                "task": task,
-                "pe": pe,
-                "faithful": faithful,
-                "n_layers": n_layers,
-                "n_heads": 16,
-                "n_seeds": 3,
-                "test_accuracy": acc,
-                "baseline_length": 0.2,
-                "layer0_top_drop": 0.6 if deposit_seeds.get((task, pe)) else 0.1,
-                "layer0_second_drop": 0.02,
-                "layer0_deposit_seeds": deposit_seeds.get((task, pe), 0.0),
-                "position_r2_input": r2[0],
-                "position_r2_after_layer2": r2[1] if n_layers > 3 else np.nan,
-                "position_r2_last": r2[1],
-            }
-        )
-    return rows
-
-
-def test_verdicts_name_where_a_claim_holds():
-    acc = {
-        ("distance", "rope+sinusoidal"): 0.95,
-        ("distance", "nope"): 0.21,
-        ("distance", "alibi"): 0.5,
-        ("count", "nope"): 0.7,
-        ("count", "rope+sinusoidal"): 0.6,
-        ("count", "decoupled"): 0.9,
-        ("distance", "partial-rope-1"): 0.93,
-    }
-    clean = _summary_rows("d6-clean", False, 6, acc, {})
-    faithful = _summary_rows("d6-faithful", True, 6, acc, {("distance", "rope+sinusoidal"): 1.0})
-    shallow = _summary_rows("d2-clean", False, 2, {**acc, ("distance", "partial-rope-1"): 0.5}, {})
-    table = verdicts(pd.DataFrame(clean + faithful + shallow)).set_index("claim")
-    assert table.loc["rope_best_distance", "verdict"] == "reproduced"
-    assert table.loc["nope_fails_distance", "verdict"] == "reproduced"  # 21 % <= 20 + 5
-    assert table.loc["alibi_fails_distance", "verdict"] == "not reproduced"  # alibi 50 % > 20 + 5
-    assert table.loc["nope_ge_rope_count", "verdict"] == "reproduced"
-    assert table.loc["deposit_rope_distance_only", "verdict"] == "only in faithful mode"
-    assert table.loc["few_rope_heads_suffice", "verdict"] == "only at 6 layers"
-    assert table.loc["additive_displaced", "verdict"] == "reproduced"  # tested at depth 6 only
-    assert "d2-clean" not in table.loc["additive_displaced", "evidence"]
-    # a PE an experiment did not train leaves the claim untested there, not held on the other PE alone
-    no_alibi = [row for row in clean + faithful if row["pe"] != "alibi"] + shallow
-    table = verdicts(pd.DataFrame(no_alibi)).set_index("claim")
-    assert table.loc["alibi_fails_distance", "evidence"].startswith("d2-clean (fails)")
-    assert table.loc["alibi_fails_distance", "verdict"] == "not reproduced"
+def test_fixed_probe_follows_the_input_directions_a_fresh_probe_any_direction():
+    # streams whose positional direction is known: the input writes position along u; stream 1 keeps u (scaled
+    # content added), stream 2 moved position to an orthogonal v, stream 3 holds no position at all
+    rng = np.random.default_rng(1)
+    n, D = 400, 8
+    position = np.tile(np.arange(20), n // 20).astype(float)
+    fit = np.repeat(np.arange(n // 20) % 2 == 0, 20)
+    u, v = np.eye(D)[0], np.eye(D)[1]
+    content = rng.standard_normal((n, D)) * 0.1
+    content[:, :2] = 0  # content lives off u and v
+    centred = (position - position.mean())[:, None]
+    streams = [centred * u + content, centred * u + 3 * content, centred * v + content, content]
+    out = stream_probes(streams, position, fit)
+    assert out["position_r2"][:3] == pytest.approx([1, 1, 1], abs=1e-3)  # decodable in the first three
+    assert out["position_r2"][3] < 0.1
+    assert out["transfer_r2"][:2] == pytest.approx([1, 1], abs=1e-3)  # the input's direction survives
+    assert abs(out["transfer_r2"][2]) < 0.01  # moved: the fixed probe reads nothing (it predicts the mean)
+    assert abs(out["transfer_r2"][3]) < 0.01

@@ -11,6 +11,7 @@ import xarray as xr
 
 from posgen.reproduction import synthetic_reproduction_markdown, synthetic_reproduction_rows
 from posgen.store import open_dataset
+from posgen.synthetic.bayes import distance_bayes_accuracy
 from posgen.synthetic.tasks import TEST, make_task
 from posgen.testing.runs import TINY_SYNTHETIC
 
@@ -38,15 +39,33 @@ def test_tiny_synthetic_run(synthetic_run):
     summary = pd.read_csv(root / "summary.csv")
     assert len(summary) == 8 and summary["test_accuracy"].between(0, 1).all()
     assert (summary["experiment"] == "clean").all()
-    # every accuracy sits beside the task's position-free baselines
-    assert summary[["baseline_majority", "baseline_length", "baseline_bag"]].notna().all().all()
+    # every accuracy sits beside the task's position-free baselines, the exact Bayes ceiling included
+    assert summary[["baseline_majority", "baseline_length", "baseline_bag", "baseline_bayes"]].notna().all().all()
     assert (summary.loc[summary["task"] == "count", "baseline_bag"] == 1.0).all()
+    sizes = TINY_SYNTHETIC["distance"]
+    bayes = distance_bayes_accuracy(sizes["max_side"], sizes["max_middle"])
+    assert np.allclose(summary.loc[summary["task"] == "distance", "baseline_bayes"], bayes)
+    # one row per classifier, with its regime and the convergence gate; the summary counts converged seeds
+    per_seed = pd.read_csv(root / "classifiers.csv")
+    assert len(per_seed) == 8 * 2 and per_seed["converged"].dtype == bool
+    assert (per_seed["train_steps"] == float(training["train_steps"].max())).all()
+    assert summary["converged_seeds"].between(0, 2).all()
     log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance/rope/seed1.log").read_text()
     assert "train clean/distance/rope/seed1: 100%" in log
     rows = synthetic_reproduction_rows(summary)
-    assert "| clean | distance | nope | fails |" in synthetic_reproduction_markdown(rows)
+    nope = [
+        line for line in synthetic_reproduction_markdown(rows).splitlines() if "| clean | distance | nope |" in line
+    ]
+    assert len(nope) == 1 and "| fails |" in nope[0] and "steps" in nope[0]  # the regime beside the paper's word
     reproduction = (synthetic_run.workdir / "results/reproduction.md").read_text()
-    assert "## Verdict per claim" in reproduction and "results/synthetic/summary.csv" in reproduction
+    assert "## Verdict per claim" in reproduction and "results/synthetic/classifiers.csv" in reproduction
+    verdict_rows = [
+        line for line in reproduction.split("## Verdict per claim (arXiv")[1].splitlines() if "| **" in line
+    ]
+    assert len(verdict_rows) == 8  # every claim, each with its regime where an experiment tests it
+    outcomes = ("reproduced", "inconclusive", "not discriminative", "not testable here", "not tested")
+    assert all(any(f"**{o}" in row for o in outcomes) for row in verdict_rows)
+    assert (root / "verdicts.md").read_text().count("| **") == 8
     proc = synthetic_run.snakemake("--cores", "1", "--dry-run", "results/synthetic/summary.csv")
     assert "Nothing to be done" in proc.stdout + proc.stderr
 

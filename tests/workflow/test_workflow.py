@@ -107,7 +107,7 @@ def test_synthetic_summary_carries_provenance_like_the_first_family(tiny_workflo
 
     results = tiny_workflow.workdir / "results"
     first = pd.read_csv(results / "summary.csv", dtype=str)
-    for name in ("summary.csv", "deposit.csv"):
+    for name in ("summary.csv", "classifiers.csv", "deposit.csv"):
         table = pd.read_csv(results / "synthetic" / name, dtype=str)
         assert list(table.columns[-2:]) == list(first.columns[-2:]) == ["config_hash", "posgen_version"], name
         assert table["config_hash"].str.fullmatch("[0-9a-f]{16}").all(), name

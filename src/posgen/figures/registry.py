@@ -9,7 +9,7 @@ from pathlib import Path
 import xarray as xr
 from matplotlib.figure import Figure
 
-from posgen.figure_table import FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
+from posgen.figure_table import FIGURES, REGIME_FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
 from posgen.figures import head_ablation, llm, synthetic, trajectory
 from posgen.figures.style import save_figure
 from posgen.store import stable_provenance
@@ -47,12 +47,13 @@ SPECS = {
     "synthetic_toeplitz": Spec(synthetic.fig_toeplitz, synthetic.load_gathered("toeplitz")),
     "deposit_study": Spec(synthetic.fig_deposit_study, synthetic.load_deposit),
     "deposit_study_probe": Spec(synthetic.fig_position_probe, synthetic.load_probe),
+    "regime_study": Spec(synthetic.fig_regime_study, synthetic.load_classifiers),
     # training trajectories
     "trajectory": Spec(trajectory.fig_trajectory, trajectory.load_trajectory),
     "trajectory_r_heatmap": Spec(llm.fig_r_heatmap, llm.load_r_heatmap),
 }
 
-ROWS = {**FIGURES, **TRAJECTORY_FIGURES, **STUDY_FIGURES}  # every row of the figure table
+ROWS = {**FIGURES, **TRAJECTORY_FIGURES, **STUDY_FIGURES, **REGIME_FIGURES}  # every row of the figure table
 
 
 def check_table() -> None:

@@ -14,19 +14,21 @@ import xarray as xr
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from posgen.claims import t_interval
 from posgen.figures.style import PAGE_WIDTH, integer_ticks, open_result, styled
-from posgen.stats import CRITERION_SECOND, CRITERION_TOP, seed_interval
+from posgen.stats import CRITERION_SECOND, CRITERION_TOP
 
 
 @styled
 def fig_accuracy(training: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
-    """Final test accuracy per PE (x) and task (colour), mean over seeds with 95 % bootstrap intervals."""
+    """Final test accuracy per PE (x) and task (colour), mean over seeds with 95 % t intervals over seeds
+    (``n_boot`` and ``seed`` are the figure registry's interval settings, unused: three seeds make no bootstrap)."""
     acc = training["final_test_accuracy"]
     tasks, pes = list(acc["task"].values), list(acc["pe"].values)
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 2.4))
     width = 0.8 / len(tasks)
     for t, task in enumerate(tasks):
-        stats = np.array([seed_interval(acc.sel(task=task, pe=pe).values, n_boot, seed) for pe in pes]) * 100
+        stats = np.array([t_interval(acc.sel(task=task, pe=pe).values) for pe in pes]) * 100
         x = np.arange(len(pes)) + (t - (len(tasks) - 1) / 2) * width
         err = np.abs(stats[:, 1:] - stats[:, :1]).T
         ax.bar(x, stats[:, 0], width, label=task, yerr=np.nan_to_num(err), capsize=2)
@@ -210,3 +212,58 @@ def load_probe(inputs, variants) -> pd.DataFrame:
 
 def load_deposit(inputs, variants) -> pd.DataFrame:
     return pd.read_csv(inputs["deposit"][0])
+
+
+# ------------------------------------------------------------------------------------------- regime study
+
+
+def _regime_panel(ax_acc, ax_drop, rows: pd.DataFrame, x: str, style: str, colors: dict) -> None:
+    """Accuracy (top) and layer-0 top / second drop (bottom) of ``rows`` against ``x``: one line per (pe,
+    ``style``) through the seed means, every seed a marker (open where it did not converge)."""
+    styles = dict(zip(sorted(set(rows[style])), ["-", "--", ":", "-."]))
+    for (pe, kind), part in rows.groupby(["pe", style]):
+        color, line = colors[pe], styles[kind]
+        mean = part.groupby(x)[["test_accuracy", "layer0_top_drop", "layer0_second_drop"]].mean() * 100
+        ax_acc.plot(mean.index, mean["test_accuracy"], line, color=color, label=f"{pe}, {style} {kind}")
+        ax_drop.plot(mean.index, mean["layer0_top_drop"], line, color=color)
+        ax_drop.plot(mean.index, mean["layer0_second_drop"], line, color=color, alpha=0.4)
+        for converged, fill in ((True, color), (False, "none")):
+            seeds = part[part["converged"] == converged]
+            ax_acc.scatter(seeds[x], 100 * seeds["test_accuracy"], s=10, facecolors=fill, edgecolors=color)
+            ax_drop.scatter(seeds[x], 100 * seeds["layer0_top_drop"], s=10, facecolors=fill, edgecolors=color)
+    ax_acc.set_ylim(0, 102)
+    ax_drop.axhline(CRITERION_TOP * 100, color="0.6", lw=0.6)
+    ax_drop.axhline(CRITERION_SECOND * 100, color="0.6", lw=0.6, ls=":")
+
+
+@styled
+def fig_regime_study(classifiers: pd.DataFrame) -> Figure:
+    """The regime study's brackets (docs/method.md section 8.10). Left: test accuracy and layer-0 top / second
+    single-head drop (points; second paler) against optimiser steps, for the experiments at the shortest
+    distance in clean mode, one line style per learning rate. Right: the same against the longest distance, for
+    the experiments at the budget of the longer-distance runs, one line style per mode. Markers: seeds (open:
+    not converged); grey lines: the deposit criterion (top >= 30, second <= 5 points)."""
+    rows = classifiers[classifiers["task"] == "distance"].assign(
+        mode=np.where(classifiers["faithful"], "faithful", "clean")
+    )
+    shortest = rows["longest_distance"].min()
+    budget = rows[(rows["longest_distance"] == shortest) & ~rows["faithful"]]
+    longer = rows[rows["longest_distance"] > shortest]
+    steps = longer["train_steps"].mode().iloc[0] if len(longer) else budget["train_steps"].min()
+    size = rows[(rows["train_steps"] == steps) & np.isclose(rows["lr"], longer["lr"].max() if len(longer) else 0)]
+    colors = dict(zip(sorted(set(rows["pe"])), sns.color_palette("colorblind", rows["pe"].nunique())))
+    fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 4.6), sharey="row", squeeze=False)
+    _regime_panel(axes[0, 0], axes[1, 0], budget, "train_steps", "lr", colors)
+    _regime_panel(axes[0, 1], axes[1, 1], size, "longest_distance", "mode", colors)
+    axes[1, 0].set_xscale("log")
+    axes[1, 0].set_xlabel("optimiser steps")
+    axes[1, 1].set_xlabel("longest trigger distance")
+    axes[0, 0].set_ylabel("test accuracy (%)")
+    axes[1, 0].set_ylabel("layer-0 drop (points)")
+    for ax in axes[0]:
+        ax.legend(fontsize=5)
+    return fig
+
+
+def load_classifiers(inputs, variants) -> pd.DataFrame:
+    return pd.read_csv(inputs["classifiers"][0])

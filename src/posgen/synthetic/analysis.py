@@ -17,7 +17,8 @@ from posgen.stats import deposit_statistics
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy
 from posgen.synthetic.baselines import baselines
-from posgen.synthetic.probe import position_r2
+from posgen.synthetic.bayes import longest_distance, position_free_bayes
+from posgen.synthetic.probe import position_probes
 from posgen.synthetic.tasks import TEST, TRAIN, n_trigger_ids
 from posgen.synthetic.toeplitz import toeplitz_view
 from posgen.synthetic.train import load_classifier, load_split
@@ -103,11 +104,13 @@ def analyse_job(
             coords=coords,
         ),
         "probe": xr.Dataset(
-            {"position_r2": ("stream", position_r2(model, tokens))},
+            {name: ("stream", value) for name, value in position_probes(model, tokens).items()},
             coords={"stream": np.arange(model.dims.n_layers + 1)},
         ),
     }
     parts["probe"]["stream"].attrs["long_name"] = "residual stream: 0 = input embeddings, l = after layer l"
+    parts["probe"]["position_r2"].attrs["description"] = "held-out R^2 of position, a fresh probe per stream"
+    parts["probe"]["transfer_r2"].attrs["description"] = "held-out R^2 of the input stream's probe applied here"
     attrs = provenance(
         **dict(zip(KEY_DIMS, key)), n_ablation=len(labels), n_toeplitz=len(test), config_hash=config_hash
     )
@@ -150,6 +153,7 @@ TRAINING_VARIABLES = [
     "train_loss",
     "train_accuracy",
     "test_accuracy",
+    "lr_factor",
     "init_grad_norm",
     "snapshot_accuracy",
     "snapshot_drop",
@@ -159,7 +163,11 @@ FINAL_SCORES = {
     "final_test_accuracy": "test_accuracy",
     "test_mae": "test_mae",
     "test_within_one": "test_within_one",
+    "test_accuracy_label0_masked": "test_accuracy_label0_masked",
     "train_seconds": "train_seconds",
+    "train_steps": "train_steps",
+    "n_train": "n_train",
+    "n_test": "n_test",
 }
 
 
@@ -177,6 +185,7 @@ def gather_training(paths: list, keys: list, out_path, **attrs) -> xr.Dataset:
             snapshot_step=("snapshot", steps.astype(np.int64)),
             **{name: float(ds.attrs[attr]) for name, attr in FINAL_SCORES.items()},
             **{name: int(config[name]) for name in MODEL_SIZES},
+            lr=float(json.loads(ds.attrs["train"])["lr"]),
         )
         part.attrs = {}
         parts.append(_key_dims(part.drop_vars("side").assign_coords(side=[0, 1]), *key))
@@ -186,18 +195,32 @@ def gather_training(paths: list, keys: list, out_path, **attrs) -> xr.Dataset:
     return _write(out, out_path)
 
 
-def gather_baselines(task_paths: list, out_path, **attrs) -> xr.Dataset:
-    """The baselines of every task (dims task, baseline): ``posgen.synthetic.baselines``."""
-    parts = []
-    for path in task_paths:
-        data = open_dataset(path, lazy=False)
-        values = baselines(data, TRAIN, TEST)
+def gather_baselines(task_paths: list, keys: list, out_path, **attrs) -> xr.Dataset:
+    """The baselines of every (experiment, task) of a collection (dims experiment, task, baseline), from the data
+    set each trained on (``task_paths[i]`` for ``keys[i]`` = (experiment, task)): the position-free rules of
+    ``posgen.synthetic.baselines`` fitted on the data, the exact position-free Bayes accuracy ``bayes``
+    (``posgen.synthetic.bayes``), and the task's ``longest_distance`` (0 for count)."""
+    parts, cache = [], {}
+    for path, (experiment, task) in zip(task_paths, keys):
+        if path not in cache:
+            data = open_dataset(path, lazy=False)
+            sizes = json.loads(data.attrs["sizes"])
+            values = {**baselines(data, TRAIN, TEST), "bayes": position_free_bayes(task, sizes)}
+            cache[path] = values, longest_distance(task, sizes)
+        values, longest = cache[path]
+        part = xr.Dataset(
+            {
+                "baseline_accuracy": ("baseline", np.array(list(values.values()))),
+                "longest_distance": longest,
+            },
+            coords={"baseline": np.array(list(values), dtype=object)},
+        )
         parts.append(
-            xr.Dataset(
-                {"baseline_accuracy": ("baseline", np.array(list(values.values())))},
-                coords={"baseline": np.array(list(values), dtype=object)},
-            ).expand_dims(task=np.array([data.attrs["task"]], dtype=object))
+            part.expand_dims(experiment=np.array([experiment], dtype=object), task=np.array([task], dtype=object))
         )
     out = combine(parts)
+    out["baseline_accuracy"].attrs["description"] = (
+        "test accuracy of a position-free rule; bayes: the exact accuracy of the best position-free classifier"
+    )
     out.attrs = provenance(**attrs)
     return _write(out, out_path)

@@ -1,12 +1,17 @@
 """Named experiments of the second paper's family: one results dimension ``experiment``.
 
 The ``synthetic`` config section holds the base settings (data, model, training, PEs, seeds); each entry of
-``synthetic.experiments`` overrides some of them (``model`` and ``train`` key by key, the rest whole). Two
-collections are built: ``synthetic.run`` (the experiments of ``make run``, gathered under
-``results/synthetic/``) and ``synthetic.deposit_study`` (the named target ``deposit_study``, gathered under
-``results/synthetic/deposit_study/``). Every classifier lives at
+``synthetic.experiments`` overrides some of them (``model`` and ``train`` key by key, the rest whole). Four
+collections: ``synthetic.run`` (the experiments of ``make run``, gathered under ``results/synthetic/``) and three
+named targets, each gathered under ``results/synthetic/<target>/``: ``deposit_study``, ``regime_study`` (brackets
+toward the paper's budget and task size on a CPU) and ``decisive_study`` (the decisive subset at the authors'
+size, for GPU nodes). Every classifier lives at
 ``results/synthetic/<experiment>/<task>/<pe>/seed<S>/``, so clean and faithful results of one configuration sit
 side by side, and adding an experiment trains only its own classifiers.
+
+An experiment may set its own task sizes (``distance``, ``count``, key by key): it then trains on a data set of
+its own, ``results/synthetic/tasks/<task>-<key><value>....nc`` (:func:`dataset`), named by the sizes that
+differ from the base section's; experiments with the base sizes share ``<task>.nc``.
 
 PE labels: ``partial-rope`` expands to one label per entry of ``rope_heads`` (``partial-rope-1``,
 ``partial-rope-2``, ``partial-rope-all``). Standard library only: the Snakefile imports this module.
@@ -18,11 +23,17 @@ import copy
 import re
 
 # keys an experiment may override: merged key by key (dicts) or replaced (the rest)
-MERGED_KEYS = ("model", "train")
+MERGED_KEYS = ("model", "train", "distance", "count")
+TASK_SIZE_KEYS = ("distance", "count")  # a task's generator sizes: an experiment's own sizes make its own data set
 REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples")
 # the options a training job reads (its params and its config hash)
 TRAIN_KEYS = ("model", "train", "faithful", "rope_base")
-COLLECTIONS = {"run": "results/synthetic", "deposit_study": "results/synthetic/deposit_study"}
+COLLECTIONS = {
+    "run": "results/synthetic",
+    "deposit_study": "results/synthetic/deposit_study",
+    "regime_study": "results/synthetic/regime_study",
+    "decisive_study": "results/synthetic/decisive_study",
+}
 _PARTIAL = re.compile(r"partial-rope-(\d+|all)$")
 
 
@@ -76,8 +87,16 @@ def classifiers(options: dict) -> list[tuple[str, str, int]]:
     return [(task, pe, seed) for task in options["tasks"] for pe in pe_labels(options) for seed in options["seeds"]]
 
 
+def dataset(synthetic: dict, options: dict, task: str) -> str:
+    """The data set an experiment's ``task`` trains on: ``task`` with the base section's sizes, else the task
+    followed by each size that differs, e.g. ``distance-max_middle70-max_side25``."""
+    base, own = synthetic[task], options[task]
+    changed = sorted(key for key in own if own[key] != base.get(key))
+    return task + "".join(f"-{key}{own[key]}" for key in changed)
+
+
 def collection(synthetic: dict, which: str) -> list[str]:
-    """The experiment names of collection ``which`` (``run`` or ``deposit_study``)."""
+    """The experiment names of collection ``which`` (a key of ``COLLECTIONS``)."""
     return list(synthetic[which])
 
 
@@ -102,10 +121,10 @@ def check(synthetic: dict) -> None:
             if name not in synthetic["experiments"]:
                 raise ExperimentError(f"config.synthetic.{which}: {name!r} is not in synthetic.experiments")
     for name in synthetic["experiments"]:
-        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in ("tasks", "deposit_study", "figures"):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in ("tasks", "figures", *COLLECTIONS):
             raise ExperimentError(
                 f"config.synthetic.experiments.{name}: a name of letters, digits, '.', '_', '-' "
-                "(not tasks, deposit_study or figures)"
+                f"(not tasks, figures or a collection: {', '.join(COLLECTIONS)})"
             )
         options = resolve(synthetic, name)
         model = options["model"]

@@ -4,8 +4,8 @@ mean pooling, a linear head.
 Clean (default): every layer's Q, K, V come from its layer-normed hidden state, pads are masked out of the
 keys, a final LayerNorm, pooling averages the real tokens. ``faithful`` is the authors' classifier
 (``dis_gen/trans.py``; docs/method.md section 8.1): K and V of every layer come from the input embeddings (plus
-additive PE) without dropout (dropout acts on the residual stream only), no attention mask, no final LayerNorm,
-pooling averages pads too, ALiBi slopes exp(-h/H) and learned positions initialised at the token scale (in
+additive PE), no dropout on those embeddings (only on the attention and FFN outputs), no attention mask, no
+final LayerNorm, pooling averages pads too, ALiBi slopes exp(-h/H) and learned positions initialised at the token scale (in
 ``posgen.synthetic.pe``).
 
 ``head_gate (layer, head)`` multiplies each head's value vectors: a 0 ablates that head (its value slice zeroed,
@@ -103,14 +103,14 @@ class Classifier(nn.Module):
         self.dropout = dropout
 
     def _inputs(self, tokens: torch.Tensor):
-        """The residual stream's input (embeddings with absolute PE, after dropout), the K/V source of faithful
-        mode (the same embeddings without dropout), the key-side additive mask (None when faithful) and the
-        real-token mask."""
+        """The residual stream's input (embeddings with absolute PE; after dropout in clean mode only: the
+        authors' classifier has no dropout there), the K/V source of faithful mode (the same embeddings), the
+        key-side additive mask (None when faithful) and the real-token mask."""
         real = tokens != 0  # (B, T)
         x0 = self.pe.embed(self.embedding(tokens))  # (B, T, D)
-        h = F.dropout(x0, self.dropout, self.training)
         if self.dims.faithful:
-            return h, x0, None, real
+            return x0, x0, None, real
+        h = F.dropout(x0, self.dropout, self.training)
         key_bias = torch.zeros(real.shape, dtype=x0.dtype, device=x0.device).masked_fill(~real, float("-inf"))
         return h, h, key_bias[:, None, None, :], real  # (B, 1, 1, T)
 

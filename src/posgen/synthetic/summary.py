@@ -1,5 +1,6 @@
-"""The tables of a collection of experiments: ``summary.csv`` (one row per experiment, task, pe) and
-``deposit.csv`` (one row per experiment, task, pe, seed, layer), from the gathered NetCDFs."""
+"""The tables of a collection of experiments, from the gathered NetCDFs: ``summary.csv`` (one row per experiment,
+task, pe), ``classifiers.csv`` (one row per classifier: experiment, task, pe, seed; what the verdicts decide on)
+and ``deposit.csv`` (one row per experiment, task, pe, seed, layer)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.stats import MIN_TOP_DROP, seed_interval
+from posgen.claims import t_interval
+from posgen.stats import MIN_TOP_DROP
 from posgen.store import atomic_path, open_dataset, provenance
+from posgen.synthetic.convergence import converged, plateau_slope
 
 DEPOSIT_VARIABLES = ["top_drop", "second_drop", "top_head", "deposit_index", "deposit", "layer_ablated_accuracy"]
 
@@ -43,30 +46,91 @@ def _dynamics(train: xr.Dataset, abl: xr.Dataset) -> dict:
     }
 
 
+def _after_layer2(values: np.ndarray) -> float:
+    """Mean over the streams after layer 2 (streams 3..L; NaN at depth 3 or less) of a (stream,) array."""
+    values = values[np.isfinite(values)]
+    return float(values[3:].mean()) if len(values) > 3 else np.nan
+
+
+def classifier_table(
+    training: xr.Dataset, ablation: xr.Dataset, probe: xr.Dataset, baselines: xr.Dataset
+) -> pd.DataFrame:
+    """One row per trained classifier (experiment, task, pe, seed): its regime (sizes, optimiser steps, learning
+    rate, train/test sequences, longest distance), scores, the convergence gate (docs/method.md section 8.3),
+    the task's position-free floors, the layer-0 deposit statistics and both position probes."""
+    rows = []
+    for key in training["final_test_accuracy"].to_dataframe().dropna().index:
+        experiment, task, pe, seed = key
+        sel = dict(experiment=experiment, task=task, pe=pe, seed=seed)
+        train, abl, prb = training.sel(sel), ablation.sel(sel), probe.sel(sel)
+        base = baselines.sel(experiment=experiment, task=task)
+        curve, lr = train["train_accuracy"].values, train["lr_factor"].values
+        finite = curve[np.isfinite(curve)]
+        layer0 = abl.isel(layer=0)
+        position, transfer = prb["position_r2"].values, prb["transfer_r2"].values
+        rows.append(
+            {
+                "experiment": str(experiment),
+                "task": str(task),
+                "pe": str(pe),
+                "seed": int(seed),
+                **{name: int(train[name]) for name in ("n_layers", "n_heads", "d_model", "train_steps", "n_train")},
+                "faithful": bool(train["faithful"]),
+                "lr": float(train["lr"]),
+                "n_test": int(train["n_test"]),
+                "longest_distance": int(base["longest_distance"]),
+                "test_accuracy": float(train["final_test_accuracy"]),
+                "test_accuracy_label0_masked": float(train["test_accuracy_label0_masked"]),
+                "final_train_accuracy": float(finite[-1]) if len(finite) else np.nan,
+                "train_slope": plateau_slope(curve, lr),
+                "converged": converged(curve, lr),
+                **{
+                    f"baseline_{name}": float(base["baseline_accuracy"].sel(baseline=name))
+                    for name in base["baseline"].values
+                },
+                "layer0_top_drop": float(layer0["top_drop"]),
+                "layer0_second_drop": float(layer0["second_drop"]),
+                "layer0_deposit": bool(layer0["deposit"]),
+                "position_r2_input": float(position[0]),
+                "position_r2_after_layer2": _after_layer2(position),
+                "transfer_r2_after_layer2": _after_layer2(transfer),
+                "transfer_r2_input": float(transfer[0]),
+                "transfer_r2_last": float(transfer[np.isfinite(transfer)][-1]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
 def summary_table(
     training: xr.Dataset,
     ablation: xr.Dataset,
     toeplitz: xr.Dataset,
     probe: xr.Dataset,
     baselines: xr.Dataset,
-    n_boot: int = 1000,
-    seed: int = 0,
 ) -> pd.DataFrame:
     """One row per (experiment, task, pe) with at least one trained seed: test scores (mean over seeds, 95 %
-    bootstrap interval of the accuracy), the task's baselines, the layer-0 and best-layer deposit statistics,
+    t interval of the accuracy over seeds), how many seeds converged, the task's baselines, the layer-0 and best-layer deposit statistics,
     leave-one-in on layer 0, the Toeplitz shares with their nulls and the distance x content split, the
     position probe, and the training dynamics of the layer-0 top head."""
     rows = []
     for experiment in training["experiment"].values:
         for task in training["task"].values:
-            base = baselines.sel(task=task)["baseline_accuracy"]
+            if task not in baselines["task"].values or not np.isfinite(
+                baselines["longest_distance"].sel(experiment=experiment, task=task)
+            ):
+                continue  # this experiment does not train this task
+            base = baselines.sel(experiment=experiment, task=task)["baseline_accuracy"]
             for pe in training["pe"].values:
                 key = dict(experiment=experiment, task=task, pe=pe)
                 train = training.sel(key)
                 acc = train["final_test_accuracy"].values
                 if not np.isfinite(acc).any():
                     continue  # this experiment does not train this (task, pe)
-                mean, lo, hi = seed_interval(acc, n_boot, seed)
+                mean, lo, hi = t_interval(acc)
+                gate = [
+                    converged(train["train_accuracy"].sel(seed=s).values, train["lr_factor"].sel(seed=s).values)
+                    for s in train["seed"].values[np.isfinite(acc)]
+                ]
                 abl, toe, prb = ablation.sel(key), toeplitz.sel(key), probe.sel(key)
                 layer0 = abl.isel(layer=0)
                 best_layer = abl["top_drop"].mean("seed").fillna(-np.inf).argmax("layer")
@@ -81,9 +145,15 @@ def summary_table(
                         "d_model": int(np.nanmax(train["d_model"].values)),
                         "faithful": bool(np.nanmax(train["faithful"].values)),
                         "n_seeds": int(np.isfinite(acc).sum()),
+                        "train_steps": int(np.nanmax(train["train_steps"].values)),
+                        "lr": float(np.nanmax(train["lr"].values)),
+                        "n_train": int(np.nanmax(train["n_train"].values)),
+                        "longest_distance": int(baselines["longest_distance"].sel(experiment=experiment, task=task)),
+                        "converged_seeds": int(sum(gate)),
                         "test_accuracy": mean,
                         "test_accuracy_lo": lo,
                         "test_accuracy_hi": hi,
+                        "test_accuracy_label0_masked": float(train["test_accuracy_label0_masked"].mean("seed")),
                         "test_mae": float(train["test_mae"].mean("seed")),
                         "test_within_one": float(train["test_within_one"].mean("seed")),
                         **{f"baseline_{name}": float(base.sel(baseline=name)) for name in base["baseline"].values},
@@ -114,6 +184,7 @@ def summary_table(
                         if r2.sizes["stream"] > 3
                         else np.nan,
                         "position_r2_last": float(r2.dropna("stream").isel(stream=-1)),
+                        "transfer_r2_after_layer2": _after_layer2(prb["transfer_r2"].mean("seed").values),
                         **_dynamics(train, abl),
                     }
                 )
@@ -129,19 +200,18 @@ def deposit_table(ablation: xr.Dataset) -> pd.DataFrame:
     return table[["experiment", "task", "pe", "seed", "layer", "base_accuracy"] + DEPOSIT_VARIABLES]
 
 
-def write_summary(
-    inputs: dict, csv_path, deposit_path, *, n_boot: int, seed: int, config_hash: str = ""
-) -> pd.DataFrame:
-    """``summary.csv`` and ``deposit.csv`` from the gathered NetCDFs ``inputs`` (training, ablation, toeplitz,
-    probe, baselines); provenance as constant columns ``config_hash`` and ``posgen_version``, as results/summary.csv."""
+def write_summary(inputs: dict, csv_path, classifiers_path, deposit_path, *, config_hash: str = "") -> pd.DataFrame:
+    """``summary.csv``, ``classifiers.csv`` and ``deposit.csv`` from the gathered NetCDFs ``inputs`` (training,
+    ablation, toeplitz, probe, baselines); provenance as constant columns ``config_hash`` and ``posgen_version``,
+    as results/summary.csv."""
     data = {name: open_dataset(path, lazy=False) for name, path in inputs.items()}
-    table = summary_table(
-        data["training"], data["ablation"], data["toeplitz"], data["probe"], data["baselines"], n_boot, seed
-    )
+    table = summary_table(data["training"], data["ablation"], data["toeplitz"], data["probe"], data["baselines"])
     keep = {"config_hash": config_hash, "posgen_version": provenance()["posgen_version"]}
     table = table.assign(**keep)
-    with atomic_path(csv_path) as tmp:
-        table.to_csv(tmp, index=False, float_format="%.6g")
+    per_seed = classifier_table(data["training"], data["ablation"], data["probe"], data["baselines"])
+    for path, frame in ((csv_path, table), (classifiers_path, per_seed.assign(**keep))):
+        with atomic_path(path) as tmp:
+            frame.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(deposit_path) as tmp:
         deposit_table(data["ablation"]).assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     return table

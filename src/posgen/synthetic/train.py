@@ -58,12 +58,16 @@ def accuracy(model: Classifier, tokens, labels, batch_size: int = 1024, head_gat
 
 
 def scores(predicted: torch.Tensor, labels: torch.Tensor) -> dict:
-    """Exact accuracy, mean absolute error (in label units: a distance or a count) and within-one accuracy."""
+    """Exact accuracy, mean absolute error (in label units: a distance or a count), within-one accuracy, and the
+    accuracy over the samples whose label is not 0 (what the authors' code reports: it masks label 0, the
+    count task's zero-trigger samples; the distance task has no label 0)."""
     error = (predicted - labels).abs().float()  # (sample,)
+    nonzero = labels != 0
     return {
         "accuracy": float((error == 0).float().mean()),
         "mae": float(error.mean()),
         "within_one": float((error <= 1).float().mean()),
+        "accuracy_label0_masked": float((error[nonzero] == 0).float().mean()) if bool(nonzero.any()) else np.nan,
     }
 
 
@@ -141,7 +145,7 @@ def train(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, warmup))
     order = torch.Generator().manual_seed(seed)  # shuffling; dropout draws from the seeded global generator
-    curves = {"train_loss": [], "train_accuracy": [], "test_accuracy": []}
+    curves = {"train_loss": [], "train_accuracy": [], "test_accuracy": [], "lr_factor": []}
     snapshots, pending = {}, sorted(set(snapshot_steps))
     snapshot_seconds, step = 0.0, 0
     model.train()
@@ -170,6 +174,7 @@ def train(
             curves["train_loss"].append(loss_sum / n)
             curves["train_accuracy"].append(correct / n)
             curves["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
+            curves["lr_factor"].append(lr_factor(step - 1, total, warmup))  # the rate of the epoch's last step
             bar.set_postfix(loss=f"{curves['train_loss'][-1]:.3f}", test=f"{curves['test_accuracy'][-1]:.3f}")
     for pending_step in pending:  # steps at or past the end: the trained model
         snapshots[pending_step] = snapshot(model)
@@ -260,7 +265,7 @@ def train_job(
         {
             **{
                 name: ("step", np.asarray(curves[name], dtype=np.float64))
-                for name in ("train_loss", "train_accuracy", "test_accuracy")
+                for name in ("train_loss", "train_accuracy", "test_accuracy", "lr_factor")
             },
             "init_grad_norm": (("layer", "head", "side"), grads),
             "snapshot_accuracy": ("snapshot", snapshot_accuracy),
@@ -286,12 +291,16 @@ def train_job(
             test_accuracy=final["accuracy"],
             test_mae=final["mae"],
             test_within_one=final["within_one"],
+            test_accuracy_label0_masked=final["accuracy_label0_masked"],
+            train_steps=total,
+            threads=torch.get_num_threads(),
             n_train=len(train_set[1]),
             n_test=len(test_set[1]),
             config_hash=config_hash,
         ),
     )
     ds["step"].attrs["long_name"] = "epoch"
+    ds["lr_factor"].attrs["description"] = "learning rate / its peak at the epoch's last step (warm-up, cosine)"
     ds["snapshot"].attrs["long_name"] = "optimiser steps taken (0: initialisation)"
     ds["init_grad_norm"].attrs["description"] = "norm of the head's query/key weight+bias gradient at initialisation"
     ds["snapshot_drop"].attrs["description"] = "layer-0 accuracy drop with the head ablated, at the snapshot"

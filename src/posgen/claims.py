@@ -1,0 +1,136 @@
+"""The verdict vocabulary of a reproduction: what a claim's test can conclude, decided at the seed level.
+
+A claim is tested in one regime (a model size, a training budget, a task size, a set of seeds: the text every
+verdict is followed by) and ends in one of :class:`Outcome`:
+
+* ``reproduced``: the effect holds in every seed that can decide it, and the t interval over seeds lies wholly
+  on the claim's side of its threshold;
+* ``not reproduced``: it holds in no such seed, and the interval lies wholly on the other side;
+* ``inconclusive``: anything between (seeds disagree, the interval straddles the threshold, a single seed, or
+  no seed whose cells converged);
+* ``not discriminative``: the test cannot tell the claim from its negation here (every compared model at the
+  ceiling, a competitor the claim names was not trained, a test whose result is fixed by construction);
+* ``not testable here``: the regime removes the mechanism the claim is about (e.g. distances shorter than the
+  paper's);
+* ``not tested``: no experiment has what the claim needs.
+
+Intervals are Student t intervals over seeds (docs/method.md section 8.9), never a bootstrap of three values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+from scipy import stats
+
+LEVEL = 0.95  # the confidence level of every seed interval
+
+
+class Outcome(str, Enum):
+    REPRODUCED = "reproduced"
+    NOT_REPRODUCED = "not reproduced"
+    INCONCLUSIVE = "inconclusive"
+    NOT_DISCRIMINATIVE = "not discriminative"
+    NOT_TESTABLE = "not testable here"
+    NOT_TESTED = "not tested"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One claim decided in one regime: the outcome and the numbers behind it."""
+
+    outcome: Outcome
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of a paper: its name, the paper's words, the test in words and ``check(rows) -> Decision | None``
+    (None: the rows hold nothing the claim needs)."""
+
+    name: str
+    paper: str
+    test: str
+    check: object
+
+
+def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """Mean of the finite ``values`` and its Student t interval; NaN bounds with fewer than two values."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return np.nan, np.nan, np.nan
+    mean = float(values.mean())
+    if len(values) < 2:
+        return mean, np.nan, np.nan
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return mean, mean - float(half), mean + float(half)
+
+
+def exceeds(differences, threshold: float, points: bool = True) -> tuple[Outcome, str]:
+    """The claim "difference > threshold", one difference per seed: reproduced when every seed holds and the
+    t interval lies above ``threshold``, not reproduced when no seed holds and it lies below, else inconclusive
+    (so a single seed is always inconclusive). The text: seeds holding, mean and interval (in points of a
+    fraction with ``points``, else as they are)."""
+    d = np.asarray(differences, dtype=np.float64)
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return Outcome.INCONCLUSIVE, "no seed can decide"
+    held = int((d > threshold).sum())
+    mean, lo, hi = t_interval(d)
+    scale, unit = (100, " points") if points else (1, "")
+    if len(d) < 2:
+        text = f"holds in {held} of 1 seed ({scale * mean:+.2f}{unit}; one seed has no interval)"
+        return Outcome.INCONCLUSIVE, text
+    text = f"holds in {held} of {len(d)} seeds ({scale * mean:+.2f} [{scale * lo:+.2f}, {scale * hi:+.2f}]{unit})"
+    if held == len(d) and lo > threshold:
+        return Outcome.REPRODUCED, text
+    if held == 0 and hi < threshold:
+        return Outcome.NOT_REPRODUCED, text
+    return Outcome.INCONCLUSIVE, text
+
+
+def combine(outcomes: list[Outcome]) -> Outcome:
+    """One outcome of a claim made of parts that must all hold (e.g. one per partial-RoPE head count)."""
+    if not outcomes:
+        return Outcome.NOT_TESTED
+    if any(o == Outcome.NOT_REPRODUCED for o in outcomes):
+        return Outcome.NOT_REPRODUCED
+    if all(o == Outcome.REPRODUCED for o in outcomes):
+        return Outcome.REPRODUCED
+    for other in (Outcome.INCONCLUSIVE, Outcome.NOT_DISCRIMINATIVE, Outcome.NOT_TESTABLE):
+        if other in outcomes:
+            return other
+    return Outcome.NOT_TESTED
+
+
+def overall(per_regime: dict[str, Outcome]) -> str:
+    """A claim's verdict over several regimes: the common outcome (with the count), or each outcome with the
+    regimes that gave it."""
+    if not per_regime:
+        return Outcome.NOT_TESTED.value
+    names = list(per_regime)
+    values = list(dict.fromkeys(per_regime.values()))
+    if len(values) == 1:
+        return f"{values[0].value} (in {len(names)} of {len(names)} regimes)"
+    parts = [f"{v.value} in {', '.join(n for n in names if per_regime[n] == v)}" for v in values]
+    return "depends on the regime: " + "; ".join(parts)
+
+
+def verdict_markdown(title: str, preamble: str, rows: list[dict]) -> str:
+    """A Markdown verdict table: one row per claim with ``paper``, ``test``, ``verdict`` and ``evidence`` (a list
+    of per-regime lines)."""
+    lines = [
+        f"## {title}",
+        "",
+        preamble,
+        "",
+        "| claim (paper) | test | verdict | per regime: verdict, regime, evidence |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        evidence = "<br>".join(row["evidence"]) or "-"
+        lines.append(f"| {row['paper']} | {row['test']} | **{row['verdict']}** | {evidence} |")
+    return "\n".join(lines) + "\n"

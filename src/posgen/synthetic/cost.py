@@ -1,0 +1,95 @@
+"""What a collection of the second paper's classifiers costs to train: optimiser steps and device-hours
+(``python -m posgen.plan --study <collection>``; docs/slurm.md, "Planning a run").
+
+Steps per classifier: ``epochs * ceil(n_train / batch_size)``, with ``n_train`` the train split of the
+experiment's own task sizes. Seconds per step: a measured rate at one reference size, scaled to the experiment's
+size by ``layers * batch * tokens ** TOKEN_EXPONENT`` (an assumption beyond the reference):
+
+* ``gpu``: MEASURED on one H100 80GB (2026-11-26, torch 2.11 + CUDA 13, TF32 allowed, issue 38): 3.0-3.3
+  optimiser steps/s per training job at the authors' size (6 layers x 16 heads, width 256, FFN 512, batch 512,
+  122 tokens), about 15 steps/s for the whole GPU with 5 jobs side by side. Device-hours assume that packing.
+* ``cpu``: MEASURED on this project's 2-core machine (2026-11-26, one thread, idle host): 0.137 s per step at
+  2 layers x 16 heads, width 128, FFN 128, batch 64, 34 tokens; about 1.2 s at 122 tokens (hence the token
+  exponent). Core-hours; a 2-core machine runs two jobs at once.
+
+Training only: the analysis jobs (ablation, probes, Toeplitz view) add about a fifth on a CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from posgen.synthetic.experiments import classifiers, collection, resolve
+
+TOKEN_EXPONENT = 1.7  # seconds per step ~ tokens^1.7 on the CPU (34 -> 122 tokens: 0.137 -> 1.2 s)
+# (seconds per step, layers, batch, tokens) of each device's measured reference, and jobs sharing one device
+REFERENCE = {"gpu": (1 / 3.1, 6, 512, 122), "cpu": (0.137, 2, 64, 34)}
+JOBS_PER_DEVICE = {"gpu": 15 / 3.1, "cpu": 1.0}  # the GPU ran ~15 steps/s with 5 jobs of 3.1 steps/s each
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    experiment: str
+    classifiers: int
+    steps: int  # per classifier
+    tokens: int
+    hours: float  # one classifier's training, alone on its device (one core on a CPU)
+    device_hours: float  # every classifier of the experiment, packed as measured
+
+
+def tokens_of(options: dict, task: str) -> int:
+    """Sequence length of a task's samples (the pad width every faithful pass keeps)."""
+    sizes = options[task]
+    return 2 * sizes["max_side"] + sizes["max_middle"] + 2 if task == "distance" else sizes["seq_len"]
+
+
+def steps_of(options: dict, task: str) -> int:
+    """Optimiser steps of one classifier of ``task`` in an experiment (resolved options)."""
+    n_train = round((1 - options["test_fraction"]) * options[task]["n_samples"])
+    return options["train"]["epochs"] * math.ceil(n_train / options["train"]["batch_size"])
+
+
+def seconds_per_step(options: dict, tokens: int, device: str) -> float:
+    seconds, layers, batch, ref_tokens = REFERENCE[device]
+    scale = options["model"]["n_layers"] / layers * options["train"]["batch_size"] / batch
+    return seconds * scale * (tokens / ref_tokens) ** TOKEN_EXPONENT
+
+
+def study_cost(synthetic: dict, which: str, device: str = "gpu") -> list[StudyRow]:
+    """One row per experiment of collection ``which``: its classifiers, steps and hours on ``device``."""
+    rows = []
+    for name in collection(synthetic, which):
+        options = resolve(synthetic, name)
+        keys = classifiers(options)
+        per_task = {task: (steps_of(options, task), tokens_of(options, task)) for task in options["tasks"]}
+        seconds = [per_task[task][0] * seconds_per_step(options, per_task[task][1], device) for task, _, _ in keys]
+        rows.append(
+            StudyRow(
+                experiment=name,
+                classifiers=len(keys),
+                steps=max(steps for steps, _ in per_task.values()),
+                tokens=max(tokens for _, tokens in per_task.values()),
+                hours=max(seconds) / 3600,
+                device_hours=sum(seconds) / 3600 / JOBS_PER_DEVICE[device],
+            )
+        )
+    return rows
+
+
+def study_table(synthetic: dict, which: str, device: str = "gpu") -> str:
+    """The plan of one collection as text."""
+    unit = "GPU-hours (measured H100 rate)" if device == "gpu" else "core-hours (measured 2-core rate)"
+    lines = [
+        f"training plan of synthetic.{which} on {device}: {unit}, scaled from the reference size (posgen.synthetic.cost)",
+        f"{'experiment':24s} {'classifiers':>11s} {'steps':>7s} {'tokens':>6s} {'h/classifier':>12s} {'total':>8s}",
+    ]
+    rows = study_cost(synthetic, which, device)
+    for r in rows:
+        lines.append(
+            f"{r.experiment:24s} {r.classifiers:11d} {r.steps:7d} {r.tokens:6d} {r.hours:12.2f} {r.device_hours:8.1f}"
+        )
+    lines.append(
+        f"total: {sum(r.classifiers for r in rows)} classifiers, {sum(r.device_hours for r in rows):.1f} {unit}"
+    )
+    return "\n".join(lines)
