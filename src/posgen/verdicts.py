@@ -1,8 +1,9 @@
 """A verdict per claim of the first paper (Han & Ji 2025) from a run's summary, bands and perturbation tables.
 
-Every claim is tested per model (and per construction of the split where it depends on one: Method A, B and
-A-drift, docs/method.md sections 3A-3C) against a threshold fixed here, in advance, and printed beside the
-verdict; the thresholds are never tuned to a result. Across models and constructions a claim
+Every claim is tested per model (and per construction of the split where it depends on one: the paper's
+Method A and B, docs/method.md sections 3A-3B) against a threshold fixed here, in advance, and printed beside
+the verdict. Method A-drift (section 3C) is a diagnostic (``DIAGNOSTICS``): its findings are shown, labelled, and
+never count toward a verdict; the thresholds are never tuned to a result. Across models and constructions a claim
 
 * ``holds``: in every model and construction that tests it;
 * ``holds only under <constructions>`` / ``holds only for <models>``: in some;
@@ -19,7 +20,14 @@ import pandas as pd
 from posgen.config import VARIANT_TRAINED
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
-CONSTRUCTIONS = ("A", "B", "A-drift")
+CONSTRUCTIONS = ("A", "B")  # the paper's constructions of f + g: only these decide a verdict
+# diagnostics shown beside them, never counted: what each can and cannot show
+DIAGNOSTICS = {
+    "A-drift": "a mean key that follows each window's own smooth key trajectory (docs/method.md section 3C): how "
+    "much of Method A's random-init gap a per-window drift closes. Its f depends on absolute position j, so it "
+    "is not the paper's positional term f(q, i - j), and a per-window fit cannot tell absolute position from "
+    "prefix content",
+}
 SINK = "with"  # every causal entry, as the paper's correlation
 NEAR = 0.05  # "r near 0.959": mean and pooled r both within 0.05 of it
 LACK = 0.05  # "random-init models lack the split": mean r below the trained model's by more than 0.05 (CI < 0)
@@ -37,6 +45,7 @@ class Finding:
     construction: str  # "" where the claim does not depend on the construction
     held: bool
     evidence: str
+    diagnostic: bool = False  # a diagnostic's finding (DIAGNOSTICS): shown, never counted
 
 
 def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
@@ -49,11 +58,11 @@ def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Find
     rows = _rope_rows(summary)
     out = []
     for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
-        if row["method"] not in CONSTRUCTIONS:
+        if row["method"] not in (*CONSTRUCTIONS, *DIAGNOSTICS):
             continue
         held = abs(row["mean_r"] - PAPER_R) <= NEAR and abs(row["pooled_r"] - PAPER_R) <= NEAR
         evidence = f"mean {row['mean_r']:.3f}, pooled {row['pooled_r']:.3f}"
-        out.append(Finding(row["model"], row["method"], bool(held), evidence))
+        out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
     return out
 
 
@@ -61,7 +70,7 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict) -
     rows = _rope_rows(summary)
     out = []
     for (model, method), group in rows.groupby(["model", "method"], sort=False):
-        if method not in CONSTRUCTIONS:
+        if method not in (*CONSTRUCTIONS, *DIAGNOSTICS):
             continue
         trained = group[group["variant"] == VARIANT_TRAINED]
         random = group[group["variant"].str.startswith("random-seed")]
@@ -72,7 +81,8 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict) -
             f"{r.variant} {r.mean_r:.3f} (diff {r.diff_vs_trained:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}])"
             for r in random.itertuples()
         )
-        out.append(Finding(model, method, held, f"trained {trained['mean_r'].iloc[0]:.3f}; {diffs}"))
+        evidence = f"trained {trained['mean_r'].iloc[0]:.3f}; {diffs}"
+        out.append(Finding(model, method, held, evidence, method in DIAGNOSTICS))
     return out
 
 
@@ -148,7 +158,8 @@ CLAIMS = [
 
 
 def verdict(findings: list[Finding]) -> str:
-    """The verdict of a claim across its findings (module docstring)."""
+    """The verdict of a claim across its findings (module docstring); diagnostics' findings do not count."""
+    findings = [f for f in findings if not f.diagnostic]
     if not findings:
         return "not tested"
     if all(f.held for f in findings):
@@ -183,16 +194,19 @@ def verdicts(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[tuple[Cl
 def control_markdown(summary: pd.DataFrame) -> str:
     """The random-init control under each construction, side by side: random-init minus trained mean r with its
     95 % interval (paired over samples), per model, seed and sink."""
-    rows = summary[summary["variant"].str.startswith("random-seed") & summary["method"].isin(CONSTRUCTIONS)]
+    shown = (*CONSTRUCTIONS, *DIAGNOSTICS)
+    rows = summary[summary["variant"].str.startswith("random-seed") & summary["method"].isin(shown)]
     if "layer_type" in rows.columns:
         rows = rows[rows["layer_type"] == "rope"]
-    methods = [m for m in CONSTRUCTIONS if m in set(rows["method"])]
+    methods = [m for m in shown if m in set(rows["method"])]
+    names = [f"Method {m}" + (" (diagnostic)" if m in DIAGNOSTICS else "") for m in methods]
     lines = [
         "## The random-init control under each construction",
         "",
-        "Random-init minus trained mean r over every RoPE layer [95 % bootstrap interval, paired over samples].",
+        "Random-init minus trained mean r over every RoPE layer [95 % bootstrap interval, paired over samples]. "
+        "Method A and B are the paper's constructions; a diagnostic is shown beside them and decides nothing.",
         "",
-        "| model | variant | sink | " + " | ".join(f"Method {m}" for m in methods) + " |",
+        "| model | variant | sink | " + " | ".join(names) + " |",
         "|---|---|---|" + "---:|" * len(methods),
     ]
     for (model, variant, sink), group in rows.groupby(["model", "variant", "sink"], sort=False):
@@ -210,16 +224,18 @@ def verdict_markdown(results, source: str) -> str:
     lines = [
         "## Verdict per claim (Han & Ji 2025)",
         "",
-        f"From `{source}`, the bands and the perturbation tables of the same run. Constructions: Method A (mean "
-        "key), B (least-squares a(i-j) + b(i) + c(j)) and A-drift (a mean key that follows the key's absolute "
-        "position, docs/method.md section 3C). Thresholds are fixed in `posgen.verdicts`, not tuned.",
+        f"From `{source}`, the bands and the perturbation tables of the same run. The paper's constructions, "
+        "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
+        + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
+        + " Thresholds are fixed in `posgen.verdicts`, not tuned.",
         "",
         "| claim (paper) | test | verdict | evidence (model / construction: numbers; * = holds) |",
         "|---|---|---|---|",
     ]
     for claim, text, findings in results:
         evidence = "; ".join(
-            f"{f.model}{' / ' + f.construction if f.construction else ''}: {f.evidence}{' *' if f.held else ''}"
+            f"{f.model}{' / ' + f.construction if f.construction else ''}{' (diagnostic)' if f.diagnostic else ''}: "
+            f"{f.evidence}{' *' if f.held else ''}"
             for f in findings
         )
         lines.append(f"| {claim.paper} | {claim.test} | **{text}** | {evidence or '-'} |")

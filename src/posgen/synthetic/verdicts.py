@@ -156,7 +156,8 @@ def alibi_fails_distance(rows):
     if longest < PAPER_LONGEST_DISTANCE:
         return Decision(
             Outcome.NOT_TESTABLE,
-            f"longest distance {longest} < the paper's {PAPER_LONGEST_DISTANCE}: the shallowest slope's bias is "
+            f"longest distance {longest} < the paper's {PAPER_LONGEST_DISTANCE}: with {'faithful' if first['faithful'] else 'clean'}"
+            f" slopes the shallowest head's bias is "
             f"{-slope * longest:.1f} at {longest} against {-slope * PAPER_LONGEST_DISTANCE:.1f} at "
             f"{PAPER_LONGEST_DISTANCE} (alibi {_pct(cells['test_accuracy'].mean())} %)",
         )
