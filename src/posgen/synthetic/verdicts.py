@@ -241,7 +241,7 @@ def few_rope_heads_suffice(rows):
         gate = _converged(rows, "distance", [pe, *full]).reindex(acc.index).fillna(False)
         if not gate.any():
             outcomes.append(Outcome.INCONCLUSIVE)
-            texts.append(f"{pe}: no converged seed")
+            texts.append(f"{pe}: no seed in which it and full RoPE both trained and converged")
             continue
         outcome, text = exceeds((acc[pe] - reference)[gate], -SUFFICE)
         outcomes.append(outcome)
