@@ -117,7 +117,6 @@ FIGURES = {
             "10. PE x task: accuracy",
             {"training": "results/synthetic/training.nc"},
             scope=GLOBAL,
-            bootstrap=True,
         ),
         _row("synthetic_ablation", "11. PE x task: single-head ablation", {"ablation": _ABLATION}, scope=GLOBAL),
         _row("synthetic_deposit", "12. PE x task: deposit index", {"ablation": _ABLATION}, scope=GLOBAL),

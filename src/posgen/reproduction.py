@@ -19,7 +19,7 @@ from posgen.bands import band_shares
 from posgen.config import init_seed
 from posgen.integrity import shown
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
-from posgen.synthetic.verdicts import verdicts, verdicts_markdown
+from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
 from posgen.verdicts import PAPER_R, control_markdown
 from posgen.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.verdicts import verdicts as paper_verdicts
@@ -148,7 +148,7 @@ def synthetic_reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
     """The second paper's reported numbers beside ours, one row per (experiment, task, pe) of ``summary.csv``,
     with the position-free baselines of the task."""
     rows = []
-    for _, row in summary.iterrows():
+    for index, row in summary.iterrows():
         key = (row["task"], row["pe"])
         paper_acc, paper_note = PAPER_ACCURACY.get(key, (None, ""))
         paper_drop, drop_note = PAPER_DEPOSIT.get(key, (None, ""))
@@ -168,8 +168,7 @@ def synthetic_reproduction_rows(summary: pd.DataFrame) -> pd.DataFrame:
                 **{f"baseline_{b}": 100 * row[f"baseline_{b}"] for b in BASELINES},
                 "n_seeds": row["n_seeds"],
                 "converged_seeds": row["converged_seeds"],
-                "regime": f"{row['n_layers']}x{row['n_heads']}, width {row['d_model']}, {row['train_steps']} steps, "
-                f"lr {row['lr']:g}" + (f", distance <= {row['longest_distance']}" if row["task"] == "distance" else ""),
+                "regime": size_and_budget(summary.loc[[index]]),
                 "paper_layer0_max_drop": np.nan if paper_drop is None else paper_drop,
                 "paper_deposit_note": drop_note,
                 "layer0_top_drop": 100 * row["layer0_top_drop"],

@@ -20,9 +20,8 @@ from posgen.stats import CRITERION_SECOND, CRITERION_TOP
 
 
 @styled
-def fig_accuracy(training: xr.Dataset, n_boot: int = 1000, seed: int = 0) -> Figure:
-    """Final test accuracy per PE (x) and task (colour), mean over seeds with 95 % t intervals over seeds
-    (``n_boot`` and ``seed`` are the figure registry's interval settings, unused: three seeds make no bootstrap)."""
+def fig_accuracy(training: xr.Dataset) -> Figure:
+    """Final test accuracy per PE (x) and task (colour), mean over seeds with 95 % t intervals over seeds."""
     acc = training["final_test_accuracy"]
     tasks, pes = list(acc["task"].values), list(acc["pe"].values)
     fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 2.4))

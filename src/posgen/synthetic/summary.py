@@ -107,11 +107,14 @@ def summary_table(
     toeplitz: xr.Dataset,
     probe: xr.Dataset,
     baselines: xr.Dataset,
+    per_seed: pd.DataFrame,
 ) -> pd.DataFrame:
     """One row per (experiment, task, pe) with at least one trained seed: test scores (mean over seeds, 95 %
-    t interval of the accuracy over seeds), how many seeds converged, the task's baselines, the layer-0 and best-layer deposit statistics,
-    leave-one-in on layer 0, the Toeplitz shares with their nulls and the distance x content split, the
-    position probe, and the training dynamics of the layer-0 top head."""
+    t interval of the accuracy over seeds), how many seeds converged, the task's baselines, the layer-0 and
+    best-layer deposit statistics, leave-one-in on layer 0, the Toeplitz shares with their nulls and the distance x content split, the
+    position probe, and the training dynamics of the layer-0 top head. ``per_seed``: :func:`classifier_table` of
+    the same files, whose convergence gate the summary counts."""
+    converged_seeds = per_seed.groupby(["experiment", "task", "pe"])["converged"].sum()
     rows = []
     for experiment in training["experiment"].values:
         for task in training["task"].values:
@@ -127,10 +130,6 @@ def summary_table(
                 if not np.isfinite(acc).any():
                     continue  # this experiment does not train this (task, pe)
                 mean, lo, hi = t_interval(acc)
-                gate = [
-                    converged(train["train_accuracy"].sel(seed=s).values, train["lr_factor"].sel(seed=s).values)
-                    for s in train["seed"].values[np.isfinite(acc)]
-                ]
                 abl, toe, prb = ablation.sel(key), toeplitz.sel(key), probe.sel(key)
                 layer0 = abl.isel(layer=0)
                 best_layer = abl["top_drop"].mean("seed").fillna(-np.inf).argmax("layer")
@@ -149,7 +148,7 @@ def summary_table(
                         "lr": float(np.nanmax(train["lr"].values)),
                         "n_train": int(np.nanmax(train["n_train"].values)),
                         "longest_distance": int(baselines["longest_distance"].sel(experiment=experiment, task=task)),
-                        "converged_seeds": int(sum(gate)),
+                        "converged_seeds": int(converged_seeds[str(experiment), str(task), str(pe)]),
                         "test_accuracy": mean,
                         "test_accuracy_lo": lo,
                         "test_accuracy_hi": hi,
@@ -180,9 +179,7 @@ def summary_table(
                             )
                         },
                         "position_r2_input": float(r2.isel(stream=0)),
-                        "position_r2_after_layer2": float(r2.isel(stream=slice(3, None)).mean())
-                        if r2.sizes["stream"] > 3
-                        else np.nan,
+                        "position_r2_after_layer2": _after_layer2(r2.values),
                         "position_r2_last": float(r2.dropna("stream").isel(stream=-1)),
                         "transfer_r2_after_layer2": _after_layer2(prb["transfer_r2"].mean("seed").values),
                         **_dynamics(train, abl),
@@ -205,10 +202,11 @@ def write_summary(inputs: dict, csv_path, classifiers_path, deposit_path, *, con
     ablation, toeplitz, probe, baselines); provenance as constant columns ``config_hash`` and ``posgen_version``,
     as results/summary.csv."""
     data = {name: open_dataset(path, lazy=False) for name, path in inputs.items()}
-    table = summary_table(data["training"], data["ablation"], data["toeplitz"], data["probe"], data["baselines"])
+    per_seed = classifier_table(data["training"], data["ablation"], data["probe"], data["baselines"])
+    parts = (data[name] for name in ("training", "ablation", "toeplitz", "probe", "baselines"))
+    table = summary_table(*parts, per_seed)
     keep = {"config_hash": config_hash, "posgen_version": provenance()["posgen_version"]}
     table = table.assign(**keep)
-    per_seed = classifier_table(data["training"], data["ablation"], data["probe"], data["baselines"])
     for path, frame in ((csv_path, table), (classifiers_path, per_seed.assign(**keep))):
         with atomic_path(path) as tmp:
             frame.to_csv(tmp, index=False, float_format="%.6g")

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from posgen.claims import Claim, Decision, Outcome, combine, exceeds, overall, t_interval, verdict_markdown
 from posgen.stats import CRITERION_TOP
+from posgen.store import atomic_path
 
 ROPE = "rope+sinusoidal"  # the authors' "rope"
 AUTHORS_PES = ("nope", "sinusoidal", "learned", "t5", "alibi", ROPE, "decoupled")  # the PEs the paper compares
@@ -33,10 +35,10 @@ PAPER_LONGEST_DISTANCE = 71  # the paper's distance task: middle ~ U{1..70}
 PAPER_REGIME = "6 layers x 16 heads, width 256, 13,700 steps at lr 1e-4, 70,000 train sequences, distance <= 71"
 
 
-def regime(rows: pd.DataFrame) -> str:
-    """The regime an experiment's rows were decided in, in words."""
+def size_and_budget(rows: pd.DataFrame) -> str:
+    """Model size, optimiser budget, train sequences and longest distance of rows of one experiment (a summary's
+    or a per-classifier table's), in words."""
     first = rows.iloc[0]
-    seeds = rows["seed"].nunique()
     longest = rows.loc[rows["task"] == "distance", "longest_distance"]
     parts = [
         f"{first['n_layers']} x {first['n_heads']} heads, width {first['d_model']}",
@@ -45,7 +47,18 @@ def regime(rows: pd.DataFrame) -> str:
     ]
     if len(longest):
         parts.append(f"distance <= {int(longest.max())}")
-    parts += [f"{seeds} seed{'s' if seeds > 1 else ''}", "faithful" if first["faithful"] else "clean"]
+    return ", ".join(parts)
+
+
+def regime(rows: pd.DataFrame) -> str:
+    """The regime an experiment's per-classifier rows were decided in, in words."""
+    first = rows.iloc[0]
+    seeds = rows["seed"].nunique()
+    parts = [
+        size_and_budget(rows),
+        f"{seeds} seed{'s' if seeds > 1 else ''}",
+        "faithful" if first["faithful"] else "clean",
+    ]
     parts.append(f"{int(rows['converged'].sum())} of {len(rows)} classifiers converged")
     return ", ".join(parts)
 
@@ -385,10 +398,6 @@ def verdicts_markdown(table: pd.DataFrame, source: str) -> str:
 
 def write_verdicts(classifiers_csv, md_path, title: str = "") -> pd.DataFrame:
     """A collection's verdicts (``verdicts.md`` beside its ``classifiers.csv``): every claim per regime."""
-    from pathlib import Path
-
-    from posgen.store import atomic_path
-
     table = verdicts(pd.read_csv(classifiers_csv))
     text = (f"# {title}\n\n" if title else "") + verdicts_markdown(table, str(classifiers_csv))
     with atomic_path(md_path) as tmp:
