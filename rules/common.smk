@@ -2,6 +2,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
@@ -207,6 +208,9 @@ SYN_DATASETS = {
     for task in options["tasks"]
 }
 SYN_TASK_DATA = "results/synthetic/tasks/{dataset}.nc"
+# experiments whose seeds train as one ensemble job (synthetic.train.ensemble), and the rest (a job per seed)
+SYN_ENSEMBLES = [name for name, options in SYN_EXPERIMENTS.items() if options["train"]["ensemble"]]
+SYN_SOLO = [name for name in SYN_EXPERIMENTS if name not in SYN_ENSEMBLES]
 
 
 wildcard_constraints:
@@ -215,6 +219,17 @@ wildcard_constraints:
     dataset="|".join(re.escape(name) for name in SYN_DATASETS) or "none",
     pe="|".join(re.escape(pe) for pe in SYN_PES),
     seed=r"\d+",
+
+
+def syn_fixed(experiment):
+    """Wildcards -> the same wildcards with ``experiment`` set: an ensemble rule's experiment is in its name."""
+    return lambda w: SimpleNamespace(**dict(w.items()), experiment=experiment)
+
+
+def syn_seed_files(experiment, name):
+    """Per-seed files ``name`` of one experiment's (task, pe) (``{task}``, ``{pe}`` left as wildcards)."""
+    seeds = SYN_EXPERIMENTS[experiment]["seeds"]
+    return expand(f"{SYN_CLASSIFIER_DIR}/{name}", experiment=experiment, seed=seeds, allow_missing=True)
 
 
 def syn_dataset(experiment, task):

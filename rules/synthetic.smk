@@ -1,7 +1,7 @@
 # The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
 # named experiments (posgen.synthetic.experiments), one training and one analysis job per (experiment, task, pe,
-# seed); gathered NetCDFs, a summary, a per-classifier table and the verdicts per collection: `run` (what `all`
-# builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
+# seed), one training job per (experiment, task, pe) where the experiment sets train.ensemble; gathered NetCDFs, a
+# summary, a per-classifier table and the verdicts per collection: `run` (what `all` builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
 
 
 rule synthetic_tasks:
@@ -29,12 +29,14 @@ rule synthetic_train:
     input:
         data=syn_task_data,
     output:
-        checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
+        checkpoints=f"{SYN_CLASSIFIER_DIR}/model.pt",
         curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
     log:
         "logs/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.log",
     benchmark:
         "benchmarks/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.tsv"
+    wildcard_constraints:
+        experiment="|".join(re.escape(name) for name in SYN_SOLO) or "none",
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -42,6 +44,8 @@ rule synthetic_train:
         mem_mb=2000,
         runtime=60,
     params:
+        experiment=lambda w: w.experiment,
+        seeds=lambda w: [int(w.seed)],
         options=syn_train_options,
         device=config["device"],
         config_hash=syn_hash(syn_train_options),
@@ -49,10 +53,44 @@ rule synthetic_train:
         "../workflow_scripts/synthetic_train.py"
 
 
+# experiments with train.ensemble: one job per (task, pe) trains every seed as one batched ensemble
+for experiment in SYN_ENSEMBLES:
+    fixed = syn_fixed(experiment)
+    seeds = SYN_EXPERIMENTS[experiment]["seeds"]
+    rule_name = f"synthetic_train_ensemble_{re.sub(r'[^0-9A-Za-z_]', '_', experiment)}"
+
+    rule:
+        name:
+            rule_name
+        input:
+            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
+        output:
+            checkpoints=syn_seed_files(experiment, "model.pt"),
+            curves=syn_seed_files(experiment, "train.nc"),
+        log:
+            f"logs/synthetic/train/{experiment}/{{task}}/{{pe}}/ensemble.log",
+        benchmark:
+            f"benchmarks/synthetic/train/{experiment}/{{task}}/{{pe}}/ensemble.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000 + 500 * len(seeds),
+            runtime=60 * len(seeds),
+        params:
+            experiment=experiment,
+            seeds=seeds,
+            options=lambda w, fixed=fixed: syn_train_options(fixed(w)),
+            device=config["device"],
+            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options)(fixed(w)),
+        script:
+            "../workflow_scripts/synthetic_train.py"
+
+
 rule synthetic_analyse:
     input:
         data=syn_task_data,
-        checkpoint=rules.synthetic_train.output.checkpoint,
+        checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
     output:
         ablation=f"{SYN_CLASSIFIER_DIR}/ablation.nc",
         toeplitz=f"{SYN_CLASSIFIER_DIR}/toeplitz.nc",

@@ -352,13 +352,25 @@ def _is_unreadable_weights(err: BaseException) -> bool:
     return name == "SafetensorError" or (isinstance(err, (OSError, RuntimeError)) and "safetensors" in str(err))
 
 
-def init_weights(config, seed: int, **kwargs):
+def init_weights(config, seed: int, device="cpu", **kwargs):
     """Fresh weights for ``config``: the one code path of every ``random-seed<S>`` variant, and of step 0 of a
-    model trained by the workflow (posgen.trajectory), so that the two are the same weights."""
+    model trained by the workflow (posgen.trajectory), so that the two are the same weights.
+
+    Built the way transformers' ``from_pretrained`` builds the weights a checkpoint lacks: the modules on the meta
+    device (no storage, no draws), storage on ``device``, then the model's own ``_init_weights`` draws each tensor
+    once from the seeded generator of ``device`` and recomputes the non-persistent buffers (RoPE frequencies).
+    ``from_config`` alone draws every linear layer twice (torch's kaiming init, then transformers' normal init
+    over it), on the host. Same seed, device kind and dtype give the same weights; the CPU and a GPU, or two
+    dtypes, draw different numbers from the same distribution (docs/method.md, "Random-init controls")."""
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, **kwargs)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **kwargs)
+    model.to_empty(device=device)
+    torch.manual_seed(seed)  # seeds the CPU and every CUDA generator
+    model.initialize_weights()
+    model.tie_weights()
+    return model
 
 
 def load_model(
@@ -377,8 +389,8 @@ def load_model(
     can pick it from the config without reading the folder twice); None for transformers' default.
     ``device_map="auto"`` (a ``models`` entry's ``device_map``) spreads the layers over every visible GPU through
     accelerate, for a model larger than one GPU; ``device`` is then ignored and inputs belong on the device of
-    the first parameter (:func:`input_device`). Random-init weights are drawn on the CPU exactly as without it,
-    then dispatched.
+    the first parameter (:func:`input_device`). Random-init weights are drawn on ``device`` (no host copy); under
+    ``device_map`` on the CPU, then dispatched.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -410,9 +422,10 @@ def load_model(
                 f"{reacquire(model_dir)}"
             ) from None
     else:
-        model = init_weights(config, seed, **kwargs)
         if device_map:
-            model = _dispatch(model)
+            model = _dispatch(init_weights(config, seed, **kwargs))  # drawn on the CPU, then spread
+        else:
+            model = init_weights(config, seed, resolve_device(device), **kwargs)
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=remote)
     if device_map:
         return model.eval(), tokenizer, manifest

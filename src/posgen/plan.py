@@ -31,7 +31,9 @@ of Method B, n_delta = T or the sliding window):
   reference logits, and on a CPU job everything the device would hold.
 
 ``CPU`` rates are calibrated on this project's 2-core machine (``python -m posgen.bench scale``, which prints
-predicted against measured per stage); ``GPU`` rates are ASSUMPTIONS for one H100 until measured there.
+predicted against measured per stage); ``GPU`` rates are ASSUMPTIONS for one H100 until measured there: a
+committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``) replaces the forward,
+moments and error rates it measured, and the printed plan names which rates are measured and which assumed.
 Shapes come from the acquired ``resources/models/<name>/config.json`` when present, else from the recorded shapes
 of :mod:`posgen.shapes` (by name or hub id); a model with neither is listed as unknown.
 """
@@ -45,6 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posgen.config import schema_default, schema_defaults, variants
+from posgen.measured import gpu_report, source
 from posgen.shapes import SHAPES
 from posgen.workflow import (
     GPU_RULES,
@@ -89,7 +92,22 @@ CPU = Rates(forward=84e9, moments=4.6e9, factor=24e9, memory=2e9, error=9.8e9, d
 # pass (no TF32) at ~20 % of 67 TFLOP/s; a parallel file system at 1 GB/s; a minute to start a job and build the
 # CUDA context.
 GPU = Rates(forward=300e12, moments=20e12, factor=20e12, memory=2e12, error=12e12, disk=1e9, start_s=60.0)
-RATES = {"cpu": CPU, "gpu": GPU}
+MEASURED_ON_GPU = ("forward", "moments", "error")  # the rates the device check measures (posgen.bench gpu)
+
+
+def device_rates(device: str, report: dict | None = None) -> tuple[Rates, str]:
+    """The rates of ``device`` and a label saying which are measured: on the GPU, those of a committed device
+    check (``report``, posgen.measured) replace the assumed ones they measure; the rest stay ASSUMED."""
+    if device == "cpu":
+        return CPU, "calibrated on the 2-core bench machine"
+    measured = {
+        name: float(report["rates"][name]) for name in MEASURED_ON_GPU if name in (report or {}).get("rates", {})
+    }
+    if not measured:
+        return GPU, "ASSUMED H100 rates, unmeasured (no docs/gpu/gpu-report.json)"
+    assumed = [name for name in Rates.__dataclass_fields__ if name not in measured]
+    label = f"{', '.join(measured)} {source(report)}; ASSUMED: {', '.join(assumed)}"
+    return replace(GPU, **measured), label
 
 
 # --------------------------------------------------------------------------------------------------- shapes
@@ -330,7 +348,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
     """Expected figures of one ``rule`` job over the windows ``samples = (start, stop)`` (perturb and cap: over
     their own ``perturb.n_samples`` windows)."""
     opts = config_options(cfg)
-    rates = RATES[device]
+    rates = device_rates(device, gpu_report())[0]
     start, stop = samples
     n = stop - start
     T = cfg["seq_len"]
@@ -562,7 +580,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"posgen.plan: {err.args[0]}") from None
     opts = config_options(cfg)
     unit = "GPU" if args.device == "gpu" else "CPU"
-    rates = "calibrated on the 2-core bench machine" if args.device == "cpu" else "ASSUMED H100 rates, unmeasured"
+    rates = device_rates(args.device, gpu_report())[1]
     print(
         f"plan for {args.configfile} on {args.device} ({rates}): {cfg['n_samples']} windows x {cfg['seq_len']} tokens, "
         f"{opts['shards']} shard(s), analysis {opts['analysis']}, keep_qk {opts['keep_qk']} in {opts['qk_dtype']}"

@@ -253,6 +253,7 @@ def test_a_training_job_gives_identical_weights_twice(tmp_path):
             "ignore_index": None,
             "snapshots": [0.5],
             "snapshot_samples": 8,
+            "precision": "float32",
         },
         "faithful": False,
         "rope_base": 10000.0,
@@ -261,7 +262,8 @@ def test_a_training_job_gives_identical_weights_twice(tmp_path):
     write_task("distance", options, 0, data)
     states = []
     for run in range(2):
-        curves = train_job(data, tmp_path / f"{run}.pt", tmp_path / f"{run}.nc", pe="rope", seed=3, options=options)
+        paths = {3: (tmp_path / f"{run}.pt", tmp_path / f"{run}.nc")}
+        (curves,) = train_job(data, paths, pe="rope", options=options)
         assert curves.attrs["threads"] == torch.get_num_threads() and curves.attrs["train_steps"] == 12
         states.append(torch.load(tmp_path / f"{run}.pt", weights_only=True)["state_dict"])
     for name, value in states[0].items():

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import xarray as xr
 import yaml
 
 from posgen.store import open_dataset
@@ -219,6 +220,33 @@ def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_pat
     others = {rule for rule, _ in jobs if rule not in ("synthetic_train", "synthetic_analyse")}
     assert others & (UPSTREAM | {"synthetic_tasks"}) == set(), sorted(others)
     assert {"synthetic_gather_run", "synthetic_summary_run", "reproduction"} <= others
+
+
+def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(tiny_workflow, tmp_path):
+    def edit(config):
+        config["synthetic"]["experiments"] = {"clean": {}, "ens": {"seeds": [0, 1, 2], "train": {"ensemble": True}}}
+        config["synthetic"]["run"] = ["clean", "ens"]
+
+    jobs = dry_run_with(tiny_workflow, tmp_path, edit)
+    ensembles = [out for rule, out in jobs if rule == "synthetic_train_ensemble_ens"]
+    assert len(ensembles) == 2 * len(tiny_workflow_pes(tiny_workflow))  # one job per (task, pe)
+    for out in ensembles:
+        folders = {path.rsplit("/", 2)[0] for path in out}
+        assert len(folders) == 1 and len(out) == 6  # every seed's checkpoint and curves
+        assert {path.rsplit("/", 2)[1] for path in out} == {"seed0", "seed1", "seed2"}
+    assert not [out for rule, out in jobs if rule == "synthetic_train"]  # clean is built already
+    analysed = [out for rule, out in jobs if rule == "synthetic_analyse"]
+    assert len(analysed) == 3 * len(ensembles)  # the analysis stays per seed
+    # one ensemble job for real: every seed's files, each seed's own initialisation and curves
+    run = WorkflowRun(tiny_workflow.workdir, tmp_path / "config.yaml")
+    run.snakemake("--cores", "1", "results/synthetic/ens/count/nope/seed1/train.nc")
+    curves = [
+        xr.open_dataset(tiny_workflow.workdir / f"results/synthetic/ens/count/nope/seed{s}/train.nc") for s in range(3)
+    ]
+    assert [c.attrs["seed"] for c in curves] == [0, 1, 2] and {c.attrs["ensemble_members"] for c in curves} == {3}
+    assert len({float(c["train_loss"][0]) for c in curves}) == 3
+    log = (tiny_workflow.workdir / "logs/synthetic/train/ens/count/nope/ensemble.log").read_text()
+    assert "train ens/count/nope/seed0,1,2: 100%" in log
 
 
 def tiny_workflow_pes(run) -> list[str]:

@@ -131,10 +131,16 @@ def shape_model_dir(root: Path, shape: str, n_layers: int | None) -> Path:
     return model_dir
 
 
-def in_child(function, *args) -> dict:
-    """``function(*args)`` in a fresh process (spawned: nothing inherited), so that its peak memory is its own."""
+def in_child(function, *args, timeout: float | None = None) -> dict:
+    """``function(*args)`` in a fresh process (spawned: nothing inherited), so that its peak memory is its own.
+    Past ``timeout`` seconds the process is killed and the answer is ``{"timed_out": timeout}``."""
     with multiprocessing.get_context("spawn").Pool(1, initializer=keep_freed_memory) as pool:
-        return pool.apply(function, args)
+        pending = pool.apply_async(function, args)
+        try:
+            return pending.get(timeout)
+        except multiprocessing.TimeoutError:
+            pool.terminate()
+            return {"timed_out": timeout}
 
 
 def exponent(seq_lens, values) -> float:

@@ -24,6 +24,7 @@ import numpy as np
 
 from posgen.bench.context import in_child, report, shape_model_dir, sweep
 from posgen.config import schema_default
+from posgen.measured import gpu_report
 from posgen.shapes import SHAPES
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
@@ -64,7 +65,11 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     from posgen.models import load_model
 
     torch.set_num_threads(threads)
+    start = time.perf_counter()
     model, _, _ = load_model(model_dir, VARIANT, dtype=dtype, device=device, attn_implementation=plain_backend)
+    _synchronize(device)
+    init_seconds = time.perf_counter() - start  # random-init weights drawn on the device (posgen.models)
+    parameters = sum(p.numel() for p in model.parameters())
     ids = torch.from_numpy(read_windows(windows)["token_id"].values).to(device)
     positions = torch.arange(ids.shape[1], device=device)[None]
     seconds = []
@@ -79,6 +84,8 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     return {
         "seconds": float(np.median(seconds)),
         "per_window": seconds,
+        "init_seconds": init_seconds,
+        "init_s_per_billion": init_seconds / (parameters / 1e9),
         **_peaks(device),
         "bytes": 0,
     }
@@ -108,6 +115,7 @@ def _stage_fused(
 ) -> dict:
     import torch
 
+    from posgen.bench.steps import StepTimer
     from posgen.extract import default_options, extract
     from posgen.fused import Analysis
     from posgen.model_job import ModelJob
@@ -126,16 +134,18 @@ def _stage_fused(
         bound_rows=schema_default("decomposition.bound_rows"),
         bound_samples=1,
     )
-    report = extract(
-        ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
-        **default_options(),
-        keep_qk=0,
-        analysis=analysis,
-    )
+    with StepTimer(sync=lambda: _synchronize(device)) as timer:
+        report = extract(
+            ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
+            **default_options(),
+            keep_qk=0,
+            analysis=analysis,
+        )
     seconds = report["seconds_per_window"]
     return {
         "seconds": float(np.mean(seconds)),  # every window: the first also runs the error and bound, as in decompose
         "per_window": seconds,
+        "steps": timer.steps(),  # seconds of each analysis step, all windows (posgen.bench.steps)
         **_peaks(device),
         "bytes": sum(f.stat().st_size for f in out.iterdir()),
     }
@@ -258,7 +268,54 @@ def extrapolate(paper_config: Path) -> None:
         cpu = plan.totals(plan.plan(cfg, device="cpu"))
         gpu = plan.totals(plan.plan(cfg, device="gpu"))
         print(f"{label:44s} {gpu['jobs']:5d} {gpu['disk_gb']:9.1f} {cpu['hours']:10.1f} {gpu['hours']:11.1f}")
-    print("* GPU-hours from ASSUMED H100 rates (posgen.plan.GPU), not measured")
+    print(f"* GPU-hours from posgen.plan's GPU rates: {plan.device_rates('gpu', gpu_report())[1]}")
+
+
+def run_stages(
+    shape_name: str,
+    layers: int,
+    seq_len: int,
+    n_windows: int,
+    threads: int,
+    device: str,
+    dtype: str,
+    stages,
+    dummy_distances,
+    timeout: float | None = None,
+) -> dict:
+    """Each stage of ``stages`` (in :data:`STAGES` order) in its own process on random windows of a recorded
+    shape truncated to ``layers`` (0: full depth): name -> its result, or ``{"timed_out": s}`` for a stage that
+    did not finish within what is left of ``timeout`` seconds (the stages after it are not started)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = shape_model_dir(root, shape_name, layers or None)
+        windows = root / "windows.h5"
+        _windows(windows, 512, n_windows, seq_len)
+        common = (str(model_dir), str(windows), threads, device, dtype)
+        calls = {
+            "forward": (_stage_forward, *common),
+            "extract": (_stage_extract, *common, str(root / "qk.h5")),
+            "decompose": (
+                _stage_decompose,
+                str(root / "qk.h5"),
+                threads,
+                device,
+                str(root / "decomposition.nc"),
+                dummy_distances,
+            ),
+            "fused": (_stage_fused, *common, str(root / "fused"), dummy_distances),
+        }
+        for stage in STAGES:
+            if stage not in stages:
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                results[STAGE_NAMES[stage]] = {"timed_out": 0.0}
+                continue
+            results[STAGE_NAMES[stage]] = in_child(*calls[stage], timeout=left)
+    return results
 
 
 STAGES = ("forward", "extract", "decompose", "fused")
@@ -312,39 +369,26 @@ def main(argv=None):
     depth = SHAPES[args.shape]["num_hidden_layers"]
     n_layers = args.layers or depth
 
-    stages = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        model_dir = shape_model_dir(root, args.shape, args.layers or None)
-        windows = root / "windows.h5"
-        _windows(windows, 512, args.windows, args.seq_len)
-        common = (str(model_dir), str(windows), args.threads, device, args.dtype)
-        calls = {
-            "forward": lambda: in_child(_stage_forward, *common),
-            "extract": lambda: in_child(_stage_extract, *common, str(root / "qk.h5")),
-            "decompose": lambda: in_child(
-                _stage_decompose,
-                str(root / "qk.h5"),
-                args.threads,
-                device,
-                str(root / "decomposition.nc"),
-                args.dummy_distances,
-            ),
-            "fused": lambda: in_child(_stage_fused, *common, str(root / "fused"), args.dummy_distances),
-        }
-        for stage in STAGES:
-            if stage in args.stages:
-                stages[STAGE_NAMES[stage]] = calls[stage]()
-
+    stages = run_stages(
+        args.shape,
+        args.layers,
+        args.seq_len,
+        args.windows,
+        args.threads,
+        device,
+        args.dtype,
+        args.stages,
+        args.dummy_distances,
+    )
     shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
     plan_device = "gpu" if device == "cuda" else "cpu"  # posgen.plan's name for the kind of device
-    rates = plan.RATES[plan_device]
+    rates, label = plan.device_rates(plan_device, gpu_report())
     predicted = predictions(shape, cfg, rates)
     print(
         f"{args.shape}: {n_layers} of {depth} layers, {args.windows} window(s) x {args.seq_len} tokens, "
         f"{device}, {args.dtype}, {args.threads} threads, random weights, {len(args.dummy_distances)} dummy "
-        f"distances, error bound on 1 window; predictions from posgen.plan.{plan_device.upper()}"
+        f"distances, error bound on 1 window; predictions from posgen.plan ({label})"
     )
     print(
         f"{'stage':26s} {'s/window':>9s} {'s/layer':>8s} {'x fwd':>6s} {'predicted':>10s} {'meas/pred':>10s} "

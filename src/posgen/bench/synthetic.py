@@ -6,12 +6,18 @@ accuracy on one batch) on the task generated from the config's sizes. Plain: the
 ReLU FFN, masked mean pooling, linear head) and a bare AdamW forward/backward loop over the same batches. Both run
 in alternating rounds on the same device (medians), so machine noise hits them alike. Prints samples/s of each
 and the ratio ours / plain time (target <= 1.3).
+
+In the same rounds: ``--members`` seeds trained one after another against the same seeds as one batched
+ensemble (``train_ensemble``; samples/s counts every member's samples; target >= 2x), and one classifier in
+bfloat16 autocast beside float32 (``--precision``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import statistics
 import time
 
@@ -24,7 +30,13 @@ from posgen.device import resolve_device
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
-from posgen.synthetic.train import load_split, model_config, train
+from posgen.synthetic.train import load_split, model_config, train, train_ensemble
+
+
+def one_epoch(train_options: dict) -> dict:
+    """The training keywords of one epoch under an experiment's ``train`` options."""
+    keys = ("batch_size", "lr", "weight_decay", "warmup_fraction", "betas")
+    return {"epochs": 1, **{key: train_options[key] for key in keys}}
 
 
 class PlainEncoder(nn.Module):
@@ -97,6 +109,9 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--members", type=int, default=3, help="seeds of the ensemble row (0: skip it)")
+    parser.add_argument("--precision", default="bfloat16", choices=["bfloat16", "tf32", "none"])
+    parser.add_argument("--dropout", type=float, default=None, help="override the config's dropout")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -116,27 +131,34 @@ def main(argv=None):
     test_set = tuple(x[: t["batch_size"]] for x in test_set)
     cfg = model_config(options, data, args.pe)
     n = len(train_set[1])
+    dropout = 0.0 if args.dropout is None else args.dropout
+    schedule = one_epoch(t)
 
-    def ours():
-        torch.manual_seed(0)
-        model = build({**cfg, "dropout": 0.0}).to(device)
+    def fresh(seed):
+        torch.manual_seed(seed)
+        return build({**cfg, "dropout": dropout}).to(device)
+
+    def timed(function):
         _sync(device)
         start = time.perf_counter()
-        train(
-            model,
-            train_set,
-            test_set,
-            epochs=1,
-            batch_size=t["batch_size"],
-            lr=t["lr"],
-            weight_decay=t["weight_decay"],
-            warmup_fraction=t["warmup_fraction"],
-            betas=t["betas"],
-            seed=0,
-            desc="ours",
-        )
+        function()
         _sync(device)
         return time.perf_counter() - start
+
+    def ours(precision="float32"):
+        model = fresh(0)
+        return timed(lambda: train(model, train_set, test_set, seed=0, desc="ours", precision=precision, **schedule))
+
+    def sequential():
+        models = [fresh(seed) for seed in range(args.members)]
+        return timed(
+            lambda: [train(m, train_set, test_set, seed=s, desc="one", **schedule) for s, m in enumerate(models)]
+        )
+
+    def ensemble():
+        models = [fresh(seed) for seed in range(args.members)]
+        seeds = list(range(args.members))
+        return timed(lambda: train_ensemble(models, seeds, train_set, test_set, desc="ensemble", **schedule))
 
     def plain():
         torch.manual_seed(0)
@@ -157,11 +179,17 @@ def main(argv=None):
         _sync(device)
         return time.perf_counter() - start
 
-    ours(), plain()  # warm-up
-    times = {"ours": [], "plain": []}
-    for _ in range(args.rounds):
-        times["ours"].append(ours())
-        times["plain"].append(plain())
+    arms = {"ours": ours, "plain": plain}
+    if args.members:
+        arms |= {"sequential": sequential, "ensemble": ensemble}
+    if args.precision != "none":
+        arms["mixed"] = lambda: ours(args.precision)
+    times = {name: [] for name in arms}
+    for round_ in range(args.rounds + 1):  # round 0 warms up
+        for name, arm in arms.items():
+            seconds = arm()
+            if round_:
+                times[name].append(seconds)
     result = {
         "task": args.task,
         "pe": args.pe,
@@ -171,13 +199,74 @@ def main(argv=None):
         "batch_size": t["batch_size"],
         "max_len": cfg["max_len"],
         "model": options["model"],
-        "ours_samples_per_s": n / statistics.median(times["ours"]),
-        "plain_samples_per_s": n / statistics.median(times["plain"]),
+        "dropout": dropout,
+        "members": args.members,
+        "precision": args.precision,
+        "host_load_1min": os.getloadavg()[0],
     }
+    samples = {"ours": n, "plain": n, "sequential": args.members * n, "ensemble": args.members * n, "mixed": n}
+    for name, seconds in times.items():
+        result[f"{name}_samples_per_s"] = samples[name] / statistics.median(seconds)
     result["ratio"] = statistics.median(times["ours"]) / statistics.median(times["plain"])
-    print(json.dumps(result, indent=1))
-    print(
+    lines = [
         f"ours {result['ours_samples_per_s']:.0f} samples/s, plain torch {result['plain_samples_per_s']:.0f} "
         f"samples/s: ratio {result['ratio']:.2f}x (target <= 1.3x)"
-    )
+    ]
+    if args.members:
+        result["ensemble_speedup"] = result["ensemble_samples_per_s"] / result["sequential_samples_per_s"]
+        lines.append(
+            f"{args.members} seeds: sequential {result['sequential_samples_per_s']:.0f} samples/s, ensemble "
+            f"{result['ensemble_samples_per_s']:.0f} samples/s: {result['ensemble_speedup']:.2f}x (target >= 2x)"
+        )
+    if args.precision != "none":
+        result["mixed_over_float32"] = result["mixed_samples_per_s"] / result["ours_samples_per_s"]
+        lines.append(
+            f"{args.precision} {result['mixed_samples_per_s']:.0f} samples/s, float32 "
+            f"{result['ours_samples_per_s']:.0f} samples/s: {result['mixed_over_float32']:.2f}x"
+        )
+    print(json.dumps(result, indent=1))
+    print("\n".join(lines))
+    return result
+
+
+def training_rates(
+    synthetic: dict, task: str, pe: str, device: str, steps: int, members: int, precisions, faithful=None
+) -> dict:
+    """Optimiser steps per second of one classifier at the sizes of a resolved ``synthetic`` experiment (its
+    model, batch and task sizes; only enough samples for ``steps`` steps are generated), per precision, and of
+    an ensemble of ``members`` seeds (float32; ``ensemble_steps_per_s`` counts ensemble steps, each one step of
+    every member). A warm-up epoch of 2 steps runs before each timed one."""
+    from posgen.synthetic.train import train_ensemble
+
+    dev = resolve_device(device)
+    options = {**synthetic, "faithful": synthetic["faithful"] if faithful is None else faithful}
+    t = options["train"]
+    n_train = steps * t["batch_size"]
+    sizes = {**options[task], "n_samples": math.ceil(n_train / (1 - options["test_fraction"])) + 2}
+    data = make_task(task, {**options, task: sizes}, 0)
+    train_set = tuple(x[:n_train] for x in load_split(data, TRAIN, dev, options["faithful"]))
+    warm_set = tuple(x[: 2 * t["batch_size"]] for x in train_set)
+    test_set = tuple(x[: t["batch_size"]] for x in load_split(data, TEST, dev, options["faithful"]))
+    cfg = model_config(options, data, pe)
+    schedule = one_epoch(t)
+
+    def rate(n_members: int, precision: str) -> float:
+        seeds = list(range(n_members))
+        models = []
+        for seed in seeds:
+            torch.manual_seed(seed)
+            models.append(build(cfg).to(dev))
+        train_ensemble(models, seeds, warm_set, test_set, desc="warm-up", precision=precision, **schedule)
+        _sync(dev)
+        start = time.perf_counter()
+        train_ensemble(models, seeds, train_set, test_set, desc=precision, precision=precision, **schedule)
+        _sync(dev)
+        return steps / (time.perf_counter() - start)
+
+    result = {f"{precision}_steps_per_s": rate(1, precision) for precision in precisions}
+    if members > 1:
+        result["ensemble_members"] = members
+        result["ensemble_steps_per_s"] = rate(members, "float32")
+    result |= {"model": options["model"], "batch_size": t["batch_size"], "tokens": int(data.sizes["token"])}
+    result |= {"task": task, "pe": pe, "steps": steps, "device": str(dev)}
     return result

@@ -12,6 +12,10 @@ size by ``layers * batch * tokens ** TOKEN_EXPONENT`` (an assumption beyond the 
   2 layers x 16 heads, width 128, FFN 128, batch 64, 34 tokens; about 1.2 s at 122 tokens (hence the token
   exponent). Core-hours; a 2-core machine runs two jobs at once.
 
+A committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``; posgen.measured)
+replaces the ``gpu`` reference with its measured seconds per step (the fastest precision it measured) and its
+ensemble's packing, and the table says so.
+
 Training only: the analysis jobs (ablation, probes, Toeplitz view) add about a fifth on a CPU.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from posgen.measured import gpu_report, source
 from posgen.synthetic.experiments import classifiers, collection, resolve
 
 TOKEN_EXPONENT = 1.7  # seconds per step ~ tokens^1.7 on the CPU (34 -> 122 tokens: 0.137 -> 1.2 s)
@@ -50,8 +55,21 @@ def steps_of(options: dict, task: str) -> int:
     return options["train"]["epochs"] * math.ceil(n_train / options["train"]["batch_size"])
 
 
+def reference(device: str) -> tuple[tuple, float, str]:
+    """(seconds per step, layers, batch, tokens) of ``device``'s reference, the classifiers one device trains at
+    once, and where they come from (a committed device check's measurement on the GPU when there is one)."""
+    report = gpu_report() if device == "gpu" else None
+    measured = (report or {}).get("rates", {}).get("classifier")
+    if not measured:
+        label = "H100 rate measured in issue 38's session" if device == "gpu" else "measured 2-core rate"
+        return REFERENCE[device], JOBS_PER_DEVICE[device], label
+    ref = (measured["seconds_per_step"], measured["layers"], measured["batch"], measured["tokens"])
+    label = f"{measured['precision']} rate {source(report)}"
+    return ref, float(measured.get("jobs_per_device", 1.0)), label
+
+
 def seconds_per_step(options: dict, tokens: int, device: str) -> float:
-    seconds, layers, batch, ref_tokens = REFERENCE[device]
+    (seconds, layers, batch, ref_tokens), _, _ = reference(device)
     scale = options["model"]["n_layers"] / layers * options["train"]["batch_size"] / batch
     return seconds * scale * (tokens / ref_tokens) ** TOKEN_EXPONENT
 
@@ -71,7 +89,7 @@ def study_cost(synthetic: dict, which: str, device: str = "gpu") -> list[StudyRo
                 steps=max(steps for steps, _ in per_task.values()),
                 tokens=max(tokens for _, tokens in per_task.values()),
                 hours=max(seconds) / 3600,
-                device_hours=sum(seconds) / 3600 / JOBS_PER_DEVICE[device],
+                device_hours=sum(seconds) / 3600 / reference(device)[1],
             )
         )
     return rows
@@ -79,9 +97,10 @@ def study_cost(synthetic: dict, which: str, device: str = "gpu") -> list[StudyRo
 
 def study_table(synthetic: dict, which: str, device: str = "gpu") -> str:
     """The plan of one collection as text."""
-    unit = "GPU-hours (measured H100 rate)" if device == "gpu" else "core-hours (measured 2-core rate)"
+    unit = "GPU-hours" if device == "gpu" else "core-hours"
     lines = [
-        f"training plan of synthetic.{which} on {device}: {unit}, scaled from the reference size (posgen.synthetic.cost)",
+        f"training plan of synthetic.{which} on {device}: {unit} ({reference(device)[2]}), scaled from the reference "
+        "size (posgen.synthetic.cost)",
         f"{'experiment':24s} {'classifiers':>11s} {'steps':>7s} {'tokens':>6s} {'h/classifier':>12s} {'total':>8s}",
     ]
     rows = study_cost(synthetic, which, device)

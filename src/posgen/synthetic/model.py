@@ -21,6 +21,17 @@ from torch import nn
 from posgen.synthetic.pe import Dims, logit_scale, make_pe
 
 
+def explicit_attention(q, k, v, mask, dropout_p: float) -> torch.Tensor:
+    """What ``F.scaled_dot_product_attention`` computes, one operation per line: every operation has a
+    ``vmap`` batching rule and a gradient for a learned bias in ``mask`` (the CPU's fused kernel has neither
+    under ``vmap``), so a batched ensemble (posgen.synthetic.train.Ensemble) runs as one."""
+    logits = q @ k.transpose(-1, -2) * logit_scale(q)  # (B, H, T, T)
+    if mask is not None:
+        logits = logits + mask  # (B or 1, H or 1, T or 1, T)
+    weights = F.dropout(logits.softmax(-1), dropout_p)  # (B, H, T, T)
+    return weights @ v  # (B, H, T, d)
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, dims: Dims, d_ff: int, dropout: float):
         super().__init__()
@@ -31,6 +42,7 @@ class EncoderLayer(nn.Module):
         self.out = nn.Linear(D, D)
         self.norm_ffn = nn.LayerNorm(D)
         self.ffn = nn.Sequential(nn.Linear(D, d_ff), nn.ReLU(), nn.Linear(d_ff, D))
+        self.explicit_attention = False  # True: softmax(q k^T * scale + mask) @ v written out (Classifier)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -53,7 +65,10 @@ class EncoderLayer(nn.Module):
         else:
             mask = key_bias
         p = self.dropout if self.training else 0.0
-        att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=logit_scale(q))  # (B,H,T,d)
+        if self.explicit_attention:
+            att = explicit_attention(q, k, v, mask, p)  # (B, H, T, d)
+        else:
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=logit_scale(q))
         att = att.transpose(1, 2).reshape(h.shape)  # (B, T, D)
         h = h + F.dropout(self.out(att), p, self.training)
         return h + F.dropout(self.ffn(self.norm_ffn(h)), p, self.training)
@@ -101,6 +116,12 @@ class Classifier(nn.Module):
         self.norm = nn.Identity() if faithful else nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
         self.dropout = dropout
+
+    def use_explicit_attention(self, explicit: bool = True) -> Classifier:
+        """Attention written out (:func:`explicit_attention`) instead of the fused kernel: the same function."""
+        for layer in self.layers:
+            layer.explicit_attention = explicit
+        return self
 
     def _inputs(self, tokens: torch.Tensor):
         """The residual stream's input (embeddings with absolute PE; after dropout in clean mode only: the

@@ -6,13 +6,16 @@ and the final test accuracy.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 import xarray as xr
+from torch.func import functional_call, stack_module_state, vmap
 from tqdm import tqdm
 
 from posgen.device import resolve_device
@@ -113,8 +116,103 @@ def lr_factor(step: int, total: int, warmup: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def train(
-    model: Classifier,
+def used_lengths(tokens: torch.Tensor) -> np.ndarray:
+    """Per sample, one past its last real token (sample,): read to the host once, before training."""
+    columns = torch.arange(1, tokens.shape[1] + 1, device=tokens.device)  # (T,)
+    return ((tokens != 0) * columns).amax(1).cpu().numpy()
+
+
+def batch_plan(perms: torch.Tensor, lengths: np.ndarray | None, batch_size: int) -> list[tuple[int, int, int]]:
+    """The epoch's batches as (first, last, width): members' sample rows ``perms[:, first:last]`` (member, n),
+    trimmed to ``width`` columns, the longest real sequence of any member's batch (clean mode; the pads past it
+    are masked anyway). ``lengths`` None keeps the full width (faithful mode). Host arithmetic on the CPU
+    permutations: no read from the device."""
+    n = perms.shape[1]
+    plan = []
+    for first in range(0, n, batch_size):
+        last = min(first + batch_size, n)
+        width = 0 if lengths is None else int(lengths[perms[:, first:last].numpy()].max())
+        plan.append((first, last, width))
+    return plan
+
+
+PRECISIONS = ("float32", "bfloat16", "tf32")
+
+
+@contextmanager
+def matmul_precision(precision: str):
+    """TF32 matrix products for ``tf32`` (CUDA; the CPU ignores it), float32 otherwise; restored after."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"synthetic.train.precision: {precision!r} (expected one of {', '.join(PRECISIONS)})")
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+class Ensemble:
+    """Classifiers of one shape trained as one: their parameters stacked on a leading ``member`` dimension
+    (``torch.func.stack_module_state``), one forward pass for all of them (``vmap`` over ``functional_call``,
+    each member its own dropout draws), one AdamW over the stacks (elementwise, so each member's update is its
+    own). Every member module keeps views of its slice of the stacks, so evaluating or saving a member reads
+    its current weights. One member is trained as itself, without ``vmap``."""
+
+    def __init__(self, models: list[Classifier], precision: str = "float32"):
+        self.models = list(models)
+        self.autocast = torch.bfloat16 if precision == "bfloat16" else None
+        if len(models) == 1:
+            self.params = dict(models[0].named_parameters())
+            self._modules = self.models
+            self._forward = lambda x: models[0](x[0])[None]  # (1, B, n_classes)
+            return
+        template = copy.deepcopy(models[0]).to("meta").use_explicit_attention()  # structure, no storage
+        params, buffers = stack_module_state(models)  # name -> (member, ...)
+        for index, member in enumerate(models):
+            for name, param in member.named_parameters():
+                param.data = params[name].data[index]
+        batched = vmap(lambda p, b, x: functional_call(template, (p, b), (x,)), randomness="different")
+        self.params = params
+        self._modules = [*self.models, template]  # the template's mode decides dropout inside vmap
+        self._forward = lambda x: batched(params, buffers, x)  # (member, B, n_classes)
+
+    def train(self, mode: bool = True) -> None:
+        for module in self._modules:
+            module.train(mode)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Class logits (member, B, n_classes) of token ids ``x (member, B, T)``."""
+        if self.autocast is None:
+            return self._forward(x)
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            return self._forward(x).float()
+
+    def step(self, x, y, optimizer, schedule, ignore_index: int = -100):
+        """One optimiser step of every member on its batch ``x (member, B, T)``, labels ``y (member, B)``.
+        Returns each member's mean loss (member,) and correct count (member,) as device tensors: nothing is
+        read back to the host."""
+        logits = self.logits(x)  # (E, B, C)
+        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=ignore_index, reduction="none")
+        counted = y != ignore_index  # (E, B)
+        member_loss = (losses.view(y.shape) * counted).sum(1) / counted.sum(1).clamp(min=1)  # (E,)
+        optimizer.zero_grad(set_to_none=True)
+        member_loss.sum().backward()  # members share no parameter: each gets its own loss's gradient
+        optimizer.step()
+        schedule.step()
+        correct = (logits.detach().argmax(-1) == y).sum(1)  # (E,)
+        return member_loss.detach(), correct
+
+
+def train(model: Classifier, train_set, test_set, *, seed: int, snapshot=None, **options) -> dict:
+    """Train one classifier in place (:func:`train_ensemble` with one member); returns its curves."""
+    one = None if snapshot is None else (lambda models: [snapshot(models[0])])
+    return train_ensemble([model], [seed], train_set, test_set, snapshot=one, **options)[0]
+
+
+def train_ensemble(
+    models: list[Classifier],
+    seeds: list[int],
     train_set,
     test_set,
     *,
@@ -124,63 +222,80 @@ def train(
     weight_decay: float,
     warmup_fraction: float,
     betas,
-    seed: int,
     ignore_index: int = -100,
     snapshot_steps=(),
     snapshot=None,
     desc: str = "train",
     eval_batch_size: int = 1024,
-) -> dict:
-    """Train in place; returns per-epoch curves (train loss, train and test accuracy), timing, and
-    ``snapshots``: ``snapshot(model)`` taken before optimiser step s for every s in ``snapshot_steps`` (0 = at
-    initialisation), the time they took excluded.
+    precision: str = "float32",
+) -> list[dict]:
+    """Train same-shape classifiers in place, member i with its own data order (seeded by ``seeds[i]``, as it
+    would be alone); returns per member the per-epoch curves (train loss, train and test accuracy), timing, and
+    ``snapshots``: ``snapshot(models)[i]`` taken before optimiser step s for every s in ``snapshot_steps``
+    (0 = at initialisation), the time they took excluded.
 
     ``ignore_index``: a label left out of the loss (the authors' code passes 0, which drops every count-0
-    sample of the count task; -100 leaves every label in)."""
+    sample of the count task; -100 leaves every label in). ``precision``: float32, bfloat16 (autocast forward
+    pass, float32 weights and optimiser) or tf32 (float32 with TF32 matrix products on CUDA). Host reads
+    happen once per epoch (the curves), never inside a step."""
     tokens, labels = train_set
-    n = len(labels)
+    members, n = len(models), len(labels)
+    faithful = models[0].dims.faithful
+    lengths = None if faithful else used_lengths(tokens)
     steps_per_epoch = math.ceil(n / batch_size)
     total = epochs * steps_per_epoch
     warmup = max(1, int(round(warmup_fraction * total)))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    ensemble = Ensemble(models, precision)
+    # fused: one kernel per step, and its step counters stay on the device (foreach AdamW reads them back)
+    optimizer = torch.optim.AdamW(
+        ensemble.params.values(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True
+    )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, warmup))
-    order = torch.Generator().manual_seed(seed)  # shuffling; dropout draws from the seeded global generator
-    curves = {"train_loss": [], "train_accuracy": [], "test_accuracy": [], "lr_factor": []}
-    snapshots, pending = {}, sorted(set(snapshot_steps))
+    orders = [torch.Generator().manual_seed(seed) for seed in seeds]  # shuffling; dropout: the global generator
+    curves = [{"train_loss": [], "train_accuracy": [], "test_accuracy": [], "lr_factor": []} for _ in models]
+    snapshots, pending = [{} for _ in models], sorted(set(snapshot_steps))
     snapshot_seconds, step = 0.0, 0
-    model.train()
+
+    def take_snapshot(at: int) -> float:
+        t0 = time.perf_counter()
+        for index, value in enumerate(snapshot(models)):
+            snapshots[index][at] = value
+        return time.perf_counter() - t0
+
+    ensemble.train()
     start = time.perf_counter()
-    with tqdm(total=total, desc=desc, mininterval=2.0) as bar:
+    with matmul_precision(precision), tqdm(total=total, desc=desc, mininterval=2.0) as bar:
         for _ in range(epochs):
-            perm = torch.randperm(n, generator=order).to(tokens.device)
-            loss_sum, correct = 0.0, 0
-            for first in range(0, n, batch_size):
-                idx = perm[first : first + batch_size]
+            perms = torch.stack([torch.randperm(n, generator=order) for order in orders])  # (E, n), host
+            rows = perms.to(tokens.device)
+            loss_sum = torch.zeros(members, device=tokens.device)
+            correct = torch.zeros(members, dtype=torch.long, device=tokens.device)
+            for first, last, width in batch_plan(perms, lengths, batch_size):
                 while pending and pending[0] <= step:
-                    t0 = time.perf_counter()
-                    snapshots[pending.pop(0)] = snapshot(model)
-                    snapshot_seconds += time.perf_counter() - t0
+                    snapshot_seconds += take_snapshot(pending.pop(0))
                 step += 1
-                x, y = batch_tokens(tokens[idx], model.dims.faithful), labels[idx]
-                logits = model(x)  # (B, n_classes)
-                loss = F.cross_entropy(logits, y, ignore_index=ignore_index)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                schedule.step()
-                loss_sum += float(loss.detach()) * len(idx)
-                correct += int((logits.detach().argmax(-1) == y).sum())
+                idx = rows[:, first:last]  # (E, B)
+                x = tokens[idx] if faithful else tokens[idx][..., :width]  # (E, B, T)
+                loss, hits = ensemble.step(x, labels[idx], optimizer, schedule, ignore_index)
+                loss_sum += loss * (last - first)
+                correct += hits
                 bar.update()
-            curves["train_loss"].append(loss_sum / n)
-            curves["train_accuracy"].append(correct / n)
-            curves["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
-            curves["lr_factor"].append(lr_factor(step - 1, total, warmup))  # the rate of the epoch's last step
-            bar.set_postfix(loss=f"{curves['train_loss'][-1]:.3f}", test=f"{curves['test_accuracy'][-1]:.3f}")
-    for pending_step in pending:  # steps at or past the end: the trained model
-        snapshots[pending_step] = snapshot(model)
-    curves["seconds"] = time.perf_counter() - start - snapshot_seconds
-    curves["samples_per_second"] = epochs * n / curves["seconds"]
-    curves["snapshots"] = snapshots
+            epoch_loss, epoch_correct = (loss_sum / n).tolist(), correct.tolist()  # the epoch's one host read
+            for index, model in enumerate(models):
+                curve = curves[index]
+                curve["train_loss"].append(epoch_loss[index])
+                curve["train_accuracy"].append(epoch_correct[index] / n)
+                curve["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
+                curve["lr_factor"].append(lr_factor(step - 1, total, warmup))  # the rate of the epoch's last step
+            bar.set_postfix(loss=f"{curves[0]['train_loss'][-1]:.3f}", test=f"{curves[0]['test_accuracy'][-1]:.3f}")
+    for pending_step in pending:  # steps at or past the end: the trained models
+        take_snapshot(pending_step)
+    seconds = time.perf_counter() - start - snapshot_seconds
+    for curve, taken in zip(curves, snapshots, strict=True):
+        curve["seconds"] = seconds  # of the whole ensemble
+        curve["samples_per_second"] = members * epochs * n / seconds
+        curve["members"] = members
+        curve["snapshots"] = taken
     return curves
 
 
@@ -212,35 +327,40 @@ def snapshot_steps(fractions, total: int) -> list[int]:
 
 def train_job(
     task_path,
-    checkpoint_path,
-    curves_path,
+    outputs: dict,
     *,
     pe: str,
-    seed: int,
     options: dict,
     experiment: str = "",
     device: str = "auto",
     config_hash: str = "",
-) -> xr.Dataset:
-    """Train one (experiment, task, pe, seed) classifier; write its checkpoint and its curves NetCDF, with the
-    final test scores, the per-head query/key gradient norms at initialisation and the layer-0 single-head
-    drops at the dynamics snapshots (``train.snapshots``, on the first ``train.snapshot_samples`` test samples)."""
+) -> list[xr.Dataset]:
+    """Train the (experiment, task, pe) classifiers of the seeds in ``outputs`` ({seed: (checkpoint path, curves
+    path)}) as one :class:`Ensemble`; write each one's checkpoint and curves NetCDF, with the final test scores,
+    the per-head query/key gradient norms at initialisation and the layer-0 single-head drops at the dynamics
+    snapshots (``train.snapshots``, on the first ``train.snapshot_samples`` test samples). Each member starts
+    from the weights it would have alone (``torch.manual_seed(seed)`` then ``build``)."""
     dev = resolve_device(device)
     data = open_dataset(task_path, lazy=False)
     task = data.attrs["task"]
-    torch.manual_seed(seed)
     config = model_config(options, data, pe)
-    model = build(config).to(dev)
     faithful = options["faithful"]
     train_set, test_set = load_split(data, TRAIN, dev, faithful), load_split(data, TEST, dev, faithful)
     t = options["train"]
     ignore_index = -100 if t["ignore_index"] is None else t["ignore_index"]
-    grads = init_gradients(model, *train_set, t["batch_size"], ignore_index)  # (layer, head, side)
+    seeds = sorted(outputs)
+    models, grads = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(build(config).to(dev))
+        grads.append(init_gradients(models[-1], *train_set, t["batch_size"], ignore_index))  # (layer, head, side)
     probe_set = (test_set[0][: t["snapshot_samples"]], test_set[1][: t["snapshot_samples"]])
     total = t["epochs"] * math.ceil(len(train_set[1]) / t["batch_size"])
     steps = snapshot_steps(t["snapshots"], total)
-    curves = train(
-        model,
+    label = f"{experiment}/{task}/{pe}/seed{','.join(map(str, seeds))}"
+    all_curves = train_ensemble(
+        models,
+        seeds,
         train_set,
         test_set,
         epochs=t["epochs"],
@@ -249,16 +369,55 @@ def train_job(
         weight_decay=t["weight_decay"],
         warmup_fraction=t["warmup_fraction"],
         betas=t["betas"],
-        seed=seed,
         ignore_index=ignore_index,
         snapshot_steps=steps,
-        snapshot=lambda m: layer_drops(m, *probe_set, layers=[0]),
-        desc=f"train {experiment}/{task}/{pe}/seed{seed}",
+        snapshot=lambda members: [layer_drops(m, *probe_set, layers=[0]) for m in members],
+        desc=f"train {label}",
+        precision=t["precision"],
     )
-    with atomic_path(checkpoint_path) as tmp:
-        torch.save({"config": config, "state_dict": model.state_dict(), "task": task, "seed": seed}, tmp)
-    final = scores(predict(model, test_set[0]), test_set[1])
-    epochs = np.arange(1, t["epochs"] + 1)
+    written = []
+    for seed, model, grad, curves in zip(seeds, models, grads, all_curves, strict=True):
+        checkpoint_path, curves_path = outputs[seed]
+        state = {name: value.clone() for name, value in model.state_dict().items()}  # not the ensemble's stacks
+        with atomic_path(checkpoint_path) as tmp:
+            torch.save({"config": config, "state_dict": state, "task": task, "seed": seed}, tmp)
+        final = scores(predict(model, test_set[0]), test_set[1])
+        ds = curves_dataset(curves, steps, grad, config)
+        ds.attrs.update(
+            provenance(
+                experiment=experiment,
+                task=task,
+                pe=pe,
+                seed=seed,
+                model_config=config,
+                train=t,
+                device=str(dev),
+                train_seconds=curves["seconds"],
+                samples_per_second=curves["samples_per_second"],
+                ensemble_members=curves["members"],
+                test_accuracy=final["accuracy"],
+                test_mae=final["mae"],
+                test_within_one=final["within_one"],
+                test_accuracy_label0_masked=final["accuracy_label0_masked"],
+                train_steps=total,
+                threads=torch.get_num_threads(),
+                n_train=len(train_set[1]),
+                n_test=len(test_set[1]),
+                config_hash=config_hash,
+            )
+        )
+        write_netcdf(ds, curves_path)
+        print(
+            f"{experiment}/{task}/{pe}/seed{seed}: test accuracy {final['accuracy']:.4f}, MAE {final['mae']:.3f} "
+            f"({curves['seconds']:.1f} s for {curves['members']} member(s), {curves['samples_per_second']:.0f} samples/s)"
+        )
+        written.append(ds)
+    return written
+
+
+def curves_dataset(curves: dict, steps: list[int], grads: np.ndarray, config: dict) -> xr.Dataset:
+    """One classifier's learning curves (dim ``step`` = epoch), gradient norms at initialisation and snapshot
+    drops as a Dataset (provenance added by the caller)."""
     snapshot_accuracy = np.array([curves["snapshots"][s][0] for s in steps])
     snapshot_drop = np.stack([curves["snapshots"][s][1][0] for s in steps])  # (snapshot, head)
     ds = xr.Dataset(
@@ -272,43 +431,18 @@ def train_job(
             "snapshot_drop": (("snapshot", "head"), snapshot_drop),
         },
         coords={
-            "step": epochs,
+            "step": np.arange(1, len(curves["train_loss"]) + 1),
             "layer": np.arange(config["n_layers"]),
             "head": np.arange(config["n_heads"]),
             "side": ["query", "key"],
             "snapshot": steps,
         },
-        attrs=provenance(
-            experiment=experiment,
-            task=task,
-            pe=pe,
-            seed=seed,
-            model_config=config,
-            train=t,
-            device=str(dev),
-            train_seconds=curves["seconds"],
-            samples_per_second=curves["samples_per_second"],
-            test_accuracy=final["accuracy"],
-            test_mae=final["mae"],
-            test_within_one=final["within_one"],
-            test_accuracy_label0_masked=final["accuracy_label0_masked"],
-            train_steps=total,
-            threads=torch.get_num_threads(),
-            n_train=len(train_set[1]),
-            n_test=len(test_set[1]),
-            config_hash=config_hash,
-        ),
     )
     ds["step"].attrs["long_name"] = "epoch"
     ds["lr_factor"].attrs["description"] = "learning rate / its peak at the epoch's last step (warm-up, cosine)"
     ds["snapshot"].attrs["long_name"] = "optimiser steps taken (0: initialisation)"
     ds["init_grad_norm"].attrs["description"] = "norm of the head's query/key weight+bias gradient at initialisation"
     ds["snapshot_drop"].attrs["description"] = "layer-0 accuracy drop with the head ablated, at the snapshot"
-    write_netcdf(ds, curves_path)
-    print(
-        f"{experiment}/{task}/{pe}/seed{seed}: test accuracy {final['accuracy']:.4f}, MAE {final['mae']:.3f} "
-        f"({curves['seconds']:.1f} s, {curves['samples_per_second']:.0f} samples/s)"
-    )
     return ds
 
 

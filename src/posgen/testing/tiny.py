@@ -175,12 +175,8 @@ ARCHITECTURES = (
 _SCALED = ("q_proj.weight", "k_proj.weight", "qkv_proj.weight", "query_key_value.weight", "q_b_proj.weight")
 
 
-def make_tiny(path: str | Path, arch: str = "llama", seed: int = 1234, tokenizer=None) -> Path:
-    """Save a tiny random checkpoint of ``arch`` (one of :data:`ARCHITECTURES`) with its tokenizer to ``path``."""
-    from transformers import AutoModelForCausalLM
-
-    path = Path(path)
-    tokenizer = tokenizer or corpus_tokenizer(512)
+def tiny_family_config(arch: str, tokenizer):
+    """The transformers config of the tiny ``arch`` checkpoint (:func:`make_tiny`) for ``tokenizer``'s vocabulary."""
     common = dict(
         vocab_size=len(tokenizer),
         hidden_size=64,
@@ -194,7 +190,16 @@ def make_tiny(path: str | Path, arch: str = "llama", seed: int = 1234, tokenizer
         pad_token_id=None,
         tie_word_embeddings=True,
     )
-    config = _family_config(arch, common)
+    return _family_config(arch, common)
+
+
+def make_tiny(path: str | Path, arch: str = "llama", seed: int = 1234, tokenizer=None) -> Path:
+    """Save a tiny random checkpoint of ``arch`` (one of :data:`ARCHITECTURES`) with its tokenizer to ``path``."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    tokenizer = tokenizer or corpus_tokenizer(512)
+    config = tiny_family_config(arch, tokenizer)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     # Larger weights than the default init make attention far from uniform, which the checks need.

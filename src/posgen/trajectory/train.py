@@ -1,7 +1,7 @@
 """A tiny RoPE model trained by the workflow, saved as a checkpoint series (rule train_trajectory).
 
 transformers' own LlamaForCausalLM from a LlamaConfig, initialised exactly like a ``random-seed<S>`` variant
-(``posgen.models.init_weights``: ``torch.manual_seed(seed)`` then ``from_config``), trained with AdamW under a
+(``posgen.models.init_weights``, the code path of ``random-seed<S>``), trained with AdamW under a
 linear warm-up + cosine schedule on the corpus, tokenised by a byte-level BPE trained on the same text. The
 tail of the token stream is held out (tokenizer included) and scored at every checkpoint.
 

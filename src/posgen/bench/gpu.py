@@ -1,0 +1,227 @@
+"""One prepared device check for a GPU session: ``python -m posgen.bench gpu --out DIR [--budget-s 480]``.
+
+Within the budget, on whatever device is present (``--device cpu --tiny``: the same code on small sizes, which the
+test suite runs so that it cannot rot):
+
+(a) the Llama-3.1-8B shape at full depth, random-init on the device, a plain forward pass and the fused
+    extraction (capture + analysis in memory) on 2 windows of 4096 tokens: seconds per window, fused / forward,
+    peak GPU memory, the init's seconds per billion parameters and the seconds of each analysis step;
+(b) one layer of the same shape at 32k tokens, forward and fused;
+(c) the second paper's classifier at the authors' size (config.paper.yaml: 6 layers x 16 heads, width 256, FFN
+    512, batch 512, distance task of 122 tokens): optimiser steps/s of one classifier in float32, TF32 and
+    bfloat16, and of an ensemble of 3 seeds;
+(d) the rates these imply for ``posgen.plan`` (forward, moments and error FLOP/s; seconds per classifier step).
+
+Each part runs in its own process with what is left of its share of the budget; a part that does not finish is
+killed and reported as not fitting, never waited for. Writes ``DIR/gpu-report.json`` (what ``posgen.plan`` reads
+once committed as ``docs/gpu/gpu-report.json``) and ``DIR/gpu-report.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from posgen.bench.context import in_child
+from posgen.bench.scale import run_stages
+
+REPO = Path(__file__).resolve().parents[3]
+PAPER_CONFIG = REPO / "config.paper.yaml"
+# (shape, layers kept (0: all), tokens per window, windows) of parts (a) and (b), full size and --tiny
+WINDOWS = {
+    "full_depth": {False: ("llama-3.1-8b", 0, 4096, 2), True: ("smollm2-135m", 2, 128, 2)},
+    "long_window": {False: ("llama-3.1-8b", 1, 32768, 1), True: ("smollm2-135m", 1, 512, 1)},
+}
+SHARES = {"full_depth": 0.45, "long_window": 0.2, "classifier": 0.3}  # of the budget; the rest is slack
+DUMMY_DISTANCES = [0, 250, 500, 1000, 2000]
+CLASSIFIER_STEPS = {False: 30, True: 3}
+
+
+def classifier_options(tiny: bool) -> dict:
+    """The resolved synthetic experiment whose size part (c) measures: config.paper.yaml's paper-decisive (the
+    authors' classifier), or the schema defaults (--tiny)."""
+    from posgen.config import SCHEMA, load, validate
+    from posgen.synthetic.experiments import resolve
+
+    if tiny:
+        minimal = {
+            "models": [{"name": "x", "source": "embedded:smollm2-135m"}],
+            "corpus": {"source": "embedded"},
+            "n_samples": 8,
+            "seq_len": 1200,
+        }
+        return resolve(validate(minimal, SCHEMA)["synthetic"], "clean")
+    return resolve(load(PAPER_CONFIG)["synthetic"], "paper-decisive")
+
+
+def _classifier(tiny: bool, device: str) -> dict:
+    import torch
+
+    from posgen.bench.synthetic import training_rates
+
+    precisions = ["float32", "tf32", "bfloat16"] if torch.cuda.is_available() else ["float32", "bfloat16"]
+    options = classifier_options(tiny)
+    return training_rates(options, "distance", "rope+sinusoidal", device, CLASSIFIER_STEPS[tiny], 3, precisions)
+
+
+def device_name(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def implied_rates(windows: dict, classifier: dict) -> dict:
+    """The rates of posgen.plan (``Rates`` field names) and posgen.synthetic.cost that the measured parts imply."""
+    from posgen import plan
+    from posgen.shapes import SHAPES
+
+    rates = {}
+    full = windows.get("full_depth", {})
+    forward, fused = full.get("plain forward", {}), full.get("fused (extract + analysis)", {})
+    if "seconds" in forward:
+        name, layers, tokens, n_windows = full["setup"]
+        shape = plan.Shape.from_dict({**SHAPES[name], "num_hidden_layers": layers or SHAPES[name]["num_hidden_layers"]})
+        rates["forward"] = plan.forward_flops(shape, tokens) / forward["seconds"]
+        rates["init_s_per_billion"] = forward["init_s_per_billion"]
+        if "steps" in fused:
+            steps = fused["steps"]
+            n_distances = len(set(DUMMY_DISTANCES) | {1000})
+            work = n_windows * shape.n_layers * plan.moments_flops(shape, tokens, n_distances)
+            rates["moments"] = work / max(steps["moments"], 1e-9)
+            rates["error"] = shape.n_layers * plan.error_flops(shape, tokens) / max(steps["bound"], 1e-9)  # 1 window
+            rates["capture_and_analysis_over_forward"] = fused["seconds"] / forward["seconds"]
+    if "float32_steps_per_s" in classifier:
+        best = max(
+            (k for k in classifier if k.endswith("_steps_per_s") and not k.startswith("ensemble")),
+            key=lambda k: classifier[k],
+        )
+        rates["classifier"] = {
+            "seconds_per_step": 1 / classifier[best],
+            "precision": best.removesuffix("_steps_per_s"),
+            "layers": classifier["model"]["n_layers"],
+            "batch": classifier["batch_size"],
+            "tokens": classifier["tokens"],
+        }
+        if "ensemble_steps_per_s" in classifier:
+            # classifiers trained per device at once, in one-classifier units: the ensemble's packing
+            packing = (
+                classifier["ensemble_members"] * classifier["ensemble_steps_per_s"] / classifier["float32_steps_per_s"]
+            )
+            rates["classifier"]["jobs_per_device"] = packing
+    return rates
+
+
+def report_markdown(report: dict) -> str:
+    lines = [
+        f"# Device check: {report['device_name']}",
+        "",
+        f"{report['date']}, `{report['command']}`, torch {report['torch']}, budget {report['budget_s']:.0f} s "
+        f"({report['seconds']:.0f} s used).",
+        "",
+        "| part | stage | s/window | peak GPU GB | init s/B params | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for part in ("full_depth", "long_window"):
+        result = report["parts"].get(part, {})
+        name, layers, tokens, n_windows = result.get("setup", WINDOWS[part][report["tiny"]])
+        label = f"{part}: {name} x {layers or 'all'} layers, {n_windows} x {tokens} tokens"
+        for stage, value in result.items():
+            if stage == "setup" or not isinstance(value, dict):
+                continue
+            if "timed_out" in value:
+                lines.append(f"| {label} | {stage} | - | - | - | did not fit ({value['timed_out']:.0f} s left) |")
+                continue
+            init = f"{value['init_s_per_billion']:.2f}" if "init_s_per_billion" in value else ""
+            lines.append(f"| {label} | {stage} | {value['seconds']:.3f} | {value['peak_gpu_gb']:.1f} | {init} | |")
+            for step, seconds in value.get("steps", {}).items():
+                lines.append(f"| | step {step} | {seconds / n_windows:.3f} | | | all windows' mean |")
+    classifier = report["parts"].get("classifier", {})
+    lines += ["", "| classifier | steps/s |", "|---|---|"]
+    if "timed_out" in classifier:
+        lines.append(f"| did not fit | ({classifier['timed_out']:.0f} s left) |")
+    for key, value in classifier.items():
+        if key.endswith("_steps_per_s"):
+            lines.append(f"| {key.removesuffix('_steps_per_s')} | {value:.2f} |")
+    lines += ["", "Rates for posgen.plan:", "", "```", json.dumps(report["rates"], indent=1), "```"]
+    if report["did_not_fit"]:
+        lines += ["", f"Did not fit the budget: {', '.join(report['did_not_fit'])}."]
+    if report["failed"]:
+        lines += ["", f"Failed: {'; '.join(report['failed'])}."]
+    return "\n".join(lines) + "\n"
+
+
+def attempt(function, *args, **kwargs) -> dict:
+    """``function``'s result, or ``{"failed": "<error>"}``: one part's failure leaves the others measured."""
+    try:
+        return function(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - reported in the file, the other parts still run
+        return {"failed": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+
+
+def main(argv=None) -> dict:
+    import torch
+
+    from posgen.device import resolve_device
+
+    parser = argparse.ArgumentParser(prog="python -m posgen.bench gpu", description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="folder of gpu-report.json and gpu-report.md")
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    parser.add_argument("--tiny", action="store_true", help="small sizes (the test suite's CPU run)")
+    parser.add_argument("--dtype", default="bfloat16", help="of the 8B-shape model (config.paper.yaml's)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device).type
+    start = time.monotonic()
+    deadline = start + args.budget_s
+    parts, did_not_fit, failed = {}, [], []
+    for part in ("full_depth", "long_window"):
+        name, layers, tokens, n_windows = WINDOWS[part][args.tiny]
+        share = max(min(SHARES[part] * args.budget_s, deadline - time.monotonic()), 0.0)
+        stages = attempt(
+            run_stages,
+            name,
+            layers,
+            tokens,
+            n_windows,
+            args.threads,
+            device,
+            args.dtype,
+            ["forward", "fused"],
+            DUMMY_DISTANCES,
+            timeout=share,
+        )
+        did_not_fit += [f"{part} {stage}" for stage, value in stages.items() if "timed_out" in value]
+        failed += [f"{part}: {stages['failed']}"] if "failed" in stages else []
+        parts[part] = {"setup": [name, layers, tokens, n_windows], **stages}
+    share = max(min(SHARES["classifier"] * args.budget_s, deadline - time.monotonic()), 1.0)
+    parts["classifier"] = attempt(in_child, _classifier, args.tiny, device, timeout=share)
+    did_not_fit += ["classifier"] if "timed_out" in parts["classifier"] else []
+    failed += [f"classifier: {parts['classifier']['failed']}"] if "failed" in parts["classifier"] else []
+    report = {
+        "device_name": device_name(device),
+        "device": device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "python -m posgen.bench gpu " + shlex.join(sys.argv[2:] if argv is None else argv),
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "budget_s": args.budget_s,
+        "seconds": time.monotonic() - start,
+        "parts": parts,
+        "rates": implied_rates(parts, parts["classifier"]),
+        "did_not_fit": did_not_fit,
+        "failed": failed,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu-report.json").write_text(json.dumps(report, indent=1, default=float) + "\n")
+    (args.out / "gpu-report.md").write_text(report_markdown(report))
+    print(report_markdown(report))
+    return report

@@ -1,0 +1,80 @@
+"""The prepared device check (python -m posgen.bench gpu) on the CPU at tiny sizes, its budget, and the plan
+reading a committed report's measured rates."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posgen import plan
+from posgen.bench import gpu
+from posgen.measured import gpu_report
+from posgen.synthetic import cost
+
+
+@pytest.fixture(scope="module")
+def tiny_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--budget-s", "400", "--threads", "1"])
+    return out
+
+
+def test_tiny_device_check_writes_both_reports(tiny_report):
+    report = json.loads((tiny_report / "gpu-report.json").read_text())
+    assert report["device"] == "cpu" and report["tiny"] and not report["did_not_fit"] and not report["failed"]
+    full = report["parts"]["full_depth"]
+    forward, fused = full["plain forward"], full["fused (extract + analysis)"]
+    assert forward["seconds"] > 0 and fused["seconds"] > 0 and forward["init_s_per_billion"] > 0
+    assert {"moments", "method_b", "bound"} <= set(fused["steps"])
+    assert report["parts"]["long_window"]["setup"][2] == 512
+    classifier = report["parts"]["classifier"]
+    assert classifier["float32_steps_per_s"] > 0 and classifier["ensemble_members"] == 3
+    rates = report["rates"]
+    assert rates["forward"] > 0 and rates["moments"] > 0 and rates["error"] > 0
+    assert rates["classifier"]["seconds_per_step"] == pytest.approx(
+        1 / max(classifier["float32_steps_per_s"], classifier["bfloat16_steps_per_s"])
+    )
+    markdown = (tiny_report / "gpu-report.md").read_text()
+    assert "| full_depth: smollm2-135m x 2 layers, 2 x 128 tokens | plain forward |" in markdown
+    assert "Rates for posgen.plan" in markdown
+
+
+def test_a_part_past_its_budget_is_reported_not_waited_for(tmp_path):
+    report = gpu.main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--budget-s", "1"])
+    assert "full_depth plain forward" in report["did_not_fit"] and "classifier" in report["did_not_fit"]
+    assert report["seconds"] < 60
+    assert "Did not fit the budget" in (tmp_path / "gpu-report.md").read_text()
+    assert report["rates"] == {}
+
+
+def test_plan_uses_a_committed_cuda_report_and_labels_the_rest_assumed(tiny_report, tmp_path, monkeypatch):
+    # a tiny CPU report does not count
+    assert gpu_report(tiny_report / "gpu-report.json") is None
+    report = json.loads((tiny_report / "gpu-report.json").read_text())
+    report |= {"device": "cuda", "tiny": False, "device_name": "NVIDIA H100 80GB HBM3"}
+    path = tmp_path / "gpu-report.json"
+    path.write_text(json.dumps(report))
+    committed = gpu_report(path)
+    rates, label = plan.device_rates("gpu", committed)
+    assert rates.forward == pytest.approx(report["rates"]["forward"]) and rates.factor == plan.GPU.factor
+    assert "MEASURED on NVIDIA H100 80GB HBM3" in label and "ASSUMED: factor, memory, disk, start_s" in label
+    assert plan.device_rates("gpu", None) == (plan.GPU, "ASSUMED H100 rates, unmeasured (no docs/gpu/gpu-report.json)")
+    # the classifiers' plan takes the measured step time and packing
+    monkeypatch.setattr(cost, "gpu_report", lambda: committed)
+    (seconds, layers, batch, tokens), packing, where = cost.reference("gpu")
+    measured = report["rates"]["classifier"]
+    assert (seconds, layers, batch, tokens) == (
+        measured["seconds_per_step"],
+        measured["layers"],
+        measured["batch"],
+        measured["tokens"],
+    )
+    assert packing == pytest.approx(measured["jobs_per_device"]) and "MEASURED" in where
+
+
+def test_an_unreadable_report_names_its_file(tmp_path):
+    path = tmp_path / "gpu-report.json"
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="gpu-report.json: not a readable device-check report"):
+        gpu_report(path)
