@@ -91,6 +91,7 @@ rule synthetic_analyse:
     input:
         data=syn_task_data,
         checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
+        curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
     output:
         ablation=f"{SYN_CLASSIFIER_DIR}/ablation.nc",
         toeplitz=f"{SYN_CLASSIFIER_DIR}/toeplitz.nc",

@@ -7,6 +7,7 @@ p, w = snakemake.params, snakemake.wildcards
 analyse_job(
     snakemake.input.data,
     snakemake.input.checkpoint,
+    snakemake.input.curves,
     dict(snakemake.output.items()),
     key=(w.experiment, w.task, w.pe, int(w.seed)),
     options=p.options,

@@ -100,6 +100,24 @@ INPUTS_ATTR = "posgen_inputs"
 _job_inputs: list[Path] = []  # the running job's input files (record_inputs)
 
 
+# Global attr of every file written by posgen.store.write_netcdf: the digest of its other global attrs as stored
+# (scores, settings and provenance kept as attributes), checked when posgen opens the file.
+ATTRS_ATTR = "posgen_attrs_digest"
+UNDIGESTED_ATTRS = (ATTRS_ATTR, CONTENT_ATTR, INPUTS_ATTR)  # digests of their own, or the running job's inputs
+
+
+def attrs_digest(attrs) -> str:
+    """The digest of a file's global attrs as h5py reads them (``_``-prefixed netCDF bookkeeping and
+    :data:`UNDIGESTED_ATTRS` left out), canonical whatever numpy type each comes back as."""
+    plain = {
+        name: np.asarray(value).tolist()
+        for name, value in attrs.items()
+        if not name.startswith("_") and name not in UNDIGESTED_ATTRS
+    }
+    canonical = json.dumps(plain, sort_keys=True, default=str)
+    return f"{zlib.crc32(canonical.encode()):08x}"
+
+
 def content_digest(digests: dict) -> str:
     """A file's content digest from the digests of its variables (name -> int or array of block digests)."""
     canonical = json.dumps({name: np.asarray(value).tolist() for name, value in sorted(digests.items())})

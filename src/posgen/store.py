@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import importlib.metadata
 import json
 import os
@@ -16,11 +17,14 @@ import numpy as np
 import xarray as xr
 
 from posgen.integrity import (
+    ATTRS_ATTR,
     BLOCK_DIGEST_ATTR,
     CONTENT_ATTR,
     DIGEST_ATTR,
+    EDITED,
     INPUTS_ATTR,
     StoreError,
+    attrs_digest,
     content_digest,
     damaged,
     digest,
@@ -163,20 +167,47 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+# What a failed write says, by errno, and by the words h5py and torch put in their own messages
+WRITE_FAILURES = {
+    errno.ENOSPC: ("no space left on device", "No space left on device"),
+    errno.EDQUOT: ("disk quota exceeded", "Disk quota exceeded"),
+    errno.EACCES: ("permission denied", "Permission denied"),
+    errno.EPERM: ("permission denied", "Operation not permitted"),
+    errno.EROFS: ("read-only file system", "Read-only file system"),
+}
+
+
+def write_failure(err: BaseException) -> str | None:
+    """``no space left on device`` (etc.) when ``err`` is a write failing for want of room or rights, else None."""
+    if getattr(err, "errno", None) in WRITE_FAILURES:
+        return WRITE_FAILURES[err.errno][0]
+    text = str(err)
+    for words, marker in WRITE_FAILURES.values():
+        if marker in text or f"errno = {errno.ENOSPC}" in text and words.startswith("no space"):
+            return words
+    return None
+
+
 @contextmanager
 def atomic_path(path: str | Path):
     """Yield a temporary sibling path; rename it to ``path`` only if the block succeeds.
 
     A killed or failed job therefore never leaves a file that looks complete, and an existing finished
-    file is only replaced by a complete new one.
+    file is only replaced by a complete new one. A write that fails for want of room or rights (a full disk,
+    a quota, a folder one may not write, a read-only file system) is one line naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    sweep_stale_temporaries(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale_temporaries(path)
         yield tmp
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch's zip writer words a full disk as a RuntimeError
+        reason = None if isinstance(err, StoreError) else write_failure(err)
+        if reason is None:
+            raise
+        raise StoreError(f"{shown(path)}: cannot write ({reason})") from None
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -195,6 +226,8 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None
     ds = with_digests(ds)
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
+        with h5py.File(tmp, "r+") as f:  # the attrs digest of what was stored, as a reader will see it
+            f.attrs[ATTRS_ATTR] = attrs_digest(f.attrs)
 
 
 def with_digests(ds: xr.Dataset) -> xr.Dataset:
@@ -207,7 +240,7 @@ def with_digests(ds: xr.Dataset) -> xr.Dataset:
     for name, var in ds.variables.items():
         for attr in (DIGEST_ATTR, BLOCK_DIGEST_ATTR):
             var.attrs.pop(attr, None)
-        if name in ds.data_vars and var.dtype.kind in "fiu" and var.size > 0:
+        if var.dtype.kind in "fiu" and var.size > 0:  # data and coordinates alike
             var.encoding = {}
             var.attrs[DIGEST_ATTR] = digests[name] = digest(var.values)
     ds.attrs = {**ds.attrs, CONTENT_ATTR: content_digest(digests), INPUTS_ATTR: input_digests()}
@@ -222,7 +255,12 @@ def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
     if path.is_dir():
         raise IsADirectoryError(f"{shown(path)}: is a directory, not a posgen file")
     try:
-        return xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
+        ds = xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
+        with h5py.File(path, "r") as f:
+            recorded = f.attrs.get(ATTRS_ATTR)
+            if recorded is not None and attrs_digest(f.attrs) != np.asarray(recorded).tolist():
+                raise damaged(path, f"its attributes: {EDITED}")
+        return ds
     except StoreError:
         raise
     except OSError as err:

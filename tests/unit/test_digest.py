@@ -118,3 +118,35 @@ def test_qk_store_content_digest_is_its_data_only(tmp_path):
     )
     assert current_digest(first) == current_digest(again) != current_digest(other)
     assert len(current_digest(first)) == 8
+
+
+def _scores_file(path):
+    ds = xr.Dataset(
+        {"test_accuracy": ("step", np.array([0.5, 0.9]))},
+        coords={"step": np.array([1, 2]), "head": np.arange(3)},
+        attrs={"test_accuracy": 0.9467, "pe": "alibi", "model_config": json.dumps({"n_layers": 2})},
+    )
+    write_netcdf(ds, path)
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (lambda f: f.attrs.__setitem__("test_accuracy", 0.5), "its attributes"),  # a score kept as an attribute
+        (lambda f: f.attrs.__setitem__("pe", "rope"), "its attributes"),
+        (lambda f: f.attrs.__setitem__("added", 1), "its attributes"),
+        (lambda f: f["test_accuracy"].__setitem__(0, 0.25), "variable test_accuracy"),
+        (lambda f: f["head"].__setitem__(0, 7), "variable head"),  # a coordinate
+    ],
+)
+def test_every_stored_value_is_under_a_digest(tmp_path, monkeypatch, edit, what):
+    monkeypatch.chdir(tmp_path)
+    _scores_file(tmp_path / "train.nc")
+    clean = open_dataset(tmp_path / "train.nc", lazy=False)
+    assert float(clean.attrs["test_accuracy"]) == 0.9467 and clean["head"].values.tolist() == [0, 1, 2]
+    clean.close()
+    with h5py.File(tmp_path / "train.nc", "r+") as f:
+        edit(f)
+    with pytest.raises(StoreError) as info:
+        open_dataset(tmp_path / "train.nc", lazy=False).load()
+    assert str(info.value).startswith(f"train.nc: {what}: {EDITED}; delete it and run: snakemake --cores all train.nc")

@@ -2,8 +2,9 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from posgen.integrity import StoreError
 from posgen.rope_table import RopeTable
-from posgen.store import QKWriter, open_dataset, write_netcdf
+from posgen.store import QKWriter, atomic_path, open_dataset, write_netcdf
 
 
 def _writer(path, rng, n_samples=2):
@@ -99,3 +100,45 @@ def test_q_k_and_netcdf_variables_carry_checksums_and_stale_temporaries_are_swep
         assert qk["q"].fletcher32 and qk["k"].fletcher32 and qk["logits_ref"].fletcher32
         assert qk["q"].chunks == (1, 1, 4, 10, 8)  # the checksum keeps the per-(sample, layer) chunks
         assert nc["a"].fletcher32 and nc["n"].fletcher32
+
+
+@pytest.mark.parametrize(
+    "failure, words",
+    [
+        (OSError(28, "No space left on device"), "no space left on device"),
+        # h5py's wording of a full disk carries the errno only in its text
+        (
+            OSError("Can't write data (file write failed: errno = 28, error message = 'No space left on device')"),
+            "no space left on device",
+        ),
+        (
+            RuntimeError(
+                "[enforce fail at inline_container.cc:664] . unexpected pos 36928 vs 36816; No space left on device"
+            ),
+            "no space left on device",
+        ),
+        (PermissionError(13, "Permission denied"), "permission denied"),
+        (OSError(30, "Read-only file system"), "read-only file system"),
+    ],
+)
+def test_a_write_without_room_or_rights_is_one_line_and_leaves_no_temporary(tmp_path, monkeypatch, failure, words):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "out" / "train.nc"
+    target.parent.mkdir()
+    target.write_text("the finished file")
+    with pytest.raises(StoreError) as info:
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise failure
+    assert str(info.value) == f"out/train.nc: cannot write ({words})"
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    assert target.read_text() == "the finished file" and list(target.parent.iterdir()) == [target]
+
+
+def test_other_errors_pass_through_the_writer(tmp_path):
+    with pytest.raises(ValueError, match="a bug"):
+        with atomic_path(tmp_path / "x.nc"):
+            raise ValueError("a bug")
+    with pytest.raises(OSError, match="Input/output error"):
+        with atomic_path(tmp_path / "x.nc"):
+            raise OSError(5, "Input/output error")

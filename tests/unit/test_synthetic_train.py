@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from posgen.synthetic.ensemble import Ensemble
 from posgen.synthetic.model import Classifier, batch_tokens
 from posgen.synthetic.pe import PES
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
 from posgen.synthetic.train import (
-    Ensemble,
     accuracy,
     batch_plan,
     load_split,

@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from posgen.claims import Outcome, exceeds, overall, t_interval
+from posgen.integrity import StoreError
+from posgen.store import open_dataset
 from posgen.synthetic.bayes import distance_bayes_accuracy, position_free_bayes
 from posgen.synthetic.convergence import converged, plateau_slope
 from posgen.synthetic.tasks import write_task
-from posgen.synthetic.train import train_job
+from posgen.synthetic.train import load_classifier, train_job
 from posgen.synthetic.verdicts import (
     additive_displaced,
     alibi_fails_distance,
@@ -235,36 +237,81 @@ def test_verdict_table_names_the_regime_of_every_row():
 # --------------------------------------------------------------------------------------------- determinism
 
 
+TINY_OPTIONS = {
+    "data_seed": 0,
+    "vocab_size": 12,
+    "test_fraction": 0.3,
+    "distance": {"n_samples": 120, "max_side": 2, "max_middle": 4},
+    "count": {"n_samples": 120, "seq_len": 8, "n_triggers": 2, "max_count": 4},
+    "model": {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_ff": 8, "dropout": 0.1},
+    "train": {
+        "epochs": 2,
+        "batch_size": 16,
+        "lr": 3e-3,
+        "weight_decay": 0.0,
+        "warmup_fraction": 0.1,
+        "betas": [0.9, 0.98],
+        "ignore_index": None,
+        "snapshots": [0.5],
+        "snapshot_samples": 8,
+        "precision": "float32",
+    },
+    "faithful": False,
+    "rope_base": 10000.0,
+}
+
+
 def test_a_training_job_gives_identical_weights_twice(tmp_path):
-    options = {
-        "data_seed": 0,
-        "vocab_size": 12,
-        "test_fraction": 0.3,
-        "distance": {"n_samples": 120, "max_side": 2, "max_middle": 4},
-        "count": {"n_samples": 120, "seq_len": 8, "n_triggers": 2, "max_count": 4},
-        "model": {"n_layers": 1, "n_heads": 2, "d_model": 8, "d_ff": 8, "dropout": 0.1},
-        "train": {
-            "epochs": 2,
-            "batch_size": 16,
-            "lr": 3e-3,
-            "weight_decay": 0.0,
-            "warmup_fraction": 0.1,
-            "betas": [0.9, 0.98],
-            "ignore_index": None,
-            "snapshots": [0.5],
-            "snapshot_samples": 8,
-            "precision": "float32",
-        },
-        "faithful": False,
-        "rope_base": 10000.0,
-    }
     data = tmp_path / "distance.nc"
-    write_task("distance", options, 0, data)
+    write_task("distance", TINY_OPTIONS, 0, data)
     states = []
     for run in range(2):
         paths = {3: (tmp_path / f"{run}.pt", tmp_path / f"{run}.nc")}
-        (curves,) = train_job(data, paths, pe="rope", options=options)
+        (curves,) = train_job(data, paths, pe="rope", options=TINY_OPTIONS)
         assert curves.attrs["threads"] == torch.get_num_threads() and curves.attrs["train_steps"] == 12
         states.append(torch.load(tmp_path / f"{run}.pt", weights_only=True)["state_dict"])
     for name, value in states[0].items():
         assert torch.equal(value, states[1][name]), name
+    # the same weights make the same file: a checkpoint's bytes can take part in content lineage
+    assert (tmp_path / "0.pt").read_bytes() == (tmp_path / "1.pt").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def two_seeds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    data = root / "distance.nc"
+    write_task("distance", TINY_OPTIONS, 0, data)
+    paths = {seed: (root / f"seed{seed}.pt", root / f"seed{seed}.nc") for seed in (0, 1)}
+    train_job(data, paths, pe="alibi", options=TINY_OPTIONS, experiment="clean")
+    return root
+
+
+def _load(root, seed, checkpoint=None):
+    recorded = int(open_dataset(root / f"seed{seed}.nc", lazy=False)["checkpoint_digest"])
+    expect = {"experiment": "clean", "task": "distance", "pe": "alibi", "seed": seed}
+    return load_classifier(checkpoint or root / f"seed{seed}.pt", expect=expect, digest=recorded)
+
+
+def test_the_checkpoint_its_job_expects_loads(two_seeds):
+    model = _load(two_seeds, 1)
+    state = torch.load(two_seeds / "seed1.pt", weights_only=True)
+    assert all(torch.equal(v, state["state_dict"][k]) for k, v in model.state_dict().items())
+
+
+def test_a_swapped_reinitialised_or_truncated_checkpoint_stops_with_one_line(two_seeds, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # messages name files relative to the working directory
+    swapped = tmp_path / "swapped.pt"  # another classifier's checkpoint in this one's place
+    swapped.write_bytes((two_seeds / "seed0.pt").read_bytes())
+    with pytest.raises(StoreError, match="^swapped.pt: holds seed 0, this job's is 1; delete it and run: snakemake"):
+        _load(two_seeds, 1, swapped)
+    state = torch.load(two_seeds / "seed1.pt", weights_only=True)  # the same metadata, fresh weights
+    state["state_dict"] = {k: torch.randn_like(v) for k, v in state["state_dict"].items()}
+    torch.save(state, tmp_path / "fresh.pt")
+    with pytest.raises(StoreError, match="^fresh.pt: its weights are not those its train.nc recorded"):
+        _load(two_seeds, 1, tmp_path / "fresh.pt")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes((two_seeds / "seed1.pt").read_bytes()[:500])
+    with pytest.raises(StoreError) as info:
+        _load(two_seeds, 1, truncated)
+    assert str(info.value).startswith("truncated.pt: not a readable classifier checkpoint (")
+    assert "\n" not in str(info.value) and info.value.__cause__ is None

@@ -21,7 +21,7 @@ from posgen.synthetic.bayes import longest_distance, position_free_bayes
 from posgen.synthetic.probe import position_probes
 from posgen.synthetic.tasks import TEST, TRAIN, n_trigger_ids
 from posgen.synthetic.toeplitz import toeplitz_view
-from posgen.synthetic.train import load_classifier, load_split
+from posgen.synthetic.train import CHECKPOINT_KEYS, load_classifier, load_split
 
 KEY_DIMS = ("experiment", "task", "pe", "seed")
 
@@ -74,6 +74,7 @@ def ablation_dataset(model, tokens, labels) -> xr.Dataset:
 def analyse_job(
     task_path,
     checkpoint_path,
+    curves_path,
     out_paths: dict,
     *,
     key: tuple,
@@ -83,10 +84,13 @@ def analyse_job(
 ) -> dict:
     """Ablation, Toeplitz view and position probe of one classifier (``key`` = experiment, task, pe, seed) on the
     first ``ablation_samples`` / ``toeplitz_samples`` test samples; writes ``out_paths`` ablation, toeplitz,
-    probe."""
+    probe. The checkpoint must be the classifier of ``key`` whose weights ``curves_path`` (its train.nc)
+    recorded."""
     dev = resolve_device(device)
     data = open_dataset(task_path, lazy=False)
-    model = load_classifier(checkpoint_path, dev)
+    recorded = int(open_dataset(curves_path, lazy=False)["checkpoint_digest"])
+    expect = dict(zip(CHECKPOINT_KEYS, key, strict=True))
+    model = load_classifier(checkpoint_path, dev, expect=expect, digest=recorded)
     faithful = model.dims.faithful
     tokens, labels = load_split(data, TEST, dev, faithful, options["ablation_samples"])
     test = np.flatnonzero(np.asarray(data["split"].values) == TEST)[: options["toeplitz_samples"]]

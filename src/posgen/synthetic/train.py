@@ -6,21 +6,22 @@ and the final test accuracy.
 
 from __future__ import annotations
 
-import copy
+import io
 import math
 import time
-from contextlib import contextmanager
+import zlib
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 import xarray as xr
-from torch.func import functional_call, stack_module_state, vmap
 from tqdm import tqdm
 
 from posgen.device import resolve_device
+from posgen.integrity import damaged
 from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
+from posgen.synthetic.ensemble import Ensemble, matmul_precision
 from posgen.synthetic.experiments import parse_pe
 from posgen.synthetic.model import Classifier, batch_tokens, build
 from posgen.synthetic.tasks import TEST, TRAIN
@@ -134,74 +135,6 @@ def batch_plan(perms: torch.Tensor, lengths: np.ndarray | None, batch_size: int)
         width = 0 if lengths is None else int(lengths[perms[:, first:last].numpy()].max())
         plan.append((first, last, width))
     return plan
-
-
-PRECISIONS = ("float32", "bfloat16", "tf32")
-
-
-@contextmanager
-def matmul_precision(precision: str):
-    """TF32 matrix products for ``tf32`` (CUDA; the CPU ignores it), float32 otherwise; restored after."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"synthetic.train.precision: {precision!r} (expected one of {', '.join(PRECISIONS)})")
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(before)
-
-
-class Ensemble:
-    """Classifiers of one shape trained as one: their parameters stacked on a leading ``member`` dimension
-    (``torch.func.stack_module_state``), one forward pass for all of them (``vmap`` over ``functional_call``,
-    each member its own dropout draws), one AdamW over the stacks (elementwise, so each member's update is its
-    own). Every member module keeps views of its slice of the stacks, so evaluating or saving a member reads
-    its current weights. One member is trained as itself, without ``vmap``."""
-
-    def __init__(self, models: list[Classifier], precision: str = "float32"):
-        self.models = list(models)
-        self.autocast = torch.bfloat16 if precision == "bfloat16" else None
-        if len(models) == 1:
-            self.params = dict(models[0].named_parameters())
-            self._modules = self.models
-            self._forward = lambda x: models[0](x[0])[None]  # (1, B, n_classes)
-            return
-        template = copy.deepcopy(models[0]).to("meta").use_explicit_attention()  # structure, no storage
-        params, buffers = stack_module_state(models)  # name -> (member, ...)
-        for index, member in enumerate(models):
-            for name, param in member.named_parameters():
-                param.data = params[name].data[index]
-        batched = vmap(lambda p, b, x: functional_call(template, (p, b), (x,)), randomness="different")
-        self.params = params
-        self._modules = [*self.models, template]  # the template's mode decides dropout inside vmap
-        self._forward = lambda x: batched(params, buffers, x)  # (member, B, n_classes)
-
-    def train(self, mode: bool = True) -> None:
-        for module in self._modules:
-            module.train(mode)
-
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Class logits (member, B, n_classes) of token ids ``x (member, B, T)``."""
-        if self.autocast is None:
-            return self._forward(x)
-        with torch.autocast(x.device.type, dtype=self.autocast):
-            return self._forward(x).float()
-
-    def step(self, x, y, optimizer, schedule, ignore_index: int = -100):
-        """One optimiser step of every member on its batch ``x (member, B, T)``, labels ``y (member, B)``.
-        Returns each member's mean loss (member,) and correct count (member,) as device tensors: nothing is
-        read back to the host."""
-        logits = self.logits(x)  # (E, B, C)
-        losses = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=ignore_index, reduction="none")
-        counted = y != ignore_index  # (E, B)
-        member_loss = (losses.view(y.shape) * counted).sum(1) / counted.sum(1).clamp(min=1)  # (E,)
-        optimizer.zero_grad(set_to_none=True)
-        member_loss.sum().backward()  # members share no parameter: each gets its own loss's gradient
-        optimizer.step()
-        schedule.step()
-        correct = (logits.detach().argmax(-1) == y).sum(1)  # (E,)
-        return member_loss.detach(), correct
 
 
 def train(model: Classifier, train_set, test_set, *, seed: int, snapshot=None, **options) -> dict:
@@ -379,10 +312,12 @@ def train_job(
     for seed, model, grad, curves in zip(seeds, models, grads, all_curves, strict=True):
         checkpoint_path, curves_path = outputs[seed]
         state = {name: value.clone() for name, value in model.state_dict().items()}  # not the ensemble's stacks
-        with atomic_path(checkpoint_path) as tmp:
-            torch.save({"config": config, "state_dict": state, "task": task, "seed": seed}, tmp)
+        identity = dict(zip(CHECKPOINT_KEYS, (experiment, task, pe, seed), strict=True))
+        save_checkpoint(checkpoint_path, {"config": config, "state_dict": state, **identity})
         final = scores(predict(model, test_set[0]), test_set[1])
         ds = curves_dataset(curves, steps, grad, config)
+        ds["checkpoint_digest"] = np.int64(state_digest(state))  # under train.nc's own digest
+        ds["checkpoint_digest"].attrs["description"] = "CRC-32 of model.pt's state dict (names and bytes, name order)"
         ds.attrs.update(
             provenance(
                 experiment=experiment,
@@ -446,8 +381,44 @@ def curves_dataset(curves: dict, steps: list[int], grads: np.ndarray, config: di
     return ds
 
 
-def load_classifier(checkpoint_path, device="cpu") -> Classifier:
-    state = torch.load(checkpoint_path, map_location=device, weights_only=True)
-    model = build(state["config"]).to(device)
-    model.load_state_dict(state["state_dict"])
+CHECKPOINT_KEYS = ("experiment", "task", "pe", "seed")  # what a checkpoint says it is, checked against its job
+
+
+def state_digest(state_dict: dict) -> int:
+    """CRC-32 over a state dict's names and tensor bytes, in name order (recorded in train.nc)."""
+    crc = 0
+    for name in sorted(state_dict):
+        crc = zlib.crc32(name.encode(), crc)
+        crc = zlib.crc32(np.ascontiguousarray(state_dict[name].detach().cpu().numpy()), crc)
+    return crc
+
+
+def save_checkpoint(path, payload: dict) -> None:
+    """``torch.save`` of ``payload`` with stable bytes (the same weights give the same file: saved through memory,
+    where torch names the archive ``archive``, not after the temporary file), written atomically."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(buffer.getvalue())
+
+
+def load_classifier(checkpoint_path, device="cpu", expect: dict | None = None, digest: int | None = None) -> Classifier:
+    """The classifier of a checkpoint, in eval mode. ``expect``: the job's (experiment, task, pe, seed), each
+    compared with what the checkpoint says it is; ``digest``: the :func:`state_digest` its training recorded in
+    train.nc. An unreadable file, another classifier's or edited weights stop with one line naming the file."""
+    try:
+        state = torch.load(checkpoint_path, map_location=device, weights_only=True)
+        config, weights = state["config"], state["state_dict"]
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # noqa: BLE001 - torch words a truncated or foreign file without its path
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise damaged(checkpoint_path, f"not a readable classifier checkpoint ({type(err).__name__}: {text})") from None
+    for key, wanted in (expect or {}).items():
+        if str(state.get(key)) != str(wanted):
+            raise damaged(checkpoint_path, f"holds {key} {state.get(key)!r}, this job's is {wanted!r}")
+    if digest is not None and state_digest(weights) != int(digest):
+        raise damaged(checkpoint_path, "its weights are not those its train.nc recorded (replaced or edited)")
+    model = build(config).to(device)
+    model.load_state_dict(weights)
     return model.eval()
