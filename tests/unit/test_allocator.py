@@ -1,5 +1,6 @@
 """posgen.allocator: glibc keeps freed memory, so the decomposition's tensors stop faulting their pages in anew."""
 
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -40,9 +41,15 @@ def _faults(mode: str) -> tuple[str, int]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_kept_memory_removes_the_page_faults_of_repeated_units():
     """Three decomposition units at 600 tokens: by default glibc returns freed blocks and the next unit faults
-    them in again (about 17k minor faults here); with the thresholds set, a few percent of that remain."""
-    _, plain = _faults("plain")
-    took, kept = _faults("keep")
-    assert took == "True"
+    them in again (8k-21k minor faults here on a quiet host, 3.5k under load); with the thresholds set, a few
+    percent of that remain (5-1400). Either count varies from process to process, so the two run in alternating
+    rounds and their medians are compared: one low default run next to one high kept run decides nothing."""
+    plain, kept = [], []
+    for _ in range(3):
+        plain.append(_faults("plain")[1])
+        took, faults = _faults("keep")
+        assert took == "True"
+        kept.append(faults)
+    plain, kept = statistics.median(plain), statistics.median(kept)
     assert plain > 2000, plain  # the default does fault: the comparison means something
     assert kept < plain / 5, (kept, plain)
