@@ -30,7 +30,7 @@ of Method B, n_delta = T or the sliding window):
   T); host = the weights while they load (on a GPU job), one window's float32 q/k, the
   reference logits, and on a CPU job everything the device would hold.
 
-``CPU`` rates are calibrated on this project's 2-core machine (``python -m posgen.bench scale``, which prints
+``CPU`` rates (:mod:`posgen.rates`) are calibrated on this project's 2-core machine (``python -m posgen.bench scale``, which prints
 predicted against measured per stage); ``GPU`` rates are ASSUMPTIONS for one H100 until measured there: a
 committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``) replaces the forward,
 moments and error rates it measured, and the printed plan names which rates are measured and which assumed.
@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posgen.config import schema_default, schema_defaults, variants
-from posgen.measured import gpu_report, source
+from posgen.rates import Rates, device_rates, gpu_report
 from posgen.shapes import SHAPES
 from posgen.workflow import (
     GPU_RULES,
@@ -68,46 +68,6 @@ RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH *
 MEM_MARGIN = 1.25  # safety margin on every memory ask
 MIN_MEM_MB = 2000
 MIN_RUNTIME_MIN = 10
-
-
-@dataclass(frozen=True)
-class Rates:
-    """Sustained rates of one job's device (per job: 1-2 threads on the CPU, one GPU)."""
-
-    forward: float  # FLOP/s of the model's forward pass in the run's dtype
-    moments: float  # FLOP/s of the float64 moment products (many small batched products)
-    factor: float  # FLOP/s of float64 FFTs and large products (Method B's sums)
-    memory: float  # bytes/s streamed from memory (Method B's solves read its cached inverse)
-    error: float  # FLOP/s of the float32 error-and-bound pass, its elementwise work included
-    disk: float  # bytes/s written or read (HDF5, NetCDF, weights)
-    start_s: float  # per job: interpreter, imports, CUDA context
-
-
-# Calibrated with `python -m posgen.bench scale` on the project's 2-core machine (docs/slurm.md, "Planning a run"):
-# each compute rate is the geometric mean of a busy 1-thread run and a quiet 2-thread run (2.0-2.6x apart), so a
-# job on either side of that range is predicted within a factor of 2.
-CPU = Rates(forward=84e9, moments=4.6e9, factor=24e9, memory=2e9, error=9.8e9, disk=4e8, start_s=10.0)
-# ASSUMPTIONS for one NVIDIA H100 (80 GB), not yet measured: bfloat16 forward at ~30 % of its 990 TFLOP/s dense
-# peak; float64 products at ~30 % of its 67 TFLOP/s; memory streamed at ~60 % of 3.3 TB/s; the float32 error
-# pass (no TF32) at ~20 % of 67 TFLOP/s; a parallel file system at 1 GB/s; a minute to start a job and build the
-# CUDA context.
-GPU = Rates(forward=300e12, moments=20e12, factor=20e12, memory=2e12, error=12e12, disk=1e9, start_s=60.0)
-MEASURED_ON_GPU = ("forward", "moments", "error")  # the rates the device check measures (posgen.bench gpu)
-
-
-def device_rates(device: str, report: dict | None = None) -> tuple[Rates, str]:
-    """The rates of ``device`` and a label saying which are measured: on the GPU, those of a committed device
-    check (``report``, posgen.measured) replace the assumed ones they measure; the rest stay ASSUMED."""
-    if device == "cpu":
-        return CPU, "calibrated on the 2-core bench machine"
-    measured = {
-        name: float(report["rates"][name]) for name in MEASURED_ON_GPU if name in (report or {}).get("rates", {})
-    }
-    if not measured:
-        return GPU, "ASSUMED H100 rates, unmeasured (no docs/gpu/gpu-report.json)"
-    assumed = [name for name in Rates.__dataclass_fields__ if name not in measured]
-    label = f"{', '.join(measured)} {source(report)}; ASSUMED: {', '.join(assumed)}"
-    return replace(GPU, **measured), label
 
 
 # --------------------------------------------------------------------------------------------------- shapes

@@ -182,8 +182,8 @@ def write_failure(err: BaseException) -> str | None:
     if getattr(err, "errno", None) in WRITE_FAILURES:
         return WRITE_FAILURES[err.errno][0]
     text = str(err)
-    for words, marker in WRITE_FAILURES.values():
-        if marker in text or f"errno = {errno.ENOSPC}" in text and words.startswith("no space"):
+    for code, (words, marker) in WRITE_FAILURES.items():
+        if marker in text or f"errno = {code}," in text:  # h5py: "... errno = 28, error message = ..."
             return words
     return None
 

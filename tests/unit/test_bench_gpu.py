@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from posgen import plan
+from posgen import rates as device
 from posgen.bench import gpu
-from posgen.measured import gpu_report
+from posgen.rates import gpu_report
 from posgen.synthetic import cost
 
 
@@ -56,10 +56,13 @@ def test_plan_uses_a_committed_cuda_report_and_labels_the_rest_assumed(tiny_repo
     path = tmp_path / "gpu-report.json"
     path.write_text(json.dumps(report))
     committed = gpu_report(path)
-    rates, label = plan.device_rates("gpu", committed)
-    assert rates.forward == pytest.approx(report["rates"]["forward"]) and rates.factor == plan.GPU.factor
+    rates, label = device.device_rates("gpu", committed)
+    assert rates.forward == pytest.approx(report["rates"]["forward"]) and rates.factor == device.GPU.factor
     assert "MEASURED on NVIDIA H100 80GB HBM3" in label and "ASSUMED: factor, memory, disk, start_s" in label
-    assert plan.device_rates("gpu", None) == (plan.GPU, "ASSUMED H100 rates, unmeasured (no docs/gpu/gpu-report.json)")
+    assert device.device_rates("gpu", None) == (
+        device.GPU,
+        "ASSUMED H100 rates, unmeasured (no docs/gpu/gpu-report.json)",
+    )
     # the classifiers' plan takes the measured step time and packing
     monkeypatch.setattr(cost, "gpu_report", lambda: committed)
     (seconds, layers, batch, tokens), packing, where = cost.reference("gpu")

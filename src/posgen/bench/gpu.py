@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from posgen.bench.context import in_child
-from posgen.bench.scale import run_stages
+from posgen.bench.scale import analysis_rates, bench_config, run_stages
 
 REPO = Path(__file__).resolve().parents[3]
 PAPER_CONFIG = REPO / "config.paper.yaml"
@@ -46,17 +46,12 @@ CLASSIFIER_STEPS = {False: 30, True: 3}
 def classifier_options(tiny: bool) -> dict:
     """The resolved synthetic experiment whose size part (c) measures: config.paper.yaml's paper-decisive (the
     authors' classifier), or the schema defaults (--tiny)."""
-    from posgen.config import SCHEMA, load, validate
+    from posgen.bench.synthetic import synthetic_options
+    from posgen.config import load
     from posgen.synthetic.experiments import resolve
 
     if tiny:
-        minimal = {
-            "models": [{"name": "x", "source": "embedded:smollm2-135m"}],
-            "corpus": {"source": "embedded"},
-            "n_samples": 8,
-            "seq_len": 1200,
-        }
-        return resolve(validate(minimal, SCHEMA)["synthetic"], "clean")
+        return resolve(synthetic_options(), "clean")
     return resolve(load(PAPER_CONFIG)["synthetic"], "paper-decisive")
 
 
@@ -89,14 +84,12 @@ def implied_rates(windows: dict, classifier: dict) -> dict:
     if "seconds" in forward:
         name, layers, tokens, n_windows = full["setup"]
         shape = plan.Shape.from_dict({**SHAPES[name], "num_hidden_layers": layers or SHAPES[name]["num_hidden_layers"]})
-        rates["forward"] = plan.forward_flops(shape, tokens) / forward["seconds"]
+        rates["forward"] = plan.forward_flops(shape, tokens) / forward["seconds"]  # also when the fused part failed
         rates["init_s_per_billion"] = forward["init_s_per_billion"]
         if "steps" in fused:
+            cfg = bench_config(tokens, n_windows, DUMMY_DISTANCES)
             steps = fused["steps"]
-            n_distances = len(set(DUMMY_DISTANCES) | {1000})
-            work = n_windows * shape.n_layers * plan.moments_flops(shape, tokens, n_distances)
-            rates["moments"] = work / max(steps["moments"], 1e-9)
-            rates["error"] = shape.n_layers * plan.error_flops(shape, tokens) / max(steps["bound"], 1e-9)  # 1 window
+            rates |= analysis_rates(shape, cfg, forward["seconds"], steps["moments"], steps["bound"])
             rates["capture_and_analysis_over_forward"] = fused["seconds"] / forward["seconds"]
     if "float32_steps_per_s" in classifier:
         best = max(

@@ -24,7 +24,7 @@ import numpy as np
 
 from posgen.bench.context import in_child, report, shape_model_dir, sweep
 from posgen.config import schema_default
-from posgen.measured import gpu_report
+from posgen.rates import device_rates, gpu_report
 from posgen.shapes import SHAPES
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
@@ -219,27 +219,42 @@ def predictions(shape, cfg: dict, rates) -> dict:
     }
 
 
-def implied_rates(shape, cfg: dict, stages: dict, rates) -> dict:
-    """The sustained rates this run measured (the calibration of ``rates``, posgen.plan.CPU or GPU): work over
-    measured time."""
+def analysis_rates(shape, cfg: dict, forward_s: float, moments_s: float, bound_s: float) -> dict:
+    """The forward, moments and error FLOP/s (:class:`posgen.rates.Rates` fields) of a run of the bench's config
+    ``cfg``: each part's work over its measured seconds (the forward pass per window; the moments of every window
+    and layer; the error-and-bound pass of one window, ``bound_samples`` 1)."""
     from posgen import plan
 
     T, n = cfg["seq_len"], cfg["n_samples"]
     dec = cfg["decomposition"]
     n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
+    return {
+        "forward": plan.forward_flops(shape, T) / forward_s,
+        "moments": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / max(moments_s, 1e-9),
+        "error": shape.n_layers * plan.error_flops(shape, T) / max(bound_s, 1e-9),
+    }
+
+
+def implied_rates(shape, cfg: dict, stages: dict, rates) -> dict:
+    """The sustained rates this run measured (the calibration of ``rates``, posgen.rates.CPU or GPU): work over
+    measured time."""
+    from posgen import plan
+
+    T, n = cfg["seq_len"], cfg["n_samples"]
     parts = stages["decompose (from qk.h5)"]["parts"]
     flops_b, read_b = plan.method_b_cost(shape, T)
     plain = stages["plain forward"]["seconds"]
+    measured = analysis_rates(shape, cfg, plain, parts["moments"], parts["error"])
     return {
-        "forward FLOP/s": plan.forward_flops(shape, T) / plain,
+        "forward FLOP/s": measured["forward"],
         "capture overhead": stages["extract (capture + HDF5)"]["seconds"] / plain,
-        "moments FLOP/s": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / parts["moments"],
+        "moments FLOP/s": measured["moments"],
         # Method B's conjugate gradients: their bytes over the time left after its FFTs
         "memory B/s": n
         * shape.n_layers
         * read_b
         / max(1e-9, parts["method_b"] - n * shape.n_layers * flops_b / rates.factor),
-        "error FLOP/s": shape.n_layers * plan.error_flops(shape, T) / parts["error"],
+        "error FLOP/s": measured["error"],
     }
 
 
@@ -268,7 +283,7 @@ def extrapolate(paper_config: Path) -> None:
         cpu = plan.totals(plan.plan(cfg, device="cpu"))
         gpu = plan.totals(plan.plan(cfg, device="gpu"))
         print(f"{label:44s} {gpu['jobs']:5d} {gpu['disk_gb']:9.1f} {cpu['hours']:10.1f} {gpu['hours']:11.1f}")
-    print(f"* GPU-hours from posgen.plan's GPU rates: {plan.device_rates('gpu', gpu_report())[1]}")
+    print(f"* GPU-hours from posgen.plan's GPU rates: {device_rates('gpu', gpu_report())[1]}")
 
 
 def run_stages(
@@ -383,7 +398,7 @@ def main(argv=None):
     shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
     plan_device = "gpu" if device == "cuda" else "cpu"  # posgen.plan's name for the kind of device
-    rates, label = plan.device_rates(plan_device, gpu_report())
+    rates, label = device_rates(plan_device, gpu_report())
     predicted = predictions(shape, cfg, rates)
     print(
         f"{args.shape}: {n_layers} of {depth} layers, {args.windows} window(s) x {args.seq_len} tokens, "
@@ -410,7 +425,7 @@ def main(argv=None):
             print(f"  {part:24s} {measured:9.2f} {'':8s} {'':6s} {guess:10.2f} {measured / guess:10.2f}")
     print(f"analytic q/k bytes per window: {shape.qk_bytes(args.seq_len):.3e}")
     if set(STAGE_NAMES.values()) <= set(stages):
-        print(f"rates implied by this run (posgen.plan.{plan_device.upper()} holds the ones used):")
+        print(f"rates implied by this run (posgen.rates.{plan_device.upper()} holds the ones used):")
         for name, value in implied_rates(shape, cfg, stages, rates).items():
             print(f"  {name:18s} {value:10.3g}")
     if args.paper_config.exists():

@@ -25,12 +25,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posgen.config import SCHEMA
+from posgen.config import SCHEMA, validate
 from posgen.device import resolve_device
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
 from posgen.synthetic.train import load_split, model_config, train, train_ensemble
+
+
+def synthetic_options(synthetic: dict | None = None) -> dict:
+    """The validated ``synthetic`` section of a config holding only ``synthetic`` (None: the schema defaults)."""
+    minimal = {
+        "models": [{"name": "x", "source": "embedded:smollm2-135m"}],
+        "corpus": {"source": "embedded"},
+        "n_samples": 8,
+        "seq_len": 1200,
+    }
+    return validate({**minimal, **({"synthetic": synthetic} if synthetic else {})}, SCHEMA)["synthetic"]
 
 
 def one_epoch(train_options: dict) -> dict:
@@ -98,8 +109,6 @@ def _sync(device):
 def main(argv=None):
     import yaml
 
-    from posgen.config import validate
-
     parser = argparse.ArgumentParser(prog="python -m posgen.bench synthetic", description=__doc__)
     parser.add_argument(
         "--config", default=None, help="config file whose synthetic sizes to use (default: schema defaults)"
@@ -117,14 +126,7 @@ def main(argv=None):
     torch.set_flush_denormal(True)
     device = resolve_device(args.device)
     config = yaml.safe_load(open(args.config)) if args.config else {}
-    config = {
-        "models": [{"name": "x", "source": "embedded:smollm2-135m"}],
-        "corpus": {"source": "embedded"},
-        "n_samples": 8,
-        "seq_len": 1200,
-        **{k: v for k, v in config.items() if k == "synthetic"},
-    }
-    options = validate(config, SCHEMA)["synthetic"]
+    options = synthetic_options(config.get("synthetic"))
     data = make_task(args.task, options, 0)
     train_set, test_set = load_split(data, TRAIN, device), load_split(data, TEST, device)
     t = options["train"]

@@ -12,7 +12,7 @@ size by ``layers * batch * tokens ** TOKEN_EXPONENT`` (an assumption beyond the 
   2 layers x 16 heads, width 128, FFN 128, batch 64, 34 tokens; about 1.2 s at 122 tokens (hence the token
   exponent). Core-hours; a 2-core machine runs two jobs at once.
 
-A committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``; posgen.measured)
+A committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``; posgen.rates)
 replaces the ``gpu`` reference with its measured seconds per step (the fastest precision it measured) and its
 ensemble's packing, and the table says so.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from posgen.measured import gpu_report, source
+from posgen.rates import gpu_report, source
 from posgen.synthetic.experiments import classifiers, collection, resolve
 
 TOKEN_EXPONENT = 1.7  # seconds per step ~ tokens^1.7 on the CPU (34 -> 122 tokens: 0.137 -> 1.2 s)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import math
 import time
-import zlib
 
 import numpy as np
 import torch
@@ -18,7 +17,7 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.device import resolve_device
-from posgen.integrity import damaged
+from posgen.integrity import content_digest, damaged, digest
 from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.ensemble import Ensemble, matmul_precision
@@ -317,7 +316,9 @@ def train_job(
         final = scores(predict(model, test_set[0]), test_set[1])
         ds = curves_dataset(curves, steps, grad, config)
         ds["checkpoint_digest"] = np.int64(state_digest(state))  # under train.nc's own digest
-        ds["checkpoint_digest"].attrs["description"] = "CRC-32 of model.pt's state dict (names and bytes, name order)"
+        ds["checkpoint_digest"].attrs["description"] = (
+            "content digest of model.pt's state dict (its tensors' digests by name)"
+        )
         ds.attrs.update(
             provenance(
                 experiment=experiment,
@@ -385,12 +386,9 @@ CHECKPOINT_KEYS = ("experiment", "task", "pe", "seed")  # what a checkpoint says
 
 
 def state_digest(state_dict: dict) -> int:
-    """CRC-32 over a state dict's names and tensor bytes, in name order (recorded in train.nc)."""
-    crc = 0
-    for name in sorted(state_dict):
-        crc = zlib.crc32(name.encode(), crc)
-        crc = zlib.crc32(np.ascontiguousarray(state_dict[name].detach().cpu().numpy()), crc)
-    return crc
+    """A state dict's content digest, as a file's (posgen.integrity): each tensor's digest by name, combined."""
+    digests = {name: digest(tensor.detach().cpu().numpy()) for name, tensor in state_dict.items()}
+    return int(content_digest(digests), 16)
 
 
 def save_checkpoint(path, payload: dict) -> None:
