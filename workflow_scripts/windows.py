@@ -13,6 +13,7 @@ windows_job(
     n_samples=p.n_samples,
     seq_len=p.seq_len,
     seed=p.seed,
+    heldout=p.heldout,
     model_name=snakemake.wildcards.model,
     config_hash=p.config_hash,
 )

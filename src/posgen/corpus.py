@@ -109,8 +109,12 @@ def prepends_bos(tokenizer) -> bool:
     return bos is not None and tokenizer("a").input_ids[:1] == [bos]
 
 
-def cut_windows(text: str, tokenizer, n_samples: int, seq_len: int, seed: int, source: str = "corpus") -> xr.Dataset:
-    """``n_samples`` non-overlapping windows of ``seq_len`` tokens, placed by ``seed``.
+def cut_windows(
+    text: str, tokenizer, n_samples: int, seq_len: int, seed: int, source: str = "corpus", n_heldout: int = 0
+) -> xr.Dataset:
+    """``n_samples`` non-overlapping windows of ``seq_len`` tokens, placed by ``seed``, and ``n_heldout`` more
+    (``heldout_token_id``, never analysed: Method A-shared's held-out windows, docs/method.md section 3C),
+    drawn after them from the slots left, so that the analysed windows do not depend on ``n_heldout``.
 
     Windows start with BOS when the tokenizer adds one, so the model sees text the way it was trained.
     """
@@ -120,20 +124,28 @@ def cut_windows(text: str, tokenizer, n_samples: int, seq_len: int, seed: int, s
     bos = prepends_bos(tokenizer)
     body = seq_len - int(bos)
     n_fit = len(ids) // body
-    if n_fit < n_samples:
+    if n_fit < n_samples + n_heldout:
         raise CorpusError(
             f"corpus {source}: {len(ids)} tokens fit only {n_fit} windows of {seq_len} tokens, "
-            f"{n_samples} requested (lower n_samples or seq_len, or use a larger corpus)"
+            f"{n_samples} requested" + (f" plus {n_heldout} held-out" if n_heldout else "") + " (lower "
+            "n_samples, heldout_windows or seq_len, or use a larger corpus)"
         )
     rng = np.random.default_rng(seed)
     slots = np.sort(rng.choice(n_fit, size=n_samples, replace=False))
+    left = np.setdiff1d(np.arange(n_fit), slots)
+    heldout = np.sort(rng.choice(left, size=n_heldout, replace=False))
+
+    def rows_at(chosen):  # (n, seq_len) token ids of the windows at slots ``chosen``
+        rows = np.array([ids[s * body : s * body + body] for s in chosen], dtype=np.int64).reshape(-1, body)
+        if bos:
+            rows = np.concatenate([np.full((len(chosen), 1), tokenizer.bos_token_id), rows], axis=1)
+        return rows
+
     starts = slots * body
-    rows = np.stack([ids[s : s + body] for s in starts])
-    if bos:
-        rows = np.concatenate([np.full((n_samples, 1), tokenizer.bos_token_id), rows], axis=1)
     return xr.Dataset(
         {
-            "token_id": (("sample", "token"), rows),
+            "token_id": (("sample", "token"), rows_at(slots)),
+            "heldout_token_id": (("heldout", "token"), rows_at(heldout)),
             "window_start": ("sample", starts),
             "char_start": ("sample", offsets[starts, 0]),
             "char_end": ("sample", offsets[starts + body - 1, 1]),
@@ -145,6 +157,7 @@ def cut_windows(text: str, tokenizer, n_samples: int, seq_len: int, seed: int, s
             "corpus_tokens": len(ids),
             "window_seed": seed,
             "n_samples": n_samples,
+            "heldout_windows": n_heldout,
             "seq_len": seq_len,
             "bos_prepended": int(bos),
             "tokenizer": type(tokenizer).__name__,
@@ -197,6 +210,7 @@ def windows_job(
     seq_len: int,
     seed: int,
     model_name: str,
+    heldout: int = 0,
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer (its files
@@ -208,6 +222,6 @@ def windows_job(
     verify_checkpoint(model_dir, weights=False)
     check_context(seq_len, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
-    windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source)
+    windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source, n_heldout=heldout)
     write_windows(windows, out_path, config_hash=config_hash, model=model_name)
     return windows

@@ -127,6 +127,18 @@ def capture_window(model, capture: Capture, token_ids: np.ndarray, positions: to
     return capture.stacked()
 
 
+def heldout_mean_keys(model, capture: Capture, token_ids: np.ndarray, positions: torch.Tensor, label: str = ""):
+    """The mean pre-RoPE key at every position over held-out windows ``token_ids`` (n, T), (layer, kv_head, token,
+    dim) float32, summed in float64 (None: no held-out window): Method A-shared's source (docs/method.md 3C)."""
+    if len(token_ids) == 0:
+        return None
+    total = None
+    for ids in tqdm(token_ids, desc=f"held-out windows {label}", unit="window"):
+        _, k = capture_window(model, capture, ids, positions)  # (layer, kv_head, T, d)
+        total = k.astype(np.float64) if total is None else total + k
+    return (total / len(token_ids)).astype(np.float32)
+
+
 def capture_attrs(model, capture: Capture, manifest: dict, *, model_name: str, variant: str, dtype: str) -> dict:
     """qk.h5's attrs that name the model, its weights and how it was captured (after one captured pass)."""
     return {
@@ -218,6 +230,8 @@ def extract(
             transparency, own_attention = transparency_check(
                 model, capture, first, effective_rtol(transparency_rtol, dtype)
             )
+            heldout_ids = windows["heldout_token_id"].values if "heldout_token_id" in windows else token_id[:0]
+            heldout_k = heldout_mean_keys(model, capture, heldout_ids, positions, job.label)
             for sample in tqdm(shard.tolist(), desc=f"extract {job.label}", unit="window"):
                 t0 = time.perf_counter()
                 q, k = capture_window(model, capture, token_id[sample], positions, keep_logits=sample in check_samples)
@@ -253,8 +267,10 @@ def extract(
                         qk_dtype=qk_dtype,
                         attrs=attrs,
                     )
+                    if heldout_k is not None:
+                        writer.write_heldout_mean(heldout_k, len(heldout_ids))
                     if analysis is not None:
-                        analysis.start(params, n_tokens, capture.n_kv_heads, shard)
+                        analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_k, len(heldout_ids))
                 logits_ref = None
                 if capture.logits or capture.prefix_logits:  # a reference window
                     prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}

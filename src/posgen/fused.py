@@ -72,10 +72,21 @@ class Analysis:
         self.decomposition: DecompositionTable | None = None
         self.bands: BandTable | None = None
 
-    def start(self, rope: RopeTable, n_tokens: int, n_kv_heads: int, samples) -> None:
-        """Called once the model's RoPE table is known (after the first forward pass)."""
+    def start(
+        self, rope: RopeTable, n_tokens: int, n_kv_heads: int, samples, heldout_k=None, heldout_windows: int = 0
+    ) -> None:
+        """Called once the model's RoPE table is known (after the first forward pass); ``heldout_k`` the mean key
+        over ``heldout_windows`` held-out windows (qk.h5's ``k_heldout_mean``), or None."""
         samples = np.asarray(samples, dtype=np.int64)
-        self.decomposition = DecompositionTable(self.decomposer, rope, samples, n_tokens, self.bound_samples)
+        self.decomposition = DecompositionTable(
+            self.decomposer,
+            rope,
+            samples,
+            n_tokens,
+            self.bound_samples,
+            heldout_k=heldout_k,
+            heldout_windows=heldout_windows,
+        )
         self.bands = BandTable(rope_dataset(rope, n_tokens, n_kv_heads), len(samples))
 
     def add(self, sample: int, q: np.ndarray, k: np.ndarray) -> None:

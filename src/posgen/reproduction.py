@@ -17,6 +17,7 @@ import pandas as pd
 
 from posgen.bands import band_shares
 from posgen.config import init_seed
+from posgen.gap_origin import origin_markdown
 from posgen.integrity import shown
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
@@ -284,6 +285,7 @@ def write_reproduction(
     bands = _by_model_variant(bands_paths, band_shares)
     ratios = _by_model_variant(perturb_paths, perturbation_ratios)
     text += "\n" + control_markdown(summary)
+    text += "\n" + origin_markdown(summary)
     text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios), str(summary_csv))
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]

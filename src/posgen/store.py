@@ -37,6 +37,9 @@ from posgen.version import VERSION
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
 QK_DTYPES = ("float32", "float16")
+# qk.h5's mean key at every position over the held-out windows (layer, kv_head, token, dim), float32: Method
+# A-shared's source (docs/method.md section 3C); its count is the attribute ``heldout_windows``
+HELDOUT_K = "k_heldout_mean"
 
 # attrs of qk.h5 (the model, its weights and the capture) that every output derived from it carries
 CARRIED_ATTRS = (
@@ -414,6 +417,13 @@ class QKWriter:
         errors = np.asarray(errors, dtype=np.float64)
         var = self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=errors)
         var.attrs[DIGEST_ATTR] = self.whole["self_check_rel_error"] = digest(errors)
+
+    def write_heldout_mean(self, mean: np.ndarray, n_windows: int) -> None:
+        """:data:`HELDOUT_K`, the mean key over ``n_windows`` held-out windows, (layer, kv_head, token, dim)."""
+        mean = np.asarray(mean, dtype=np.float32)
+        var = self.file.create_variable(HELDOUT_K, ("layer", "kv_head", "token", "dim"), "f4", data=mean)
+        var.attrs[DIGEST_ATTR] = self.whole[HELDOUT_K] = digest(mean)
+        self.file.attrs["heldout_windows"] = int(n_windows)
 
     def holds(self, sample: int) -> bool:
         """Whether window ``sample`` (global index) is one this file keeps."""

@@ -27,7 +27,8 @@ from posgen.store import atomic_path, open_dataset, provenance, require, write_n
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key (docs/method.md section 3C)
 BASES = ("linear", "smooth")
-SHARE_COLUMNS = [f"{v}_position_share_{basis}" for v in VECTORS for basis in BASES]
+# the key's share that Method A-shared's s(j) explains (docs/method.md section 3C), beside the position shares
+SHARE_COLUMNS = [f"{v}_position_share_{basis}" for v in VECTORS for basis in BASES] + ["k_shared_share"]
 COLUMNS = [
     "model",
     "variant",
@@ -45,7 +46,12 @@ COLUMNS = [
     "diff_vs_trained",
     "diff_lo",
     "diff_hi",
+    "diff_vs_a",
+    "diff_vs_a_lo",
+    "diff_vs_a_hi",
     "n_samples",
+    "heldout_windows",
+    "share_floor",
     "n_layers",
     "n_heads",
     "dummy_distance",
@@ -118,6 +124,14 @@ def _distance_text(ds: xr.Dataset) -> str:
     return "/".join(str(int(D)) for D in sorted(set(used.tolist())))
 
 
+def share_floor(ds: xr.Dataset) -> float:
+    """The smooth position share of pure noise, (M - 1) / (T - 1) for the M = degree + 1 functions of the smooth
+    basis over T tokens (docs/method.md section 3C); NaN for a file that does not record T."""
+    if "n_tokens" not in ds.attrs or "smooth_degree" not in ds.attrs:
+        return float("nan")
+    return int(ds.attrs["smooth_degree"]) / (int(ds.attrs["n_tokens"]) - 1)
+
+
 def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, seed: int):
     """(rows of summary.csv, summary.nc dataset) for one model."""
     variants = sorted(by_variant, key=variant_order)  # trained, random-init seeds, then step<N>
@@ -161,6 +175,9 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                 diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
             else:
                 diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
+            # each construction's mean r less Method A's, paired over samples (what a diagnostic closes)
+            vs_a = per_sample[v] - per_sample[v][:, methods.index("A")][:, None]  # (sample, method, sink)
+            diff_a, diff_a_lo, diff_a_hi = interval(_mean, vs_a, idx)
             # variance explained by f / g alone: (method, sink), NaN for a method without f and g (Method B)
             r2 = {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
             shares = {
@@ -171,6 +188,11 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                 for vector in VECTORS
                 for basis in BASES
             }
+            shares["k_shared_share"] = (
+                _nanmean(ds["k_shared_share"].transpose("sample", "layer", "head", "sink").values, (0, 1, 2))
+                if "k_shared_share" in ds
+                else np.full(len(sinks), np.nan)  # written before Method A-shared
+            )
             distance = _distance_text(ds)
             for mi, method in enumerate(methods):
                 has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
@@ -193,7 +215,12 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                             "diff_vs_trained": diff[mi, si],
                             "diff_lo": diff_lo[mi, si],
                             "diff_hi": diff_hi[mi, si],
+                            "diff_vs_a": diff_a[mi, si],
+                            "diff_vs_a_lo": diff_a_lo[mi, si],
+                            "diff_vs_a_hi": diff_a_hi[mi, si],
                             "n_samples": n_samples,
+                            "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
+                            "share_floor": share_floor(ds),
                             "n_layers": ds.sizes["layer"],
                             "n_heads": ds.sizes["head"],
                             "dummy_distance": distance if has_fg else "",

@@ -27,6 +27,9 @@ DIAGNOSTICS = {
     "much of Method A's random-init gap a per-window drift closes. Its f depends on absolute position j, so it "
     "is not the paper's positional term f(q, i - j), and a per-window fit cannot tell absolute position from "
     "prefix content",
+    "A-shared": "Method A-drift with a mean key that follows a function of absolute position shared by every "
+    "window, estimated from held-out windows (docs/method.md section 3C): how much of Method A's random-init gap "
+    "absolute position closes, as against a window's own prefix content. Its f also depends on absolute position j",
 }
 SINK = "with"  # every causal entry, as the paper's correlation
 NEAR = 0.05  # "r near 0.959": mean and pooled r both within 0.05 of it

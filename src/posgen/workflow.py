@@ -34,7 +34,7 @@ INTERVALS = leaves(n_boot="intervals.bootstrap", seed="intervals.seed")
 # key (a figure setting, another model) neither changes the hash nor reruns the job. Defaults live in the schema
 # only (schemas/config.schema.yaml); the library's functions take every leaf as a required keyword argument.
 STEP_LEAVES = {
-    "windows": leaves("corpus.source", "n_samples", "seq_len", seed="window_seed"),
+    "windows": leaves("corpus.source", "n_samples", "seq_len", seed="window_seed", heldout="heldout_windows"),
     "extract": leaves(
         "dtype",
         "device",

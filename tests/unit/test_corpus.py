@@ -32,6 +32,22 @@ def test_windows_are_deterministic_disjoint_and_match_the_text(tokenizer):
     assert tokenizer(span, add_special_tokens=False).input_ids == a["token_id"].values[1].tolist()
 
 
+def test_held_out_windows_leave_the_analysed_ones_unchanged_and_overlap_none(tokenizer):
+    """Method A-shared's held-out windows are drawn after the analysed ones, from the slots left."""
+    text = load_text("embedded")
+    plain = cut_windows(text, tokenizer, 5, 50, seed=7)
+    both = cut_windows(text, tokenizer, 5, 50, seed=7, n_heldout=6)
+    np.testing.assert_array_equal(plain["token_id"].values, both["token_id"].values)
+    held = both["heldout_token_id"].values
+    assert held.shape == (6, 50) and plain["heldout_token_id"].shape == (0, 50)
+    analysed = {tuple(row) for row in both["token_id"].values.tolist()}
+    assert not analysed & {tuple(row) for row in held.tolist()} and len({tuple(r) for r in held.tolist()}) == 6
+    assert both.attrs["heldout_windows"] == 6
+    fit = len(tokenizer("one two three " * 100, add_special_tokens=False).input_ids) // 50
+    with pytest.raises(CorpusError, match=f"fit only {fit} windows of 50 tokens, 2 requested plus {fit - 1} held-out"):
+        cut_windows("one two three " * 100, tokenizer, 2, 50, seed=0, n_heldout=fit - 1)
+
+
 def test_bos_is_prepended_when_the_tokenizer_adds_one(tokenizer):
     tokenizer = AutoTokenizer.from_pretrained(tokenizer.name_or_path)
     tokenizer.add_bos_token = True

@@ -27,6 +27,7 @@ DECOMPOSITION = {
     "bound_rows": 0,
 }
 N_WINDOWS = 5
+N_HELDOUT = 3  # Method A-shared's held-out windows
 
 
 def test_shard_ranges_cover_the_windows_once():
@@ -50,7 +51,8 @@ def both_paths(request, tiny_source, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"fused-{arch}")
     acquire(f"local:{tiny_source(arch)}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
-    write_netcdf(cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded"), tmp / "windows.h5")
+    windows = cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded", n_heldout=N_HELDOUT)
+    write_netcdf(windows, tmp / "windows.h5")
     common = {"model": arch, "variant": "trained", "dtype": "float32", "device": "cpu"}
     extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
     decompose_store(
@@ -101,6 +103,28 @@ def test_fused_shards_gather_to_the_store_path(both_paths):
         open_dataset(tmp / "store" / "bands.nc", lazy=False),
         rtol=1e-6,
     )
+
+
+def test_the_held_out_mean_key_is_the_mean_over_the_held_out_windows(both_paths):
+    """qk.h5's k_heldout_mean against the keys of the held-out windows extracted as ordinary windows; every
+    shard computes the same; Method A-shared is finite on both paths."""
+    tmp, shards = both_paths
+    store = open_dataset(tmp / "store" / "qk.h5", lazy=False)
+    assert store.attrs["heldout_windows"] == N_HELDOUT
+    windows = open_dataset(tmp / "windows.h5", lazy=False)
+    ids = windows["heldout_token_id"].values  # (heldout, token)
+    held = xr.Dataset({"token_id": (("sample", "token"), ids)}, coords={"sample": np.arange(len(ids))})
+    write_netcdf(held, tmp / "held.h5")
+    common = {"model": "m", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    extract(ModelJob(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), **default_options())
+    keys = open_dataset(tmp / "held" / "qk.h5", lazy=False)["k"].values  # (sample, layer, kv_head, T, d)
+    np.testing.assert_allclose(store["k_heldout_mean"].values, keys.mean(0), rtol=1e-5, atol=1e-6)
+    for shard in shards:
+        fused = open_dataset(tmp / "fused" / shard / "qk.h5", lazy=False)
+        np.testing.assert_array_equal(fused["k_heldout_mean"].values, store["k_heldout_mean"].values)
+    decomposition = open_dataset(tmp / "store" / "decomposition.nc", lazy=False)
+    assert np.isfinite(decomposition["r"].sel(method="A-shared")).all()
+    assert decomposition.attrs["heldout_windows"] == N_HELDOUT
 
 
 def test_fused_path_keeps_only_the_first_windows(both_paths):

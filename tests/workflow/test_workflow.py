@@ -98,7 +98,7 @@ def test_summary_csv_is_the_per_model_tables_verbatim(tiny_workflow):
     results = tiny_workflow.workdir / "results"
     per_model = (results / "tiny-llama" / "summary.csv").read_text()
     assert (results / "summary.csv").read_text() == per_model
-    assert per_model.count("\ntiny-llama,") == 2 * 3 * 2  # variants x methods (A, B, A-drift) x sinks
+    assert per_model.count("\ntiny-llama,") == 2 * 4 * 2  # variants x methods (A, B, A-drift, A-shared) x sinks
 
 
 def test_synthetic_summary_carries_provenance_like_the_first_family(tiny_workflow):

@@ -21,18 +21,19 @@ from posgen.decomposition.drift import (
     drift_moments,
     position_basis,
     position_share,
+    shared_share,
 )
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
-from posgen.decomposition.operands import DRIFT_SET, UnitOperands, unit_operands
+from posgen.decomposition.operands import DRIFT_SET, SHARED_SET, UnitOperands, unit_operands
 from posgen.device import resolve_device
 from posgen.layer_types import used_dummy_distance
 from posgen.rope_table import LayerRope
 from posgen.stats import pearson_from_sums
 
-METHODS = ("A", "B", "A-drift")
+METHODS = ("A", "B", "A-drift", "A-shared")
 SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A, B, ...)
-FG_METHODS = ("A", "A-drift")  # the constructions with an f and a g term (r_f, r_g); Method B has none
+FG_METHODS = ("A", "A-drift", "A-shared")  # the constructions with an f and a g term (r_f, r_g); B has none
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
 
@@ -106,17 +107,18 @@ class Decomposer:
         """The dummy distance of Method A's r, r_g and the bound on this layer (:func:`used_dummy_distance`)."""
         return used_dummy_distance(self.dummy_distance, rope.sliding_window, n_tokens)
 
-    def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True) -> dict[str, np.ndarray]:
+    def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True, heldout_k=None) -> dict[str, np.ndarray]:
         """All statistics of one (sample, layer): q (H, T, d), k (H_kv, T, d) pre-RoPE; arrays per head.
 
         ``with_bound=False`` skips the error of A and the section 5 bound, the one pass over every entry (and,
-        for the bound, every band); their statistics are then NaN.
+        for the bound, every band); their statistics are then NaN. ``heldout_k`` (H_kv, T, d): the mean key at
+        every position over held-out windows, Method A-shared's source (None: its statistics are NaN).
         """
-        ops = self.operands(q, k, kv_group, rope)
+        ops = self.operands(q, k, kv_group, rope, heldout_k)
         moments = self.moments(ops)
         a = self.method_a(ops, moments)
         b = self.method_b(ops, moments["A"])
-        by_method = {"A": a["A"], "B": b, "A-drift": a["A-drift"]}
+        by_method = {"A": a["A"], "B": b, "A-drift": a["A-drift"], "A-shared": a["A-shared"]}
         no_fg = torch.full_like(b["r"], float("nan"))  # Method B has no f and g terms
         out = {
             "r": torch.stack([by_method[m]["r"] for m in METHODS], 1),  # (H, method, sink)
@@ -129,6 +131,14 @@ class Decomposer:
             **{name: torch.stack([by_method[m][name] for m in METHODS], 1) for name in SUMS},  # (H, method, sink)
             **self.position_shares(ops),
         }
+        if not ops.has_shared:  # no held-out trajectory: no Method A-shared
+            shared = METHODS.index("A-shared")
+            for name in ("r", "r_f", "r_g", *SUMS, "k_shared_share"):
+                out[name] = out[name].clone()
+                if name == "k_shared_share":
+                    out[name][:] = float("nan")
+                else:
+                    out[name][:, shared] = float("nan")
         if with_bound:
             out.update(self.error_and_bound(ops))
         else:
@@ -140,7 +150,7 @@ class Decomposer:
             self.check_bound(ops, result["bound_slack_min"])
         return result
 
-    def operands(self, q, k, kv_group, rope: LayerRope) -> UnitOperands:
+    def operands(self, q, k, kv_group, rope: LayerRope, heldout_k=None) -> UnitOperands:
         """Checks the shapes and rotates once (:func:`unit_operands`)."""
         n_tokens = q.shape[-2]
         return unit_operands(
@@ -152,6 +162,7 @@ class Decomposer:
             self.dummy_distances,
             self.basis(n_tokens)["drift"],
             self.device,
+            heldout_k,
         )
 
     def moments(self, ops: UnitOperands) -> dict[str, dict[str, Moments]]:
@@ -161,7 +172,8 @@ class Decomposer:
         method.md sections 3A (f, g_D), 3C (A-drift) and 4 (with and without the sink column):
         :func:`masked_moments` over the 'with' mask, then :func:`moments_by_sink` and :func:`drift_moments`. No
         (T x T) matrix; one KV head at a time keeps the working set small (and on a CPU, below malloc's mmap
-        threshold). Returns ``{"A": {sink: Moments}, "A-drift": {sink: Moments}}``, each sum (H,) or (nD, H).
+        threshold). Returns ``{method: {sink: Moments}}`` for "A", "A-drift" and "A-shared", each sum (H,) or
+        (nD, H).
         """
         groups = ops.groups
         i_dummy = ops.distances.index(ops.dummy_distance)
@@ -169,9 +181,10 @@ class Decomposer:
         q_kv = groups.by_kv(ops.q_rot).double()  # (H_kv, h, T, d)
         q0_kv = groups.by_kv(ops.q0).double()  # (H_kv, h, T, d)
         rot64 = ops.rotations.double()  # (nD, d, d)
-        # A-drift's g at its dummy distance, a key set scored against q0: rows (R_D^T R_0 (k_j - kbar(j)))^T
-        g_drift = ops.g_drift @ rot64[i_dummy]  # (H_kv, T, d)
-        chunks = {"A": [], "A-drift": []}
+        # A-drift's and A-shared's g at the dummy distance, key sets scored against q0: rows (R_D^T R_0 (k_j -
+        # kbar(j)))^T, the two side by side
+        g_sets = torch.cat([ops.g_drift @ rot64[i_dummy], ops.g_shared @ rot64[i_dummy]], -1)  # (H_kv, T, 2 d)
+        chunks = {"A": [], "A-drift": [], "A-shared": []}
         for i in range(len(groups.used)):
             one = groups.used[i : i + 1]  # this KV head, as a length-1 index
             part = masked_moments(
@@ -179,17 +192,18 @@ class Decomposer:
                 q0_kv[i : i + 1],
                 rot64,
                 ops.keys[one],
-                g_drift[one],
+                g_sets[one],
                 ops.window,
                 self.block,
-                g_sets=DRIFT_SET,  # A-drift's f set meets only its own g, a q0 key set: no g_D sums
+                g_sets=DRIFT_SET,  # A-drift's and A-shared's f sets meet only their own g (q0 sets): no g_D sums
                 dtype=PRECISIONS[self.precision],
             )
             r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
             gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
             chunks["A"].append(moments_by_sink(part, gamma, ops.window))
-            chunks["A-drift"].append(drift_moments(part, DRIFT_SET))  # (1, h) each
+            chunks["A-drift"].append(drift_moments(part, DRIFT_SET, 0))  # (1, h) each
+            chunks["A-shared"].append(drift_moments(part, SHARED_SET, 1))
         return {
             method: {
                 sink: Moments(
@@ -204,16 +218,17 @@ class Decomposer:
         }
 
     def method_a(self, ops: UnitOperands, moments: dict[str, dict[str, Moments]]) -> dict:
-        """Method A's and Method A-drift's r and sums (method.md sections 3A, 3C and 4): r(W, f + g_D), r(W, f)
-        and r(W, g_D) alone at the dummy distance, by ``pearson_from_sums``, and for Method A the sweep over D.
+        """Method A's, A-drift's and A-shared's r and sums (method.md sections 3A, 3C and 4): r(W, f + g_D),
+        r(W, f) and r(W, g_D) alone at the dummy distance, by ``pearson_from_sums``, and for Method A the sweep.
 
-        Returns ``{"A": ..., "A-drift": ...}`` of (H, sink) arrays ``r``, ``r_f``, ``r_g`` and :data:`SUMS` of
-        f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
+        Returns ``{"A": ..., "A-drift": ..., "A-shared": ...}`` of (H, sink) arrays ``r``, ``r_f``, ``r_g`` and
+        :data:`SUMS` of f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
         """
         i_dummy = ops.distances.index(ops.dummy_distance)
         i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
         out = {"A": self._fg_statistics(ops, moments["A"], i_dummy, i_sweep)}
-        out["A-drift"] = self._fg_statistics(ops, moments["A-drift"], 0, [])  # its g terms: the dummy D only
+        for method in ("A-drift", "A-shared"):  # their g terms: the dummy D only
+            out[method] = self._fg_statistics(ops, moments[method], 0, [])
         return out
 
     def _fg_statistics(self, ops: UnitOperands, moments: dict[str, Moments], i_dummy: int, i_sweep: list) -> dict:
@@ -246,7 +261,8 @@ class Decomposer:
 
     def position_shares(self, ops: UnitOperands) -> dict[str, torch.Tensor]:
         """The position shares of q and k per head (method.md section 3C): ``<v>_position_share (H, basis, sink)``
-        for v in :data:`VECTORS`, each query head carrying its KV head's key share."""
+        for v in :data:`VECTORS`, each query head carrying its KV head's key share; and ``k_shared_share (H,
+        sink)``, the part of the key's variance that Method A-shared's s(j) explains."""
         smooth = self.basis(ops.q.shape[1])
         bases = torch.stack([smooth[sink] for sink in SINKS])  # (sink, T, M)
         vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
@@ -256,6 +272,8 @@ class Decomposer:
             degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
             share = shares[..., degrees].transpose(-1, -2)  # (H or H_kv, basis, sink)
             out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
+        shared = torch.stack([shared_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
+        out["k_shared_share"] = shared[ops.kv]
         return out
 
     def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:  # Method A's moments

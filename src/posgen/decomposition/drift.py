@@ -12,6 +12,11 @@ at the dummy distance D. Two measurements here:
   ``f_ij = s (R_i q_i).(R_j kbar(j))`` and ``g_ij = s (R_D q_i).(R_0 (k_j - kbar(j)))``. f is one more key set
   of the masked moments, g one key set scored against the unrotated queries (``R_D^T R_0 (k_j - kbar(j))``), so
   every sum comes from the same pass as Method A's (:func:`drift_moments` assembles them).
+* **Method A-shared**: the same, with ``kbar(j) = kbar' + s(j)``: the window's own mean key over tokens 1..T-1
+  plus a function of position shared by every window, ``s(j)``, estimated from held-out windows
+  (:func:`shared_drift`). A-drift's per-window fit absorbs absolute position and prefix content alike; s(j)
+  carries only what is common to windows at the same absolute position. :func:`shared_share` splits the key's
+  position share into that shared part and the per-window rest.
 
 The fit of ``kbar(j)`` leaves the sink token out in both sink handlings (:func:`drift_basis`): the first key
 of a trained model is an outlier (the attention sink) that would bend a smooth fit. 'with' scores key column 0
@@ -88,10 +93,34 @@ def drift_fit(k64: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     return basis @ (basis[1:].T @ k64[..., 1:, :])
 
 
-def drift_moments(m: MaskedMoments, a: int) -> dict[str, Moments]:
+def shared_drift(mean_k: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Method A-shared's shared function of position, ``s(j) (..., T, d)`` float64, from ``mean_k (..., T, d)``,
+    the mean key at every position over held-out windows: its fit on :func:`drift_basis` (the basis of
+    A-drift's fit, over tokens 1..T-1), centred over tokens 1..T-1, so that the window's own mean key carries the
+    constant (docs/method.md section 3C)."""
+    fit = drift_fit(mean_k.double(), basis)  # (..., T, d)
+    return fit - fit[..., 1:, :].mean(-2, keepdim=True)
+
+
+def shared_share(x: torch.Tensor, shared: torch.Tensor, sink: str) -> torch.Tensor:
+    """The share of the variance of ``x (..., T, d)`` over the counted tokens of ``sink`` that the shared
+    function ``shared (..., T, d)`` explains as it is (coefficient 1, as Method A-shared uses it):
+    ``1 - sum_j ||x_j - xbar - s_j||^2 / sum_j ||x_j - xbar||^2``, with s centred over the same tokens. float64
+    ``(...)``; negative where s is further from the window's drift than no drift at all (docs/method.md 3C)."""
+    first = SINKS.index(sink)  # 0 ('with') or 1 ('without'): the first counted token
+    xs = x.double()[..., first:, :]
+    xs = xs - xs.mean(-2, keepdim=True)  # (..., n, d)
+    ss = shared.double()[..., first:, :]
+    ss = ss - ss.mean(-2, keepdim=True)  # (..., n, d)
+    total = (xs * xs).sum((-2, -1))  # (...)
+    return 1 - ((xs - ss) ** 2).sum((-2, -1)) / total
+
+
+def drift_moments(m: MaskedMoments, a: int, p: int = 0) -> dict[str, Moments]:
     """Method A-drift's sums of x = W, f = s (R_i q_i).(R_j kbar(j)) and g = s (R_D q_i).(R_0 (k_j - kbar(j)))
     at the layer's dummy distance, per sink, from :func:`posgen.decomposition.moments.masked_moments` over the
-    'with' mask: f is the key set ``a`` (the W set is 0), g the first set scored against q0 (``v``).
+    'with' mask: f is the key set ``a`` (the W set is 0), g the set ``p`` scored against q0 (``v``). Method
+    A-shared's sums come the same way from its own pair of sets.
 
     g has no sink-free offset (the drift fit carries the whole mean, and is the same in both handlings), so
     'without' is 'with' less key column 0's products, as in
@@ -113,12 +142,12 @@ def drift_moments(m: MaskedMoments, a: int) -> dict[str, Moments]:
         out[sink] = Moments(
             s_x=rows[..., 0, :].sum(-1),
             s_f=rows[..., a, :].sum(-1),
-            s_g=v_rows[..., 0, :].sum(-1)[None],
+            s_g=v_rows[..., p, :].sum(-1)[None],
             s_xx=qq[..., 0, 0],
             s_xf=qq[..., 0, a],
             s_ff=qq[..., a, a],
-            s_xg=qv[..., 0, 0][None],
-            s_fg=qv[..., a, 0][None],
-            s_gg=vv[..., 0, 0][None],
+            s_xg=qv[..., 0, p][None],
+            s_fg=qv[..., a, p][None],
+            s_gg=vv[..., p, p][None],
         )
     return out

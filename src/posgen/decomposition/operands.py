@@ -8,16 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from posgen.decomposition.drift import drift_fit
+from posgen.decomposition.drift import drift_fit, shared_drift
 from posgen.decomposition.mask import SINKS, MaskInfo
 from posgen.layer_types import effective_window, used_dummy_distance
 from posgen.rope import rotate
 from posgen.rope_table import LayerRope
 
 # The x-like key sets of the masked moments, in order (W first), before the g set R_0 (k_j - kbar):
-# x = R_j k_j, f = R_j kbar, phi = R_j (kbar' - kbar), and Method A-drift's R_j kbar(j).
-KEY_SETS = ("x", "f", "phi", "f_drift")
-DRIFT_SET = KEY_SETS.index("f_drift")
+# x = R_j k_j, f = R_j kbar, phi = R_j (kbar' - kbar), Method A-drift's R_j kbar(j) and Method A-shared's.
+KEY_SETS = ("x", "f", "phi", "f_drift", "f_shared")
+DRIFT_SET = KEY_SETS.index("f_drift")  # the first set without g_D products
+SHARED_SET = KEY_SETS.index("f_shared")
 
 
 class KVGroups:
@@ -50,7 +51,8 @@ class UnitOperands:
 
     H query heads, H_kv KV heads, T tokens, d dims, nD dummy distances (``distances``). ``kbar`` is
     the mean key, ``kbar_wo`` the mean key over tokens 1..T-1 (sink 'without'); ``g_drift`` the g keys of Method
-    A-drift, against its fit ``kbar(j)`` (posgen.decomposition.drift).
+    A-drift, against its fit ``kbar(j)``, ``g_shared`` those of Method A-shared, against ``kbar' + s(j)``
+    (posgen.decomposition.drift); ``shared`` is s(j) (zero where no held-out trajectory was given).
     """
 
     q: torch.Tensor  # (H, T, d) pre-RoPE queries, float32
@@ -68,21 +70,25 @@ class UnitOperands:
     q_rot: torch.Tensor  # (H, T, d) s R_i q_i
     q0: torch.Tensor  # (H, T, d) s R_0 q_i
     k_rot: torch.Tensor  # (H_kv, T, d) R_j k_j
-    keys: torch.Tensor  # (H_kv, T, 5 d) the key sets KEY_SETS, then the g set R_0 (k_j - kbar)
+    keys: torch.Tensor  # (H_kv, T, 6 d) the key sets KEY_SETS, then the g set R_0 (k_j - kbar)
     g_drift: torch.Tensor  # (H_kv, T, d) float64, R_0 (k_j - kbar(j)): Method A-drift's g set
+    g_shared: torch.Tensor  # (H_kv, T, d) float64, R_0 (k_j - kbar' - s(j)): Method A-shared's g set
+    shared: torch.Tensor  # (H_kv, T, d) float64, s(j)
+    has_shared: bool  # whether s(j) came from held-out windows (else A-shared is not computed: NaN)
     rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
     dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
     distances: list  # the nD dummy distances of ``rotations``: the sweep and ``dummy_distance``, ascending
 
 
 def unit_operands(
-    q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, drift_basis: torch.Tensor, device
+    q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, drift_basis: torch.Tensor, device, heldout_k=None
 ) -> UnitOperands:
     """Checks the shapes and rotates once: method.md section 1 (R_m, s), section 3A (kbar, R_D) and 3C (kbar(j)).
 
     ``dummy_distance`` is the D of global layers (a sliding-window layer takes its own,
     :func:`posgen.layer_types.used_dummy_distance`), ``sweep`` the dummy distances of the sweep, ``drift_basis``
-    the basis of Method A-drift's fit (:func:`posgen.decomposition.drift.drift_basis`, T rows).
+    the basis of Method A-drift's fit (:func:`posgen.decomposition.drift.drift_basis`, T rows), ``heldout_k``
+    (H_kv, T, d) the mean key at every position over held-out windows (None: no Method A-shared).
     """
     dev = device
     q = (q if torch.is_tensor(q) else torch.from_numpy(np.asarray(q))).to(dev, torch.float32)
@@ -107,12 +113,21 @@ def unit_operands(
 
     k_rot = rotate(k, pos, theta, amp)
     k_fit = drift_fit(k64, drift_basis)  # (H_kv, T, d): kbar(j), fitted over tokens 1..T-1
+    if heldout_k is None:
+        shared = torch.zeros_like(k64)
+    else:
+        heldout = heldout_k if torch.is_tensor(heldout_k) else torch.from_numpy(np.asarray(heldout_k))
+        if heldout.shape != k.shape:
+            raise ValueError(f"held-out mean keys {tuple(heldout.shape)} and k {tuple(k.shape)}: shapes disagree")
+        shared = shared_drift(heldout.to(dev), drift_basis)  # (H_kv, T, d): s(j)
+    k_shared = kbar_wo[:, None] + shared  # (H_kv, T, d): Method A-shared's kbar(j)
     keys = torch.cat(
         [
             k_rot,
             rotated_const(kbar),
             rotated_const(kbar_wo - kbar),
             rotate(k_fit.float(), pos, theta, amp),
+            rotate(k_shared.float(), pos, theta, amp),
             (k64 - kbar[:, None]).float() * amp,
         ],
         -1,
@@ -138,6 +153,9 @@ def unit_operands(
         k_rot=k_rot,
         keys=keys,
         g_drift=(k64 - k_fit) * amp,
+        g_shared=(k64 - k_shared) * amp,
+        shared=shared,
+        has_shared=heldout_k is not None,
         rotations=rotations,
         dummy_distance=dummy_distance,
         distances=distances,

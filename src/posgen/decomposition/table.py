@@ -14,7 +14,7 @@ from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
 from posgen.integrity import shown
 from posgen.rope_table import PARAMETERS, RopeTable
-from posgen.store import carried_attrs, open_dataset, provenance, read_rope, write_netcdf
+from posgen.store import HELDOUT_K, carried_attrs, open_dataset, provenance, read_rope, write_netcdf
 
 
 def _check_store(ds: xr.Dataset, path) -> None:
@@ -30,9 +30,20 @@ class DecompositionTable:
     ``rope`` is the model's RoPE table: qk.h5's (the store path, :func:`posgen.store.read_rope`) or the capture's
     (the fused path); ``samples`` the windows' global indices. The error of A and the bound run on windows with a
     global index below ``bound_samples`` (0: all), so every shard of a sharded run agrees with the unsharded one.
+    ``heldout_k`` (layer, kv_head, token, dim): the mean key at every position over ``heldout_windows`` held-out
+    windows, Method A-shared's source (None: A-shared is NaN).
     """
 
-    def __init__(self, dec: Decomposer, rope: RopeTable, samples, n_tokens: int, bound_samples: int):
+    def __init__(
+        self,
+        dec: Decomposer,
+        rope: RopeTable,
+        samples,
+        n_tokens: int,
+        bound_samples: int,
+        heldout_k=None,
+        heldout_windows: int = 0,
+    ):
         self.dec = dec
         self.rope = rope
         self.samples = np.asarray(samples, dtype=np.int64)
@@ -41,11 +52,14 @@ class DecompositionTable:
         self.kv_group = rope.kv_group
         self.layers = [rope.layer(layer) for layer in range(rope.n_layers)]
         self.arrays: dict[str, np.ndarray] = {}
+        self.heldout_k = heldout_k
+        self.heldout_windows = int(heldout_windows) if heldout_k is not None else 0
 
     def add(self, sample: int, layer: int, q, k) -> None:
         """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE."""
         with_bound = not self.bound_samples or sample < self.bound_samples
-        result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound)
+        heldout = None if self.heldout_k is None else self.heldout_k[layer]
+        result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound, heldout_k=heldout)
         position = int(np.flatnonzero(self.samples == sample)[0])
         for name, value in result.items():
             if name not in self.arrays:
@@ -78,6 +92,7 @@ class DecompositionTable:
             "lstsq_residual": base + ("sink",),
             **{name: base + ("method", "sink") for name in SUMS},
             **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
+            "k_shared_share": base + ("sink",),
         }
         data = {name: (dims[name], self.arrays[name]) for name in dims}
         data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)
@@ -89,6 +104,8 @@ class DecompositionTable:
             attrs=provenance(
                 dummy_distance=int(dec.dummy_distance),
                 smooth_degree=SMOOTH_DEGREE,
+                heldout_windows=self.heldout_windows,
+                n_tokens=self.n_tokens,
                 lstsq_tol=float(dec.lstsq_tol),
                 precision=dec.precision,
                 bound_rows=dec.bound_rows,
@@ -121,7 +138,16 @@ def decompose_dataset(
     dec = Decomposer(
         dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision, bound_rows=bound_rows
     )
-    table = DecompositionTable(dec, read_rope(ds), ds["sample"].values, ds.sizes["token"], bound_samples)
+    heldout = ds[HELDOUT_K].values if HELDOUT_K in ds else None
+    table = DecompositionTable(
+        dec,
+        read_rope(ds),
+        ds["sample"].values,
+        ds.sizes["token"],
+        bound_samples,
+        heldout_k=heldout,
+        heldout_windows=int(ds.attrs.get("heldout_windows", 0)),
+    )
     units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]
     label = f"decompose {ds.attrs.get('model', '')}/{ds.attrs.get('variant', '')}"
     for s_, l_ in tqdm(units, desc=label, unit="layer", disable=not progress):

@@ -1,0 +1,141 @@
+"""Where Method A's random-init gap comes from: absolute position, each window's own prefix content, or neither
+(docs/method.md section 3C). A diagnostic question beside the paper's claims, decided per random-init seed.
+
+Under Method A a random-init model's mean r falls below the trained model's (the gap). Two diagnostics replace
+Method A's constant mean key by a smooth trajectory kbar(j):
+
+* Method A-drift: the window's own fit, which takes absolute position and the prefix's content alike;
+* Method A-shared: a function of absolute position shared by every window, from held-out windows.
+
+Each closes part of the gap (its mean r less Method A's, paired over windows, with a 95 % bootstrap interval).
+Rule, fixed in advance (:data:`HALF`): with t = HALF x the gap,
+
+* ``absolute position``: A-shared closes at least t (interval above t);
+* ``per-window content``: A-shared closes less than t (interval below) and A-drift at least t (interval above);
+* ``neither``: both close less than t (intervals below);
+* ``inconclusive``: anything else;
+* ``not testable here``: no gap under Method A (its interval reaches 0), or no A-shared (no held-out windows).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from posgen.config import VARIANT_TRAINED
+
+HALF = 0.5  # a construction explains the gap when it closes at least this share of it
+SINK = "with"  # every causal entry, as the paper's correlation
+OUTCOMES = ("absolute position", "per-window content", "neither", "inconclusive", "not testable here")
+
+
+def _closed(row) -> str:
+    return f"{row.diff_vs_a:+.3f} [{row.diff_vs_a_lo:+.3f}, {row.diff_vs_a_hi:+.3f}]"
+
+
+def decide(gap_hi: float, gap: float, shared: tuple, drift: tuple) -> str:
+    """The rule of the module docstring: ``gap`` = trained minus random-init mean r under Method A, ``gap_hi``
+    the upper end of the interval of random-init minus trained; ``shared`` and ``drift`` (lo, hi) intervals of
+    what A-shared and A-drift close."""
+    if not gap_hi < 0 or pd.isna(shared[0]):
+        return "not testable here"
+    t = HALF * gap
+    if shared[0] >= t:
+        return "absolute position"
+    if shared[1] < t <= drift[0]:
+        return "per-window content"
+    if shared[1] < t and drift[1] < t:
+        return "neither"
+    return "inconclusive"
+
+
+def origin_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, variant): Method A's gap, what A-drift and A-shared close, the key's shares and the
+    outcome (random-init variants; the trained model's row carries its shares for comparison)."""
+    rows = summary[(summary["sink"] == SINK) & (summary["layer_type"] == "rope")]
+    out = []
+    for (model, variant), group in rows.groupby(["model", "variant"], sort=False):
+        by = group.set_index("method")
+        if not {"A", "A-drift", "A-shared"} <= set(by.index):
+            continue
+        a, drift, shared = by.loc["A"], by.loc["A-drift"], by.loc["A-shared"]
+        trained = variant == VARIANT_TRAINED
+        gap = float("nan") if trained else -float(a["diff_vs_trained"])
+        smooth, shared_share = float(a["k_position_share_smooth"]), float(a["k_shared_share"])
+        n_heldout = int(a["heldout_windows"])
+        out.append(
+            {
+                "model": model,
+                "variant": variant,
+                "a_r": float(a["mean_r"]),
+                "gap": gap,
+                "gap_ci": "" if trained else f"[{-a['diff_hi']:+.3f}, {-a['diff_lo']:+.3f}]",
+                "drift_closes": _closed(drift),
+                "shared_closes": _closed(shared),
+                "k_smooth_share": smooth,
+                "k_shared_share": shared_share,
+                "k_window_share": smooth - shared_share,
+                "share_floor": float(a["share_floor"]),
+                # s(j) averages n windows' own drifts: what is left of them lowers the shared share by ~ this
+                "shared_floor": -(smooth - shared_share) / n_heldout if n_heldout else float("nan"),
+                "heldout_windows": n_heldout,
+                "n_samples": int(a["n_samples"]),
+                "outcome": "-"
+                if trained
+                else decide(
+                    float(a["diff_hi"]),
+                    gap,
+                    (float(shared["diff_vs_a_lo"]), float(shared["diff_vs_a_hi"])),
+                    (float(drift["diff_vs_a_lo"]), float(drift["diff_vs_a_hi"])),
+                ),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def model_outcome(table: pd.DataFrame, model: str) -> str:
+    """A model's outcome: its seeds' common outcome, else ``inconclusive`` (the seeds disagree)."""
+    seeds = table[(table["model"] == model) & (table["variant"] != VARIANT_TRAINED)]["outcome"]
+    if seeds.empty:
+        return "not tested"
+    return seeds.iloc[0] if seeds.nunique() == 1 else "inconclusive"
+
+
+def origin_markdown(summary: pd.DataFrame) -> str:
+    """reproduction.md's section on where Method A's random-init gap comes from."""
+    table = origin_table(summary)
+    lines = [
+        "## Position or prefix content? Where Method A's random-init gap comes from (diagnostic)",
+        "",
+        "Not a claim of the paper: a test of what the random-init control's low Method A r is. Method A-drift "
+        "fits each window's own smooth key trajectory (absolute position and prefix content alike); Method "
+        "A-shared uses one function of absolute position shared by every window, the mean key of held-out "
+        "windows (docs/method.md section 3C). Each closes part of the gap (its mean r less Method A's, paired over "
+        f"windows, 95 % bootstrap interval). Rule, fixed in advance: with t = {HALF} x the gap, *absolute "
+        "position* if A-shared closes at least t, *per-window content* if A-shared closes less and A-drift at "
+        "least t, *neither* if both close less, else *inconclusive* (intervals, not points, decide). Shares: "
+        "the key's variance explained by its smooth fit (degree 8) and by the shared s(j), beside their floors "
+        "(pure noise: (M - 1)/(T - 1); the shared share's: minus the per-window share over the number of held-out "
+        f"windows). Every RoPE layer, sink '{SINK}'.",
+        "",
+        "| model | variant | A mean r | gap under A [CI] | A-drift closes | A-shared closes | k smooth share | "
+        "shared | per-window | floors (smooth / shared) | windows + held-out | outcome |",
+        "|---|---|---:|---|---|---|---:|---:|---:|---|---|---|",
+    ]
+    for row in table.itertuples():
+        gap = "-" if row.variant == VARIANT_TRAINED else f"{row.gap:+.3f} {row.gap_ci}"
+        lines.append(
+            f"| {row.model} | {row.variant} | {row.a_r:.3f} | {gap} | {row.drift_closes} | {row.shared_closes} | "
+            f"{row.k_smooth_share:.3f} | {row.k_shared_share:.3f} | {row.k_window_share:.3f} | "
+            f"{row.share_floor:.4f} / {row.shared_floor:+.4f} | {row.n_samples} + {row.heldout_windows} | "
+            f"**{row.outcome}** |"
+        )
+    lines.append("")
+    for model in dict.fromkeys(table["model"]) if not table.empty else []:
+        seeds = (table["model"] == model) & (table["variant"] != VARIANT_TRAINED)
+        lines.append(
+            f"- **{model}**: {model_outcome(table, model)} (decided per random-init seed, {int(seeds.sum())} "
+            f"seed(s); the same outcome in every seed, else inconclusive)."
+        )
+    if table.empty:
+        lines.append("Not tested: no run has Method A, A-drift and A-shared side by side.")
+    return "\n".join(lines) + "\n"
