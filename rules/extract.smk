@@ -25,5 +25,6 @@ rule extract:
     params:
         **params_of("extract"),
         device_map=entry_key("device_map"),
+        first_token=entry_key("first_token", "model"),
     script:
         "../workflow_scripts/extract.py"

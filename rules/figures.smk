@@ -67,6 +67,7 @@ rule reproduction:
         study_summary=study_summary_if_built,
         bands=expand(BANDS, model=MODELS, variant=VARIANTS),
         perturb=expand(PERTURB, model=MODELS, variant=VARIANTS),
+        cap=expand(CAP, model=MODELS, variant=VARIANTS),
     output:
         csv=report(
             REPRODUCTION["csv"],

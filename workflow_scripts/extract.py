@@ -28,6 +28,7 @@ analysis = (
 extract(
     model_job(snakemake, out="qk"),
     **{name: p[name] for name in OPTIONS},
+    first_token=p.first_token,
     keep_qk=p.keep_qk if fused and p.keep_qk != "all" else None,
     analysis=analysis,
 )

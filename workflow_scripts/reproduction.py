@@ -18,5 +18,6 @@ write_reproduction(
     study_classifiers_csv=study[1] if study else None,
     bands_paths=list(snakemake.input.bands),
     perturb_paths=list(snakemake.input.perturb),
+    cap_paths=list(snakemake.input.cap),
     config_hash=snakemake.params.config_hash,
 )

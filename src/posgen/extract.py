@@ -21,6 +21,7 @@ from posgen import rope
 from posgen.capture import Capture, load_capturing
 from posgen.config import schema_defaults
 from posgen.corpus import read_windows
+from posgen.first_token import first_token_replaced
 from posgen.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import manifest_attrs
@@ -185,6 +186,7 @@ def extract(
     transparency_rtol: float,
     compression: int,
     qk_dtype: str,
+    first_token: str = "model",
     keep_qk: int | None = None,
     analysis: Analysis | None = None,
 ) -> dict:
@@ -196,6 +198,8 @@ def extract(
     every window of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer
     is self-checked (0: the whole window), on the reference windows and the shard's first window;
     ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
+    ``first_token``: "mean-embedding" runs every pass with the first token's input embedding replaced by the
+    mean over the vocabulary (:mod:`posgen.first_token`, the first-token control; a models entry's key).
     """
     windows_path, out_path, dtype = job.windows, job.out, job.dtype
     model, _, manifest = load_capturing(
@@ -223,7 +227,7 @@ def extract(
     positions = torch.arange(n_tokens, device=device_obj)[None]
     writer, worst, seconds, layer_errors = None, 0.0, [], {}
     try:
-        with torch.inference_mode(), capture:
+        with torch.inference_mode(), capture, first_token_replaced(model, first_token):
             # also the pass on which each layer's RoPE layout is detected
             n_check = min(transparency_tokens or n_tokens, n_tokens)
             first = torch.from_numpy(token_id[start, :n_check])[None].to(device_obj)
@@ -249,6 +253,7 @@ def extract(
                         "transparency_tokens": n_check,
                         "transparency_reference": own_attention,
                         "config_hash": job.config_hash,
+                        "first_token": first_token,
                     }
                     writer = QKWriter(
                         out_path,

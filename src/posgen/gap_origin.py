@@ -139,3 +139,18 @@ def origin_markdown(summary: pd.DataFrame) -> str:
     if table.empty:
         lines.append("Not tested: no run has Method A, A-drift and A-shared side by side.")
     return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    """``python -m posgen.gap_origin SUMMARY_CSV [...]``: the section, from a run's results/summary.csv (or its
+    per-model summary.csv files)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posgen.gap_origin", description=main.__doc__)
+    parser.add_argument("summary", nargs="+", help="a run's results/summary.csv, or per-model summary.csv files")
+    args = parser.parse_args(argv)
+    print(origin_markdown(pd.concat([pd.read_csv(path) for path in args.summary], ignore_index=True)))
+
+
+if __name__ == "__main__":
+    main()

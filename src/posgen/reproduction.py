@@ -21,7 +21,7 @@ from posgen.gap_origin import origin_markdown
 from posgen.integrity import shown
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
-from posgen.verdicts import PAPER_R, control_markdown
+from posgen.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown
 from posgen.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.verdicts import verdicts as paper_verdicts
 
@@ -228,14 +228,35 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 
 
 def perturbation_ratios(path) -> dict:
-    """{(kind, rate): mean perplexity ratio over samples} of a perturb.nc."""
+    """{(kind, rate): Perturbation} of a perturb.nc: the mean perplexity ratios over samples, on every target and
+    on the kept targets, and the share of tokens moved (posgen.perturb's module docstring)."""
     ds = open_dataset(path, lazy=False)
-    require(ds, ["ppl_ratio", "kind", "rate"], str(path))
-    mean = ds["ppl_ratio"].mean("sample")
+    require(ds, ["ppl_ratio", "ppl_ratio_kept", "moved", "kind", "rate"], str(path))
+    n_targets = ds.sizes["token"] - 1  # position 0 never moves
+    means = {name: ds[name].mean("sample") for name in ("ppl_ratio", "ppl_ratio_kept", "moved")}
+    out = {}
+    for kind in ds["kind"].values:
+        for rate in ds["rate"].values:
+            at = {name: float(mean.sel(kind=kind, rate=rate)) for name, mean in means.items()}
+            out[str(kind), round(float(rate), 9)] = Perturbation(
+                at["ppl_ratio"], at["ppl_ratio_kept"], at["moved"] / n_targets
+            )
+    ds.close()
+    return out
+
+
+def cap_effects(path) -> dict:
+    """{cap: CapEffect} of a cap.nc: f_corr and g_corr (means over samples and layers) and the perplexity ratio
+    (mean over samples)."""
+    ds = open_dataset(path, lazy=False)
+    require(ds, ["f_corr", "g_corr", "ppl_ratio", "cap"], str(path))
     out = {
-        (str(kind), round(float(rate), 9)): float(mean.sel(kind=kind, rate=rate))
-        for kind in ds["kind"].values
-        for rate in ds["rate"].values
+        int(cap): CapEffect(
+            float(ds["f_corr"].sel(cap=cap).mean()),
+            float(ds["g_corr"].sel(cap=cap).mean()),
+            float(ds["ppl_ratio"].sel(cap=cap).mean()),
+        )
+        for cap in ds["cap"].values
     }
     ds.close()
     return out
@@ -263,6 +284,7 @@ def write_reproduction(
     study_classifiers_csv: str | Path | None = None,
     bands_paths=(),
     perturb_paths=(),
+    cap_paths=(),
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
@@ -272,7 +294,7 @@ def write_reproduction(
     per-classifier table when given, else from the run's."""
     optional = (synthetic_summary_csv, study_summary_csv, synthetic_classifiers_csv, study_classifiers_csv)
     paths = [Path(p) for p in (summary_csv, *optional) if p is not None]
-    for path in [*paths, *map(Path, bands_paths), *map(Path, perturb_paths)]:
+    for path in [*paths, *map(Path, bands_paths), *map(Path, perturb_paths), *map(Path, cap_paths)]:
         if not path.exists():
             raise FileNotFoundError(f"{shown(path)}: no such file")
     summary = pd.read_csv(summary_csv)
@@ -284,9 +306,10 @@ def write_reproduction(
     text = reproduction_markdown(table, provenance=keep)
     bands = _by_model_variant(bands_paths, band_shares)
     ratios = _by_model_variant(perturb_paths, perturbation_ratios)
+    caps = _by_model_variant(cap_paths, cap_effects)
     text += "\n" + control_markdown(summary)
     text += "\n" + origin_markdown(summary)
-    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios), str(summary_csv))
+    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios, caps), str(summary_csv))
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))

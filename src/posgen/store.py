@@ -53,6 +53,7 @@ CARRIED_ATTRS = (
     "capture_point",
     "softcap",
     "dtype",
+    "first_token",
 )
 
 

@@ -52,12 +52,16 @@ COLUMNS = [
     "n_samples",
     "heldout_windows",
     "share_floor",
+    "min_layer_r",
+    "heads_below",
+    "r_sweep",
     "n_layers",
     "n_heads",
     "dummy_distance",
     *SHARE_COLUMNS,
 ]
 ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
+HEAD_R = 0.8  # heads_below: the share of (layer, head) whose mean r over samples is below this
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:
@@ -124,6 +128,11 @@ def _distance_text(ds: xr.Dataset) -> str:
     return "/".join(str(int(D)) for D in sorted(set(used.tolist())))
 
 
+def _sweep_text(ds: xr.Dataset, r: np.ndarray) -> str:
+    """Method A's mean r at every dummy distance of the sweep, as ``D:r`` pairs: "0:0.883 250:0.947"."""
+    return " ".join(f"{int(D)}:{value:.4f}" for D, value in zip(ds["D"].values, r))
+
+
 def share_floor(ds: xr.Dataset) -> float:
     """The smooth position share of pure noise, (M - 1) / (T - 1) for the M = degree + 1 functions of the smooth
     basis over T tokens (docs/method.md section 3C); NaN for a file that does not record T."""
@@ -164,7 +173,7 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
             layer_share[vi, ci] = np.moveaxis(_nanmean(share, (0, 2)), 0, -1)  # (basis, sink, layer)
     for group, keep in groups.items():
         per_sample = {}
-        for v in variants:
+        for vi, v in enumerate(variants):
             ds = data[v].isel(layer=np.flatnonzero(keep))
             r = ds["r"].values  # (sample, layer, head, method, sink)
             per_sample[v] = _nanmean(r, (1, 2))  # (sample, method, sink)
@@ -194,6 +203,13 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                 else np.full(len(sinks), np.nan)  # written before Method A-shared
             )
             distance = _distance_text(ds)
+            # consistency: the lowest per-layer mean r, and the share of heads (mean over samples) below HEAD_R
+            with warnings.catch_warnings():  # a method without any r (A-shared without held-out windows): NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
+                min_layer = np.nanmin(layer_r[vi][..., keep], -1)  # (method, sink)
+            head_r = _nanmean(r, 0)  # (layer, head, method, sink)
+            below = (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
+            sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
             for mi, method in enumerate(methods):
                 has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
                 for si, sink in enumerate(sinks):
@@ -221,6 +237,9 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                             "n_samples": n_samples,
                             "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
                             "share_floor": share_floor(ds),
+                            "min_layer_r": min_layer[mi, si],
+                            "heads_below": below[mi, si],
+                            "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
                             "n_layers": ds.sizes["layer"],
                             "n_heads": ds.sizes["head"],
                             "dummy_distance": distance if has_fg else "",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from posgen.config import VARIANT_TRAINED
+from posgen.summary import HEAD_R
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
 CONSTRUCTIONS = ("A", "B")  # the paper's constructions of f + g: only these decide a verdict
@@ -35,9 +36,35 @@ SINK = "with"  # every causal entry, as the paper's correlation
 NEAR = 0.05  # "r near 0.959": mean and pooled r both within 0.05 of it
 LACK = 0.05  # "random-init models lack the split": mean r below the trained model's by more than 0.05 (CI < 0)
 LEARNED = 0.10  # "the pattern is learned": key token variance in the low-frequency half 10 points above random init
-MINIMAL = 1.10  # "minimal effect" of a 5 % perturbation: perplexity at most 1.10 x unperturbed
-CLEAR = 1.20  # "degrades clearly" at 20 %: perplexity at least 1.20 x unperturbed
+# perplexity on the kept targets (token and position id unchanged: only their context moved), as the moved
+# tokens are unpredictable by construction and would dominate the ratio over every target
+MINIMAL = 1.10  # "minimal effect" of a 5 % perturbation: kept-target perplexity at most 1.10 x unperturbed
+CLEAR = 1.20  # "degrades clearly" at 20 %: kept-target perplexity at least 1.20 x unperturbed
 RATES = (0.05, 0.2)  # the rates of the perturbation claim
+SWEEP = 0.02  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
+LAYER_MIN = 0.85  # "consistent across layers": every layer's mean r at least this
+HEADS_BELOW = 0.10  # "... and heads": at most this share of heads with mean r below posgen.summary.HEAD_R
+G_KEPT = 0.95  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One (kind, rate) of a perturb.nc, means over samples: perplexity ratios on every target and on the kept
+    ones, and the share of the targets whose token or position id moved."""
+
+    ratio: float
+    kept: float
+    moved: float
+
+
+@dataclass(frozen=True)
+class CapEffect:
+    """One distance cap C of a cap.nc, means over samples (and layers): r between the capped and uncapped
+    Method A terms f and g, and the perplexity ratio."""
+
+    f_corr: float
+    g_corr: float
+    ratio: float
 
 
 @dataclass(frozen=True)
@@ -57,7 +84,22 @@ def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["layer_type"] == "rope"] if "layer_type" in rows.columns else rows
 
 
-def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Finding]:
+def sweep_of(row) -> dict[int, float]:
+    """{D: Method A's mean r} from a summary row's ``r_sweep`` ("0:0.883 250:0.947"); {} without one."""
+    text = row.get("r_sweep", "") if hasattr(row, "get") else ""
+    if not isinstance(text, str) or not text:
+        return {}
+    return {int(D): float(r) for D, r in (pair.split(":") for pair in text.split())}
+
+
+def _random_r(rows: pd.DataFrame, row) -> str:
+    """The random-init variants' mean r of ``row``'s model and method, for the same row of a verdict."""
+    same = rows[(rows["model"] == row["model"]) & (rows["method"] == row["method"])]
+    random = same[same["variant"].str.startswith("random-seed")]
+    return ", ".join(f"{r.variant} {r.mean_r:.3f}" for r in random.itertuples())
+
+
+def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     rows = _rope_rows(summary)
     out = []
     for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
@@ -65,11 +107,44 @@ def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Find
             continue
         held = abs(row["mean_r"] - PAPER_R) <= NEAR and abs(row["pooled_r"] - PAPER_R) <= NEAR
         evidence = f"mean {row['mean_r']:.3f}, pooled {row['pooled_r']:.3f}"
+        sweep = sweep_of(row)
+        if sweep:  # Method A depends on D: its mean r at every D of the sweep
+            evidence += " (over D: " + ", ".join(f"{D} {r:.3f}" for D, r in sweep.items()) + ")"
+        random = _random_r(rows, row)
+        if random:  # the control in the same row: a band a random-init model also meets decides little
+            evidence += f"; random-init {random}"
         out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
     return out
 
 
-def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Finding]:
+def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
+    rows = _rope_rows(summary)
+    out = []
+    for _, row in rows[(rows["variant"] == VARIANT_TRAINED) & (rows["method"] == "A")].iterrows():
+        sweep = sweep_of(row)
+        if len(sweep) < 2:
+            continue
+        spread = max(sweep.values()) - min(sweep.values())
+        evidence = f"spread {spread:.3f} over D = " + ", ".join(f"{D}: {r:.3f}" for D, r in sweep.items())
+        out.append(Finding(row["model"], "A", spread <= SWEEP, evidence))
+    return out
+
+
+def consistent_across_layers_and_heads(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
+    rows = _rope_rows(summary)
+    out = []
+    if "min_layer_r" not in rows.columns:
+        return out
+    for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
+        if row["method"] not in (*CONSTRUCTIONS, *DIAGNOSTICS) or pd.isna(row["min_layer_r"]):
+            continue
+        held = row["min_layer_r"] >= LAYER_MIN and row["heads_below"] <= HEADS_BELOW
+        evidence = f"lowest layer mean r {row['min_layer_r']:.3f}, heads below {HEAD_R}: {row['heads_below']:.1%}"
+        out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
+    return out
+
+
+def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     rows = _rope_rows(summary)
     out = []
     for (model, method), group in rows.groupby(["model", "method"], sort=False):
@@ -89,7 +164,8 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict) -
     return out
 
 
-def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Finding]:
+def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
+    """A finding per model for the keys and one for the queries (``<model> (keys)``, ``<model> (queries)``)."""
     out = []
     for model, by_variant in bands.items():
         if VARIANT_TRAINED not in by_variant:
@@ -98,27 +174,42 @@ def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: d
         random = {v: s for v, s in by_variant.items() if v.startswith("random-seed")}
         if not random:
             continue
-        held = all(trained["low_share_k"] - s["low_share_k"] >= LEARNED for s in random.values())
-        evidence = (
-            f"keys: trained {trained['low_share_k']:.2f}, "
-            + ", ".join(f"{v} {s['low_share_k']:.2f}" for v, s in random.items())
-            + f"; queries: trained {trained['low_share_q']:.2f}, "
-            + ", ".join(f"{v} {s['low_share_q']:.2f}" for v, s in random.items())
-        )
-        out.append(Finding(model, "", held, evidence))
+        for vector, name in (("k", "keys"), ("q", "queries")):
+            column = f"low_share_{vector}"
+            held = all(trained[column] - s[column] >= LEARNED for s in random.values())
+            evidence = f"trained {trained[column]:.2f}, " + ", ".join(f"{v} {s[column]:.2f}" for v, s in random.items())
+            out.append(Finding(f"{model} ({name})", "", held, evidence))
     return out
 
 
-def perturbations_tolerated(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[Finding]:
+def perturbations_tolerated(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     out = []
     for model, by_variant in perturb.items():
-        ratio = by_variant.get(VARIANT_TRAINED)  # {(kind, rate): mean ppl ratio}
-        if ratio is None or not all((kind, rate) in ratio for kind in _kinds(ratio) for rate in RATES):
+        at = by_variant.get(VARIANT_TRAINED)  # {(kind, rate): Perturbation}
+        if at is None or not all((kind, rate) in at for kind in _kinds(at) for rate in RATES):
             continue
         low, high = RATES
-        held = all(ratio[kind, low] <= MINIMAL and ratio[kind, high] >= CLEAR for kind in _kinds(ratio))
-        evidence = "; ".join(f"{kind} {ratio[kind, low]:.2f} / {ratio[kind, high]:.2f}" for kind in _kinds(ratio))
-        out.append(Finding(model, "", held, f"perplexity ratio at {low:.0%} / {high:.0%}: {evidence}"))
+        held = all(at[kind, low].kept <= MINIMAL and at[kind, high].kept >= CLEAR for kind in _kinds(at))
+        evidence = "; ".join(
+            f"{kind} {at[kind, low].kept:.2f} / {at[kind, high].kept:.2f} (every target {at[kind, low].ratio:.2f} / "
+            f"{at[kind, high].ratio:.2f}; moved {at[kind, low].moved:.0%} / {at[kind, high].moved:.0%})"
+            for kind in _kinds(at)
+        )
+        out.append(Finding(model, "", held, f"kept-target perplexity ratio at rate {low:.0%} / {high:.0%}: {evidence}"))
+    return out
+
+
+def cap_changes_only_f(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
+    out = []
+    for model, by_variant in caps.items():
+        at = by_variant.get(VARIANT_TRAINED)  # {cap: CapEffect}
+        if not at:
+            continue
+        held = all(e.g_corr >= G_KEPT and e.f_corr < e.g_corr for e in at.values())
+        evidence = "; ".join(
+            f"C = {cap}: f {e.f_corr:.3f}, g {e.g_corr:.3f}, perplexity ratio {e.ratio:.2f}" for cap, e in at.items()
+        )
+        out.append(Finding(model, "A", held, f"r(capped, uncapped) of the terms: {evidence}"))
     return out
 
 
@@ -146,15 +237,34 @@ CLAIMS = [
         random_init_lacks_split,
     ),
     Claim(
+        "the semantic term barely depends on the dummy distance D",
+        f"trained model, Method A, sink '{SINK}': mean r moves by at most {SWEEP} over the dummy-distance sweep",
+        insensitive_to_dummy_distance,
+    ),
+    Claim(
+        "the split holds across layers and heads",
+        f"trained model, sink '{SINK}': every layer's mean r at least {LAYER_MIN}, and at most {HEADS_BELOW:.0%} of "
+        f"the heads (mean r over windows) below {HEAD_R}",
+        consistent_across_layers_and_heads,
+    ),
+    Claim(
+        "capping the relative distance (LM-Infinite) changes the positional term f, not the semantic term g",
+        f"trained model, Method A, every cap C: g of the capped pass against the uncapped one r >= {G_KEPT}, and "
+        "f's r below g's; the perplexity ratio beside it",
+        cap_changes_only_f,
+    ),
+    Claim(
         "the low-frequency feature pattern is learned",
-        f"share of the key token variance in the low-frequency half of the bands: trained at least {LEARNED:.2f} "
-        "above every random-init seed",
+        f"share of the token variance in the low-frequency half of the bands, keys and queries each: trained at "
+        f"least {LEARNED:.2f} above every random-init seed. The control sits near 0.5 by symmetry (random weights "
+        "give every band the same variance in expectation), so this asks for a trained share above about 0.6",
         low_frequency_pattern_learned,
     ),
     Claim(
         "position perturbations up to about 5 % are tolerated, more than 10 % degrade clearly",
-        f"trained model, every perturbation kind: perplexity ratio at most {MINIMAL} at {RATES[0]:.0%} and at "
-        f"least {CLEAR} at {RATES[1]:.0%}",
+        f"trained model, every perturbation kind: perplexity ratio on the kept targets (token and position id "
+        f"unchanged) at most {MINIMAL} at rate {RATES[0]:.0%} and at least {CLEAR} at {RATES[1]:.0%}; the share "
+        "of tokens each kind actually moves at that rate beside it",
         perturbations_tolerated,
     ),
 ]
@@ -182,14 +292,17 @@ def verdict(findings: list[Finding]) -> str:
     return "holds only in " + ", ".join(parts)
 
 
-def verdicts(summary: pd.DataFrame, bands: dict, perturb: dict) -> list[tuple[Claim, str, list[Finding]]]:
+def verdicts(
+    summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict | None = None
+) -> list[tuple[Claim, str, list[Finding]]]:
     """(claim, verdict, findings) for every claim of :data:`CLAIMS`.
 
     ``bands``: {model: {variant: {"low_share_q": .., "low_share_k": ..}}} (posgen.bands.band_shares);
-    ``perturb``: {model: {variant: {(kind, rate): mean perplexity ratio over samples}}}."""
+    ``perturb``: {model: {variant: {(kind, rate): Perturbation}}} (posgen.reproduction.perturbation_ratios);
+    ``caps``: {model: {variant: {cap: CapEffect}}} (posgen.reproduction.cap_effects)."""
     out = []
     for claim in CLAIMS:
-        findings = claim.check(summary, bands, perturb)
+        findings = claim.check(summary, bands, perturb, caps or {})
         out.append((claim, verdict(findings), findings))
     return out
 

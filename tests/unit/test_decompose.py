@@ -440,7 +440,10 @@ def test_store_to_netcdf(tmp_path):
         assert ds[name].dims == ("sample", "layer", "head", "method", "sink"), name
     for name in ("q_position_share", "k_position_share"):
         assert ds[name].dims == ("sample", "layer", "head", "basis", "sink"), name
-    assert list(ds["method"].values) == ["A", "B", "A-drift", "A-shared"] and list(ds["sink"].values) == ["with", "without"]
+    assert list(ds["method"].values) == ["A", "B", "A-drift", "A-shared"] and list(ds["sink"].values) == [
+        "with",
+        "without",
+    ]
     assert list(ds["basis"].values) == ["linear", "smooth"] and ds.attrs["smooth_degree"] == 8
     assert ds.attrs["dummy_distance"] == 50 and ds.attrs["config_hash"] == "abc" and ds.attrs["model"] == "toy"
     np.testing.assert_allclose(ds["r2_f"], ds["r_f"] ** 2)

@@ -190,3 +190,23 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
         analysis=analysis,
     )
     _assert_same(open_dataset(tmp_path / "fused.nc", lazy=False), store, rtol=1e-6)
+
+
+def test_the_first_token_control_changes_the_first_key_and_is_recorded(both_paths):
+    """first_token mean-embedding (a models entry's key) passes the self-check (the model's own logits come from the same
+    controlled pass), is recorded in qk.h5 and in the decomposition it feeds, and changes the first key."""
+    tmp, _ = both_paths
+    common = {"model": "m", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    out = tmp / "control"
+    analysis = Analysis(
+        decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc", device="cpu", **DECOMPOSITION
+    )
+    job = ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", **common)
+    report = extract(job, **default_options(), first_token="mean-embedding", analysis=analysis)
+    assert report["self_check_max_rel_error"] < 1e-4
+    control = open_dataset(out / "qk.h5", lazy=False)
+    plain = open_dataset(tmp / "store" / "qk.h5", lazy=False)
+    assert control.attrs["first_token"] == "mean-embedding" and plain.attrs["first_token"] == "model"
+    first = np.abs(control["k"].isel(token=0) - plain["k"].isel(token=0)).max()
+    assert float(first) > 1e-3
+    assert open_dataset(out / "decomposition.nc", lazy=False).attrs["first_token"] == "mean-embedding"

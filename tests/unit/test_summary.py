@@ -123,6 +123,24 @@ def test_identical_samples_give_zero_width_intervals_and_layer_means(tmp_path):
     assert "posgen_version" in nc.attrs and nc.attrs["model"] == "m"
 
 
+def test_consistency_columns_the_sweep_and_the_difference_to_method_a(tmp_path):
+    """Layer 1 sits 0.3 below the others: the lowest per-layer r is 0.6 and a third of the heads fall below
+    HEAD_R; Method B's r equals Method A's here, so their paired difference is 0; Method A's row carries the mean
+    r at every D of the sweep."""
+    N = 4
+    p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(N, 0.9), layer_offset=[0.0, -0.3, 0.0])
+    ds = xr.open_dataset(p, engine="h5netcdf").load()
+    sweep = np.broadcast_to(np.array([0.7, 0.8, 0.9]), (N, 3, 4, 2, 3)).copy()  # (sample, layer, head, sink, D)
+    ds = ds.assign_coords(D=[0, 500, 1000]).assign(r_sweep=(("sample", "layer", "head", "sink", "D"), sweep))
+    write_netcdf(ds, tmp_path / "s.nc")
+    table = summarize([tmp_path / "s.nc"], tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=50)
+    np.testing.assert_allclose(table.min_layer_r, 0.6)
+    np.testing.assert_allclose(table.heads_below, 1 / 3)
+    np.testing.assert_allclose(table.diff_vs_a, 0.0, atol=1e-12)
+    assert set(table[table.method == "A"].r_sweep) == {"0:0.7000 500:0.8000 1000:0.9000"}
+    assert table[table.method == "B"].r_sweep.isna().all() or (table[table.method == "B"].r_sweep == "").all()
+
+
 def test_nan_heads_are_skipped(tmp_path):
     p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5))
     ds = xr.open_dataset(p, engine="h5netcdf").load()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from posgen.verdicts import CLAIMS, control_markdown, verdict, verdict_markdown, verdicts
+from posgen.verdicts import CLAIMS, Perturbation, control_markdown, verdict, verdict_markdown, verdicts
 
 GAP = {"A": -0.15, "B": -0.01, "A-drift": -0.01}  # random-init minus trained mean r
 
@@ -50,8 +50,14 @@ def test_each_claim_gets_its_verdict_from_fixed_thresholds():
         "trained": {"low_share_q": 0.55, "low_share_k": 0.55},
         "random-seed0": {"low_share_q": 0.5, "low_share_k": 0.5},
     }
-    ratio = {("token-swap", 0.05): 1.05, ("token-swap", 0.2): 1.5, ("posid-swap", 0.05): 1.02, ("posid-swap", 0.2): 1.3}
-    perturb = {"m1": {"trained": ratio}, "m2": {"trained": {**ratio, ("posid-swap", 0.2): 1.1}}}
+    # the kept-target ratio decides; the ratio over every target (dominated by the moved tokens) does not
+    ratio = {
+        ("token-swap", 0.05): Perturbation(1.5, 1.05, 0.1),
+        ("token-swap", 0.2): Perturbation(3.0, 1.5, 0.4),
+        ("posid-swap", 0.05): Perturbation(1.3, 1.02, 0.1),
+        ("posid-swap", 0.2): Perturbation(1.6, 1.3, 0.4),
+    }
+    perturb = {"m1": {"trained": ratio}, "m2": {"trained": {**ratio, ("posid-swap", 0.2): Perturbation(1.6, 1.1, 0.4)}}}
     results = by_claim(verdicts(summary(), bands, perturb))
     # r: A 0.93 / 0.97 is within 0.05 of 0.959, B's mean 0.87 is not; A-drift (0.94 / 0.98) is a diagnostic:
     # shown, never counted
@@ -59,12 +65,18 @@ def test_each_claim_gets_its_verdict_from_fixed_thresholds():
     assert [f.construction for f in results["r_near_paper"][1] if f.diagnostic] == ["A-drift", "A-drift"]
     # only Method A's random-init gap exceeds 0.05
     assert results["random_init_lacks_split"][0] == "holds only under Method A"
-    assert results["low_frequency_pattern_learned"][0] == "holds only for m1"
+    # m1: keys 0.8 and queries 0.7 against 0.5; m2: 0.55 for both
+    assert results["low_frequency_pattern_learned"][0] == "holds only for m1 (keys), m1 (queries)"
+    bands["m1"]["trained"]["low_share_q"] = 0.55  # queries no longer 0.10 above the control
+    assert (
+        by_claim(verdicts(summary(), bands, perturb))["low_frequency_pattern_learned"][0] == "holds only for m1 (keys)"
+    )
     assert results["perturbations_tolerated"][0] == "holds only for m1"
     assert len(results) == len(CLAIMS)
     md = verdict_markdown(verdicts(summary(), bands, perturb), "results/summary.csv")
     assert "**holds only under Method A**" in md and "m1 / A: trained 0.930" in md
     assert "m1 / A-drift (diagnostic): trained 0.940" in md
+    assert "token-swap 1.05 / 1.50 (every target 1.50 / 3.00; moved 10% / 40%)" in md
     # a diagnostic alone never makes a claim hold: A-drift's random-init gap would pass where A and B fail
     gaps = summary()
     gaps.loc[(gaps["method"] == "A-drift") & (gaps["variant"] != "trained"), ["diff_vs_trained", "diff_hi"]] = [
@@ -103,7 +115,76 @@ def test_claims_without_their_inputs_are_not_tested(missing):
             }
         }
     )
-    perturb = {} if missing == "perturb" else {"m1": {"trained": {("token-swap", 0.05): 1.0, ("token-swap", 0.2): 1.5}}}
+    at = {("token-swap", 0.05): Perturbation(1.0, 1.0, 0.1), ("token-swap", 0.2): Perturbation(1.5, 1.5, 0.4)}
+    perturb = {} if missing == "perturb" else {"m1": {"trained": at}}
     results = by_claim(verdicts(summary(), bands, perturb))
     name = "low_frequency_pattern_learned" if missing == "bands" else "perturbations_tolerated"
     assert results[name][0] == "not tested"
+
+
+def test_the_sweep_and_the_consistency_claims_decide_on_their_columns():
+    rows = summary()
+    trained_a = (rows["variant"] == "trained") & (rows["method"] == "A")
+    rows["r_sweep"] = ""
+    rows.loc[trained_a & (rows["model"] == "m1"), "r_sweep"] = "0:0.920 500:0.930 1000:0.935"  # spread 0.015
+    rows.loc[trained_a & (rows["model"] == "m2"), "r_sweep"] = "0:0.880 500:0.950 1000:0.930"  # spread 0.070
+    rows["min_layer_r"] = 0.9
+    rows["heads_below"] = 0.05
+    rows.loc[(rows["model"] == "m2") & (rows["method"] == "B"), "heads_below"] = 0.2
+    results = by_claim(verdicts(rows, {}, {}))
+    assert results["insensitive_to_dummy_distance"][0] == "holds only for m1"
+    assert "spread 0.070 over D = 0: 0.880, 500: 0.950" in results["insensitive_to_dummy_distance"][1][1].evidence
+    assert results["consistent_across_layers_and_heads"][0] == "holds only in m1/A, m1/B, m2/A"
+    # (a) prints Method A's sweep and the random-init control's r beside the trained model's
+    near = [f for f in results["r_near_paper"][1] if f.model == "m1" and f.construction == "A"][0]
+    assert (
+        "(over D: 0 0.920, 500 0.930, 1000 0.935)" in near.evidence
+        and "random-init random-seed0 0.780" in near.evidence
+    )
+
+
+def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
+    from posgen.verdicts import CapEffect
+
+    caps = {
+        "m1": {"trained": {8: CapEffect(0.6, 0.97, 1.3), 128: CapEffect(0.9, 0.99, 1.02)}},
+        "m2": {"trained": {8: CapEffect(0.6, 0.90, 1.3), 128: CapEffect(0.9, 0.99, 1.02)}},  # g moves at C = 8
+    }
+    results = by_claim(verdicts(summary(), {}, {}, caps))
+    assert results["cap_changes_only_f"][0] == "holds only for m1"
+    assert "C = 8: f 0.600, g 0.900, perplexity ratio 1.30" in results["cap_changes_only_f"][1][1].evidence
+    assert by_claim(verdicts(summary(), {}, {}))["cap_changes_only_f"][0] == "not tested"
+
+
+def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
+    """perturb.nc: the ratios' means over samples and the moved share of the T - 1 targets; cap.nc: f and g
+    correlations averaged over samples and layers."""
+    import numpy as np
+    import xarray as xr
+
+    from posgen.reproduction import cap_effects, perturbation_ratios
+    from posgen.store import write_netcdf
+
+    dims = ("kind", "rate", "sample")
+    perturb = xr.Dataset(
+        {
+            "ppl_ratio": (dims, np.array([[[1.2, 1.4]]])),
+            "ppl_ratio_kept": (dims, np.array([[[1.0, 1.1]]])),
+            "moved": (dims, np.array([[[10.0, 30.0]]])),
+        },
+        coords={"kind": ["token-swap"], "rate": [0.05], "sample": [0, 1], "token": np.arange(41)},
+    )
+    write_netcdf(perturb, tmp_path / "perturb.nc")
+    at = perturbation_ratios(tmp_path / "perturb.nc")[("token-swap", 0.05)]
+    assert (at.ratio, at.kept, at.moved) == pytest.approx((1.3, 1.05, 0.5))
+    cap = xr.Dataset(
+        {
+            "f_corr": (("cap", "sample", "layer"), np.array([[[0.5, 0.7], [0.6, 0.8]]])),
+            "g_corr": (("cap", "sample", "layer"), np.array([[[1.0, 0.98], [0.96, 0.98]]])),
+            "ppl_ratio": (("cap", "sample"), np.array([[1.1, 1.3]])),
+        },
+        coords={"cap": [8], "sample": [0, 1], "layer": [0, 1]},
+    )
+    write_netcdf(cap, tmp_path / "cap.nc")
+    effect = cap_effects(tmp_path / "cap.nc")[8]
+    assert (effect.f_corr, effect.g_corr, effect.ratio) == pytest.approx((0.65, 0.98, 1.2))
