@@ -335,13 +335,18 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         # the fused path checks them in memory; the store path keeps the reference windows' (posgen.extract)
         stored_refs = [] if fused else [s for s in opts["ref_samples"] if s in kept]
         ref_disk = len(stored_refs) * n_ref_layers * shape.logits_bytes(T)
-        disk = qk_disk + ref_disk + (n * n_results if fused else 0)
-        seconds = load_s + forward_s + disk / rates.disk
+        # Method A-shared's held-out windows: one more pass each per job, their mean key stored (float32) and summed
+        # on the host (float64)
+        heldout = cfg.get("heldout_windows", 0)
+        heldout_bytes = shape.n_layers * shape.n_kv_heads * T * shape.head_dim * 4 if heldout else 0
+        disk = qk_disk + ref_disk + (n * n_results if fused else 0) + heldout_bytes
+        heldout_s = heldout * CAPTURE_OVERHEAD * forward_flops(shape, T) / rates.forward
+        seconds = load_s + forward_s + heldout_s + disk / rates.disk
         activations = _activation_bytes(shape, T, dtype) + qk_window + shape.logits_bytes(T) * n_ref_layers
         device_bytes = weights + activations + (analysis_mem if fused else 0)
         if fused:
             seconds += analysis_seconds(shape, cfg, n, n_bound, rates)
-        host = qk_window + (n_ref_layers * shape.logits_bytes(T) if refs else 0)
+        host = qk_window + (n_ref_layers * shape.logits_bytes(T) if refs else 0) + 3 * heldout_bytes
         if on_gpu:
             host += weights  # loaded on the host first
         else:

@@ -229,17 +229,18 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 
 def perturbation_ratios(path) -> dict:
     """{(kind, rate): Perturbation} of a perturb.nc: the mean perplexity ratios over samples, on every target and
-    on the kept targets, and the share of tokens moved (posgen.perturb's module docstring)."""
+    on the kept targets, and the share of positions 1..T-1 moved (posgen.draws)."""
     ds = open_dataset(path, lazy=False)
     require(ds, ["ppl_ratio", "ppl_ratio_kept", "moved", "kind", "rate"], str(path))
-    n_targets = ds.sizes["token"] - 1  # position 0 never moves
     means = {name: ds[name].mean("sample") for name in ("ppl_ratio", "ppl_ratio_kept", "moved")}
     out = {}
     for kind in ds["kind"].values:
         for rate in ds["rate"].values:
             at = {name: float(mean.sel(kind=kind, rate=rate)) for name, mean in means.items()}
             out[str(kind), round(float(rate), 9)] = Perturbation(
-                at["ppl_ratio"], at["ppl_ratio_kept"], at["moved"] / n_targets
+                at["ppl_ratio"],
+                at["ppl_ratio_kept"],
+                at["moved"],  # moved: a fraction of positions 1..T-1
             )
     ds.close()
     return out

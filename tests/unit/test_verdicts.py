@@ -157,7 +157,7 @@ def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
 
 
 def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
-    """perturb.nc: the ratios' means over samples and the moved share of the T - 1 targets; cap.nc: f and g
+    """perturb.nc: the ratios' and the moved share's means over samples; cap.nc: f and g
     correlations averaged over samples and layers."""
     import numpy as np
     import xarray as xr
@@ -170,7 +170,7 @@ def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
         {
             "ppl_ratio": (dims, np.array([[[1.2, 1.4]]])),
             "ppl_ratio_kept": (dims, np.array([[[1.0, 1.1]]])),
-            "moved": (dims, np.array([[[10.0, 30.0]]])),
+            "moved": (dims, np.array([[[0.25, 0.75]]])),  # fractions of positions 1..T-1
         },
         coords={"kind": ["token-swap"], "rate": [0.05], "sample": [0, 1], "token": np.arange(41)},
     )
