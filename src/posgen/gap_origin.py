@@ -51,7 +51,9 @@ def decide(gap_hi: float, gap: float, shared: tuple, drift: tuple) -> str:
 def origin_table(summary: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, variant): Method A's gap, what A-drift and A-shared close, the key's shares and the
     outcome (random-init variants; the trained model's row carries its shares for comparison)."""
-    rows = summary[(summary["sink"] == SINK) & (summary["layer_type"] == "rope")]
+    rows = summary[summary["sink"] == SINK]
+    if "layer_type" in rows.columns:  # the rows over every RoPE layer
+        rows = rows[rows["layer_type"] == "rope"]
     out = []
     for (model, variant), group in rows.groupby(["model", "variant"], sort=False):
         by = group.set_index("method")

@@ -112,7 +112,7 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     )
     dec = xr.open_dataset(out, engine="h5netcdf")
     assert dec.sizes["layer"] == len(layouts)
-    assert np.isfinite(dec["r"].sel(method="B").values).all()
+    assert np.isfinite(dec["r"].sel({"method": "B"}).values).all()
 
 
 @pytest.mark.parametrize("arch", list(REFUSED))
