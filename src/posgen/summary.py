@@ -55,6 +55,7 @@ COLUMNS = [
     "min_layer_r",
     "heads_below",
     "r_sweep",
+    "err_over_bound",
     "n_layers",
     "n_heads",
     "dummy_distance",
@@ -131,6 +132,19 @@ def _distance_text(ds: xr.Dataset) -> str:
 def _sweep_text(ds: xr.Dataset, r: np.ndarray) -> str:
     """Method A's mean r at every dummy distance of the sweep, as ``D:r`` pairs: "0:0.883 250:0.947"."""
     return " ".join(f"{int(D)}:{value:.4f}" for D, value in zip(ds["D"].values, r))
+
+
+def _err_over_bound(ds: xr.Dataset) -> np.ndarray:
+    """(sink,) Method A's mean absolute error over the mean of its section 5 bound, on the windows where both were
+    evaluated (``bound_samples``); NaN where neither was."""
+    if "err_abs_mean" not in ds or "bound_mean" not in ds:
+        return np.full(ds.sizes["sink"], np.nan)
+    err = ds["err_abs_mean"].transpose(..., "sink").values
+    bound = ds["bound_mean"].transpose(..., "sink").values
+    axes = tuple(range(err.ndim - 1))
+    bound = _nanmean(bound, axes)
+    with np.errstate(divide="ignore", invalid="ignore"):  # NoPE layers: no rotation, a bound of 0
+        return np.where(bound > 0, _nanmean(err, axes) / bound, np.nan)
 
 
 def share_floor(ds: xr.Dataset) -> float:
@@ -210,6 +224,7 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
             head_r = _nanmean(r, 0)  # (layer, head, method, sink)
             below = (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
             sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
+            tightness = _err_over_bound(ds)  # (sink,): Method A's mean error over the section 5 bound
             for mi, method in enumerate(methods):
                 has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
                 for si, sink in enumerate(sinks):
@@ -240,6 +255,7 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
                             "min_layer_r": min_layer[mi, si],
                             "heads_below": below[mi, si],
                             "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
+                            "err_over_bound": tightness[si] if method == "A" else np.nan,
                             "n_layers": ds.sizes["layer"],
                             "n_heads": ds.sizes["head"],
                             "dummy_distance": distance if has_fg else "",

@@ -138,6 +138,7 @@ def test_consistency_columns_the_sweep_and_the_difference_to_method_a(tmp_path):
     np.testing.assert_allclose(table.heads_below, 1 / 3)
     np.testing.assert_allclose(table.diff_vs_a, 0.0, atol=1e-12)
     assert set(table[table.method == "A"].r_sweep) == {"0:0.7000 500:0.8000 1000:0.9000"}
+    assert table.err_over_bound.isna().all()  # no error or bound in this file
     assert table[table.method == "B"].r_sweep.isna().all() or (table[table.method == "B"].r_sweep == "").all()
 
 

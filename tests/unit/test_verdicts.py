@@ -188,3 +188,13 @@ def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
     write_netcdf(cap, tmp_path / "cap.nc")
     effect = cap_effects(tmp_path / "cap.nc")[8]
     assert (effect.f_corr, effect.g_corr, effect.ratio) == pytest.approx((0.65, 0.98, 1.2))
+
+
+def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
+    rows = summary()
+    rows["err_over_bound"] = float("nan")
+    rows.loc[rows["method"] == "A", "err_over_bound"] = [0.21, 0.35] * 2  # trained, random-seed0 per model
+    text, findings = by_claim(verdicts(rows, {}, {}))["error_within_bound"]
+    assert text.startswith("not discriminative (a theorem")
+    assert "mean |W - A| / mean bound 0.210; random-init random-seed0 0.350" in findings[0].evidence
+    assert by_claim(verdicts(summary(), {}, {}))["error_within_bound"][0] == "not tested"
