@@ -221,7 +221,9 @@ def error_within_bound(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
     for _, row in rows[(rows["variant"] == VARIANT_TRAINED) & (rows["method"] == "A")].iterrows():
         if pd.isna(row["err_over_bound"]):
             continue
-        evidence = f"mean |W - A| / mean bound {row['err_over_bound']:.3f}; random-init {_random_tightness(rows, row)}"
+        evidence = (
+            f"mean abs(W - A) / mean bound {row['err_over_bound']:.3f}; random-init {_random_tightness(rows, row)}"
+        )
         out.append(Finding(row["model"], "A", True, evidence))
     return out
 

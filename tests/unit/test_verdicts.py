@@ -196,5 +196,5 @@ def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
     rows.loc[rows["method"] == "A", "err_over_bound"] = [0.21, 0.35] * 2  # trained, random-seed0 per model
     text, findings = by_claim(verdicts(rows, {}, {}))["error_within_bound"]
     assert text.startswith("not discriminative (a theorem")
-    assert "mean |W - A| / mean bound 0.210; random-init random-seed0 0.350" in findings[0].evidence
+    assert "mean abs(W - A) / mean bound 0.210; random-init random-seed0 0.350" in findings[0].evidence
     assert by_claim(verdicts(summary(), {}, {}))["error_within_bound"][0] == "not tested"
