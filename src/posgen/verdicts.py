@@ -86,17 +86,24 @@ def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 def sweep_of(row) -> dict[int, float]:
     """{D: Method A's mean r} from a summary row's ``r_sweep`` ("0:0.883 250:0.947"); {} without one."""
-    text = row.get("r_sweep", "") if hasattr(row, "get") else ""
+    text = row.get("r_sweep", "")
     if not isinstance(text, str) or not text:
         return {}
     return {int(D): float(r) for D, r in (pair.split(":") for pair in text.split())}
 
 
-def _random_r(rows: pd.DataFrame, row) -> str:
-    """The random-init variants' mean r of ``row``'s model and method, for the same row of a verdict."""
+def _random_r(rows: pd.DataFrame, row, column: str = "mean_r") -> str:
+    """The random-init variants' ``column`` of ``row``'s model and method, for the same row of a verdict."""
     same = rows[(rows["model"] == row["model"]) & (rows["method"] == row["method"])]
     random = same[same["variant"].str.startswith("random-seed")]
-    return ", ".join(f"{r.variant} {r.mean_r:.3f}" for r in random.itertuples())
+    return ", ".join(f"{variant} {value:.3f}" for variant, value in zip(random["variant"], random[column]))
+
+
+def _trained_rows(rows: pd.DataFrame, column: str, methods) -> pd.DataFrame:
+    """The trained model's rows of ``methods`` where ``column`` has a value (none where the summary lacks it)."""
+    if column not in rows.columns:
+        return rows.iloc[:0]
+    return rows[(rows["variant"] == VARIANT_TRAINED) & rows["method"].isin(methods) & rows[column].notna()]
 
 
 def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
@@ -131,13 +138,8 @@ def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: d
 
 
 def consistent_across_layers_and_heads(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
-    rows = _rope_rows(summary)
     out = []
-    if "min_layer_r" not in rows.columns:
-        return out
-    for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
-        if row["method"] not in (*CONSTRUCTIONS, *DIAGNOSTICS) or pd.isna(row["min_layer_r"]):
-            continue
+    for _, row in _trained_rows(_rope_rows(summary), "min_layer_r", (*CONSTRUCTIONS, *DIAGNOSTICS)).iterrows():
         held = row["min_layer_r"] >= LAYER_MIN and row["heads_below"] <= HEADS_BELOW
         evidence = f"lowest layer mean r {row['min_layer_r']:.3f}, heads below {HEAD_R}: {row['heads_below']:.1%}"
         out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
@@ -216,22 +218,11 @@ def cap_changes_only_f(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
 def error_within_bound(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     rows = _rope_rows(summary)
     out = []
-    if "err_over_bound" not in rows.columns:
-        return out
-    for _, row in rows[(rows["variant"] == VARIANT_TRAINED) & (rows["method"] == "A")].iterrows():
-        if pd.isna(row["err_over_bound"]):
-            continue
-        evidence = (
-            f"mean abs(W - A) / mean bound {row['err_over_bound']:.3f}; random-init {_random_tightness(rows, row)}"
-        )
+    for _, row in _trained_rows(rows, "err_over_bound", ("A",)).iterrows():
+        random = _random_r(rows, row, "err_over_bound") or "-"
+        evidence = f"mean abs(W - A) / mean bound {row['err_over_bound']:.3f}; random-init {random}"
         out.append(Finding(row["model"], "A", True, evidence))
     return out
-
-
-def _random_tightness(rows: pd.DataFrame, row) -> str:
-    same = rows[(rows["model"] == row["model"]) & (rows["method"] == "A")]
-    random = same[same["variant"].str.startswith("random-seed")]
-    return ", ".join(f"{r.variant} {r.err_over_bound:.3f}" for r in random.itertuples()) or "-"
 
 
 def _kinds(ratio: dict) -> list[str]:

@@ -131,14 +131,10 @@ class Decomposer:
             **{name: torch.stack([by_method[m][name] for m in METHODS], 1) for name in SUMS},  # (H, method, sink)
             **self.position_shares(ops),
         }
-        if not ops.has_shared:  # no held-out trajectory: no Method A-shared
-            shared = METHODS.index("A-shared")
-            for name in ("r", "r_f", "r_g", *SUMS, "k_shared_share"):
-                out[name] = out[name].clone()
-                if name == "k_shared_share":
-                    out[name][:] = float("nan")
-                else:
-                    out[name][:, shared] = float("nan")
+        if not ops.has_shared:  # no held-out trajectory: no Method A-shared (the stacks above are fresh tensors)
+            for name in ("r", "r_f", "r_g", *SUMS):
+                out[name][:, METHODS.index("A-shared")] = float("nan")
+            out["k_shared_share"] = torch.full_like(out["k_shared_share"], float("nan"))
         if with_bound:
             out.update(self.error_and_bound(ops))
         else:
