@@ -67,13 +67,22 @@ def test_plan_uses_a_committed_cuda_report_and_labels_the_rest_assumed(tiny_repo
     monkeypatch.setattr(cost, "gpu_report", lambda: committed)
     (seconds, layers, batch, tokens), packing, where = cost.reference("gpu")
     measured = report["rates"]["classifier"]
+    # the rate of the precision the experiments train in (float32 by default) ...
     assert (seconds, layers, batch, tokens) == (
-        measured["seconds_per_step"],
+        1 / report["parts"]["classifier"]["float32_steps_per_s"],
         measured["layers"],
         measured["batch"],
         measured["tokens"],
     )
-    assert packing == pytest.approx(measured["jobs_per_device"]) and "MEASURED" in where
+    assert "float32 rate MEASURED" in where
+    # ... or, where the check did not measure it (no TF32 on a CPU), its fastest, named
+    (seconds, *_), _, where = cost.reference("gpu", "tf32")
+    assert seconds == measured["seconds_per_step"] and where.startswith(f"{measured['precision']} rate")
+    assert packing == pytest.approx(max(1.0, measured["jobs_per_device"])) and "MEASURED" in where
+    # an ensemble slower than one classifier after another (H200, authors' size: 0.80) packs nothing
+    slow = {**committed, "rates": {**committed["rates"], "classifier": {**measured, "jobs_per_device": 0.8}}}
+    monkeypatch.setattr(cost, "gpu_report", lambda: slow)
+    assert cost.reference("gpu")[1] == 1.0
 
 
 def test_an_unreadable_report_names_its_file(tmp_path):

@@ -145,3 +145,20 @@ def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defau
     assert leaves("perturb.caps", seed="window_seed") == {"caps": "perturb.caps", "seed": "window_seed"}
     with pytest.raises(ValueError, match="two leaves under the param name"):
         leaves("perturb.seed", seed="window_seed")
+
+
+def test_the_ensemble_overlay_packs_exactly_the_regime_study():
+    """config.ensemble.yaml over config.yaml (Snakemake merges config files key by key): a valid config in which
+    the regime study's experiments, and only they, train their seeds as one ensemble job, their own train
+    options kept."""
+    from snakemake.utils import update_config
+
+    from posgen.synthetic.experiments import resolve
+
+    merged = yaml.safe_load((ROOT / "config.yaml").read_text())
+    update_config(merged, yaml.safe_load((ROOT / "config.ensemble.yaml").read_text()))
+    synthetic = validate(merged, check_paths=False)["synthetic"]
+    packed = {name for name in synthetic["experiments"] if resolve(synthetic, name)["train"]["ensemble"]}
+    assert packed == set(synthetic["regime_study"])
+    assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["epochs"] == 100
+    assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["lr"] == pytest.approx(1e-3)

@@ -173,10 +173,24 @@ def test_fails_claims_read_the_bayes_ceiling_and_the_paper_range():
     alibi = {("distance", "alibi"): [0.2, 0.21, 0.19]}
     short = alibi_fails_distance(rows(alibi, faithful=True))
     assert short.outcome == Outcome.NOT_TESTABLE and "-6.7 at 17" in short.evidence  # exp(-15/16) * 17
-    failing = {("distance", "alibi"): [0.07, 0.08, 0.06]}  # within 5 points of a 5 % ceiling
+    learned = {("distance", "rope+sinusoidal"): [0.9, 0.95, 0.92]}  # the positive control
+    failing = {("distance", "alibi"): [0.07, 0.08, 0.06], **learned}  # within 5 points of a 5 % ceiling
     assert alibi_fails_distance(rows(failing, longest=71, bayes=0.05)).outcome == Outcome.REPRODUCED
-    fine = {("distance", "alibi"): [0.8, 0.85, 0.9]}
+    fine = {("distance", "alibi"): [0.8, 0.85, 0.9], **learned}
     assert alibi_fails_distance(rows(fine, longest=71, bayes=0.05)).outcome == Outcome.NOT_REPRODUCED
+    # a regime in which the control fails too cannot say that ALiBi fails
+    hard = {("distance", "alibi"): [0.07, 0.08, 0.06], ("distance", "rope+sinusoidal"): [0.06, 0.09, 0.07]}
+    decision = alibi_fails_distance(rows(hard, longest=71, bayes=0.05))
+    assert decision.outcome == Outcome.NOT_DISCRIMINATIVE and "the control fails too" in decision.evidence
+    alone = alibi_fails_distance(rows({("distance", "alibi"): [0.07, 0.08, 0.06]}, longest=71, bayes=0.05))
+    assert alone.outcome == Outcome.NOT_DISCRIMINATIVE and "not trained here" in alone.evidence
+    # seeds whose control did not learn are left out; none left: inconclusive
+    mixed = {("distance", "alibi"): [0.07, 0.08, 0.06], ("distance", "rope+sinusoidal"): [0.9, 0.07, 0.06]}
+    decision = alibi_fails_distance(rows(mixed, longest=71, bayes=0.05))
+    assert decision.outcome == Outcome.INCONCLUSIVE and "2 seed(s) left out" in decision.evidence
+    gate = {("distance", "alibi"): [False, True, True], ("distance", "rope+sinusoidal"): [True] * 3}
+    decision = alibi_fails_distance(rows(mixed, longest=71, bayes=0.05, converged=gate))
+    assert decision.outcome == Outcome.INCONCLUSIVE and "no seed in which alibi converged" in decision.evidence
 
 
 def test_count_contrast_names_the_component():

@@ -38,6 +38,8 @@ WINDOWS = {
     "full_depth": {False: ("llama-3.1-8b", 0, 4096, 2), True: ("smollm2-135m", 2, 128, 2)},
     "long_window": {False: ("llama-3.1-8b", 1, 32768, 1), True: ("smollm2-135m", 1, 512, 1)},
 }
+# the self-check's whole-window logits: none for the long window (H T^2 floats per layer; the schema's advice)
+REF_LAYERS = {"full_depth": (0, -1), "long_window": ()}
 SHARES = {"full_depth": 0.45, "long_window": 0.2, "classifier": 0.3}  # of the budget; the rest is slack
 DUMMY_DISTANCES = [0, 250, 500, 1000, 2000]
 CLASSIFIER_STEPS = {False: 30, True: 3}
@@ -191,6 +193,7 @@ def main(argv=None) -> dict:
             ["forward", "fused"],
             DUMMY_DISTANCES,
             timeout=share,
+            ref_layers=REF_LAYERS[part],
         )
         did_not_fit += [f"{part} {stage}" for stage, value in stages.items() if "timed_out" in value]
         failed += [f"{part}: {stages['failed']}"] if "failed" in stages else []

@@ -74,7 +74,8 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     positions = torch.arange(ids.shape[1], device=device)[None]
     seconds = []
     with torch.inference_mode():
-        model.base_model(input_ids=ids[:1, :64], position_ids=positions[:, :64], use_cache=False)  # warm-up
+        # warm-up at the timed length: a device picks its kernels per shape on first use
+        model.base_model(input_ids=ids[:1], position_ids=positions, use_cache=False)
         for row in ids:
             _synchronize(device)
             start = time.perf_counter()
@@ -91,7 +92,9 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     }
 
 
-def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str) -> dict:
+def _stage_extract(
+    model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str, ref_layers: tuple
+) -> dict:
     import torch
 
     from posgen.extract import default_options, extract
@@ -99,7 +102,7 @@ def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtyp
 
     torch.set_num_threads(threads)
     job = ModelJob(model_dir, windows, out, model="bench", variant=VARIANT, dtype=dtype, device=device)
-    report = extract(job, **default_options(ref_layers=(0, -1)))
+    report = extract(job, **default_options(ref_layers=ref_layers))
     seconds = report["seconds_per_window"]
     return {
         # the first window also runs the self-check and opens the file
@@ -111,7 +114,14 @@ def _stage_extract(model_dir: str, windows: str, threads: int, device: str, dtyp
 
 
 def _stage_fused(
-    model_dir: str, windows: str, threads: int, device: str, dtype: str, out: str, dummy_distances: list[int]
+    model_dir: str,
+    windows: str,
+    threads: int,
+    device: str,
+    dtype: str,
+    out: str,
+    dummy_distances: list[int],
+    ref_layers: tuple,
 ) -> dict:
     import torch
 
@@ -137,7 +147,7 @@ def _stage_fused(
     with StepTimer(sync=lambda: _synchronize(device)) as timer:
         report = extract(
             ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
-            **default_options(),
+            **default_options(ref_layers=ref_layers),
             keep_qk=0,
             analysis=analysis,
         )
@@ -297,10 +307,13 @@ def run_stages(
     stages,
     dummy_distances,
     timeout: float | None = None,
+    ref_layers: tuple = (0, -1),
 ) -> dict:
     """Each stage of ``stages`` (in :data:`STAGES` order) in its own process on random windows of a recorded
     shape truncated to ``layers`` (0: full depth): name -> its result, or ``{"timed_out": s}`` for a stage that
-    did not finish within what is left of ``timeout`` seconds (the stages after it are not started)."""
+    did not finish within what is left of ``timeout`` seconds (the stages after it are not started).
+    ``ref_layers``: the self-check's whole-window logits (config ``extract.ref_layers``); () for long windows,
+    whose logits are H T^2 floats per layer (128 GiB for the 8B shape at 32k tokens), as the schema says."""
     deadline = None if timeout is None else time.monotonic() + timeout
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -311,7 +324,7 @@ def run_stages(
         common = (str(model_dir), str(windows), threads, device, dtype)
         calls = {
             "forward": (_stage_forward, *common),
-            "extract": (_stage_extract, *common, str(root / "qk.h5")),
+            "extract": (_stage_extract, *common, str(root / "qk.h5"), ref_layers),
             "decompose": (
                 _stage_decompose,
                 str(root / "qk.h5"),
@@ -320,7 +333,7 @@ def run_stages(
                 str(root / "decomposition.nc"),
                 dummy_distances,
             ),
-            "fused": (_stage_fused, *common, str(root / "fused"), dummy_distances),
+            "fused": (_stage_fused, *common, str(root / "fused"), dummy_distances, ref_layers),
         }
         for stage in STAGES:
             if stage not in stages:

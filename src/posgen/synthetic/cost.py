@@ -13,8 +13,8 @@ size by ``layers * batch * tokens ** TOKEN_EXPONENT`` (an assumption beyond the 
   exponent). Core-hours; a 2-core machine runs two jobs at once.
 
 A committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``; posgen.rates)
-replaces the ``gpu`` reference with its measured seconds per step (the fastest precision it measured) and its
-ensemble's packing, and the table says so.
+replaces the ``gpu`` reference with its measured seconds per step at the experiments' ``train.precision`` (its
+fastest where it did not measure that one) and its ensemble's packing (never below 1), and the table says so.
 
 Training only: the analysis jobs (ablation, probes, Toeplitz view) add about a fifth on a CPU.
 """
@@ -55,21 +55,27 @@ def steps_of(options: dict, task: str) -> int:
     return options["train"]["epochs"] * math.ceil(n_train / options["train"]["batch_size"])
 
 
-def reference(device: str) -> tuple[tuple, float, str]:
+def reference(device: str, precision: str = "float32") -> tuple[tuple, float, str]:
     """(seconds per step, layers, batch, tokens) of ``device``'s reference, the classifiers one device trains at
-    once, and where they come from (a committed device check's measurement on the GPU when there is one)."""
+    once, and where they come from (a committed device check's measurement on the GPU when there is one: its
+    rate at the experiments' ``train.precision`` where it measured that one, else its fastest)."""
     report = gpu_report() if device == "gpu" else None
     measured = (report or {}).get("rates", {}).get("classifier")
     if not measured:
         label = "H100 rate measured in issue 38's session" if device == "gpu" else "measured 2-core rate"
         return REFERENCE[device], JOBS_PER_DEVICE[device], label
-    ref = (measured["seconds_per_step"], measured["layers"], measured["batch"], measured["tokens"])
-    label = f"{measured['precision']} rate {source(report)}"
-    return ref, float(measured.get("jobs_per_device", 1.0)), label
+    steps_per_s = report.get("parts", {}).get("classifier", {}).get(f"{precision}_steps_per_s")
+    seconds, used = (
+        (1 / steps_per_s, precision) if steps_per_s else (measured["seconds_per_step"], measured["precision"])
+    )
+    ref = (seconds, measured["layers"], measured["batch"], measured["tokens"])
+    label = f"{used} rate {source(report)}"
+    # an ensemble slower than its members one after another (compute-bound sizes) is not used: one at a time
+    return ref, max(1.0, float(measured.get("jobs_per_device", 1.0))), label
 
 
 def seconds_per_step(options: dict, tokens: int, device: str) -> float:
-    (seconds, layers, batch, ref_tokens), _, _ = reference(device)
+    (seconds, layers, batch, ref_tokens), _, _ = reference(device, options["train"]["precision"])
     scale = options["model"]["n_layers"] / layers * options["train"]["batch_size"] / batch
     return seconds * scale * (tokens / ref_tokens) ** TOKEN_EXPONENT
 
@@ -89,17 +95,24 @@ def study_cost(synthetic: dict, which: str, device: str = "gpu") -> list[StudyRo
                 steps=max(steps for steps, _ in per_task.values()),
                 tokens=max(tokens for _, tokens in per_task.values()),
                 hours=max(seconds) / 3600,
-                device_hours=sum(seconds) / 3600 / reference(device)[1],
+                device_hours=sum(seconds) / 3600 / reference(device, options["train"]["precision"])[1],
             )
         )
     return rows
+
+
+def _labels(synthetic: dict, which: str, device: str) -> str:
+    """Where the rates of a collection's experiments come from (one label per precision they train in)."""
+    precisions = dict.fromkeys(resolve(synthetic, name)["train"]["precision"] for name in collection(synthetic, which))
+    return "; ".join(reference(device, precision)[2] for precision in precisions)
 
 
 def study_table(synthetic: dict, which: str, device: str = "gpu") -> str:
     """The plan of one collection as text."""
     unit = "GPU-hours" if device == "gpu" else "core-hours"
     lines = [
-        f"training plan of synthetic.{which} on {device}: {unit} ({reference(device)[2]}), scaled from the reference "
+        f"training plan of synthetic.{which} on {device}: {unit} ({_labels(synthetic, which, device)}), scaled from "
+        "the reference "
         "size (posgen.synthetic.cost)",
         f"{'experiment':24s} {'classifiers':>11s} {'steps':>7s} {'tokens':>6s} {'h/classifier':>12s} {'total':>8s}",
     ]
