@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 
 from posgen.bands import band_shares
-from posgen.config import init_seed
+from posgen.config import VARIANT_TRAINED, init_seed
 from posgen.gap_origin import origin_markdown
 from posgen.integrity import shown
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
-from posgen.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown
+from posgen.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
 from posgen.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.verdicts import verdicts as paper_verdicts
 
@@ -274,6 +274,18 @@ def _by_model_variant(paths, read) -> dict:
     return out
 
 
+def _file_regimes(paths) -> dict[str, str]:
+    """{model: its windows in words} over perturb.nc / cap.nc files (the trained model's, as the claims read)."""
+    out = {}
+    for path in paths:
+        ds = open_dataset(path, lazy=False)
+        if ds.attrs.get("variant") == VARIANT_TRAINED:
+            tokens = ds.sizes["token"] if "token" in ds.sizes else ds.attrs["n_tokens"]  # perturb.nc / cap.nc
+            out[str(ds.attrs.get("model", ""))] = f"{ds.sizes['sample']} windows x {tokens} tokens"
+        ds.close()
+    return out
+
+
 def write_reproduction(
     summary_csv: str | Path,
     csv: str | Path,
@@ -310,7 +322,12 @@ def write_reproduction(
     caps = _by_model_variant(cap_paths, cap_effects)
     text += "\n" + control_markdown(summary)
     text += "\n" + origin_markdown(summary)
-    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios, caps), str(summary_csv))
+    regimes = {
+        "summary": summary_regime(summary),
+        "perturb": _file_regimes(perturb_paths),
+        "caps": _file_regimes(cap_paths),
+    }
+    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios, caps), str(summary_csv), regimes)
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))

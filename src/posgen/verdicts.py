@@ -235,6 +235,26 @@ class Claim:
     test: str
     check: object
     fixed: str = ""  # why a finished run cannot fail the test: then its verdict is "not discriminative"
+    reads: str = "summary"  # the data its test reads, whose regime its verdict is followed by: summary/perturb/caps
+
+
+def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
+    """{model: the regime its summary rows were decided in}: windows x tokens (and held-out windows), random-init
+    seeds, layers x heads."""
+    out = {}
+    for model, rows in summary.groupby("model", sort=False):
+        first = rows.iloc[0]
+        windows = f"{int(first['n_samples'])} windows"
+        tokens = int(first.get("n_tokens", 0) or 0)
+        windows += f" x {tokens} tokens" if tokens else ""
+        heldout = int(first.get("heldout_windows", 0) or 0)
+        windows += f" (+{heldout} held-out)" if heldout else ""
+        seeds = rows.loc[rows["variant"].str.startswith("random-seed"), "variant"].nunique()
+        out[str(model)] = (
+            f"{windows}, {seeds} random-init seed{'' if seeds == 1 else 's'}, "
+            f"{int(first['n_layers'])} layers x {int(first['n_heads'])} heads"
+        )
+    return out
 
 
 CLAIMS = [
@@ -265,6 +285,7 @@ CLAIMS = [
         f"trained model, Method A, every cap C: g of the capped pass against the uncapped one r >= {G_KEPT}, and "
         "f's r below g's; the perplexity ratio beside it",
         cap_changes_only_f,
+        reads="caps",
     ),
     Claim(
         "Method A's error is bounded by the key's token-specific variation in each band (section 5 bound)",
@@ -286,6 +307,7 @@ CLAIMS = [
         f"unchanged) at most {MINIMAL} at rate {RATES[0]:.0%} and at least {CLEAR} at {RATES[1]:.0%}; the share "
         "of tokens each kind actually moves at that rate beside it",
         perturbations_tolerated,
+        reads="perturb",
     ),
 ]
 
@@ -356,8 +378,9 @@ def control_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verdict_markdown(results, source: str) -> str:
-    """The verdict table of the first paper's claims."""
+def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | None = None) -> str:
+    """The verdict table of the first paper's claims; each verdict followed by the regime it was decided in,
+    ``regimes[claim.reads][model]`` for the models of its findings."""
     lines = [
         "## Verdict per claim (Han & Ji 2025)",
         "",
@@ -375,5 +398,10 @@ def verdict_markdown(results, source: str) -> str:
             f"{f.evidence}{' *' if f.held else ''}"
             for f in findings
         )
-        lines.append(f"| {claim.paper} | {claim.test} | **{text}** | {evidence or '-'} |")
+        regime = (regimes or {}).get(claim.reads, {})
+        models = [m for m in dict.fromkeys(f.model for f in findings) if m in regime]
+        where = "; ".join(f"{m}: {regime[m]}" for m in models)
+        lines.append(
+            f"| {claim.paper} | {claim.test} | **{text}**{f' at {where}' if where else ''} | {evidence or '-'} |"
+        )
     return "\n".join(lines) + "\n"

@@ -198,3 +198,21 @@ def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
     assert text.startswith("not discriminative (a theorem")
     assert "mean abs(W - A) / mean bound 0.210; random-init random-seed0 0.350" in findings[0].evidence
     assert by_claim(verdicts(summary(), {}, {}))["error_within_bound"][0] == "not tested"
+
+
+def test_every_verdict_is_followed_by_the_regime_of_what_its_test_read():
+    from posgen.verdicts import summary_regime
+
+    rows = summary().assign(n_samples=8, n_tokens=1200, heldout_windows=8, n_layers=30, n_heads=9)
+    rows = pd.concat([rows, rows[rows["variant"] == "random-seed0"].assign(variant="random-seed1")])
+    regime = summary_regime(rows)
+    assert regime["m1"] == "8 windows x 1200 tokens (+8 held-out), 2 random-init seeds, 30 layers x 9 heads"
+    ratio = {("token-swap", 0.05): Perturbation(1.5, 1.05, 0.1), ("token-swap", 0.2): Perturbation(3.0, 1.5, 0.4)}
+    perturb = {"m1": {"trained": ratio}}
+    regimes = {"summary": regime, "perturb": {"m1": "4 windows x 256 tokens"}}
+    md = verdict_markdown(verdicts(rows, {}, perturb), "results/summary.csv", regimes)
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    r_row = lines["attention logits ~ f(q, i - j) + g(q, k) with r = 0.959"]
+    assert "** at m1: 8 windows x 1200 tokens (+8 held-out), 2 random-init seeds, 30 layers x 9 heads; m2: " in r_row
+    perturb_row = next(line for name, line in lines.items() if name.startswith("position perturbations"))
+    assert "** at m1: 4 windows x 256 tokens |" in perturb_row and "held-out" not in perturb_row
