@@ -90,3 +90,16 @@ def test_an_unreadable_report_names_its_file(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="gpu-report.json: not a readable device-check report"):
         gpu_report(path)
+
+
+def test_a_failed_part_says_where_it_stopped():
+    from posgen.bench.context import in_child
+    from posgen.bench.gpu import attempt
+    from posgen.synthetic.cost import tokens_of
+
+    # in this process: the innermost frame of posgen's own code
+    failed = attempt(tokens_of, {}, "distance")["failed"]
+    assert failed.startswith("KeyError: 'distance' (at synthetic/cost.py:") and failed.endswith("in tokens_of)")
+    # in a spawned child (as every part runs): from the traceback multiprocessing sends back
+    failed = attempt(in_child, tokens_of, {}, "count")["failed"]
+    assert failed.startswith("KeyError: 'count' (at synthetic/cost.py:") and failed.endswith("in tokens_of)")

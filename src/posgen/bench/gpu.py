@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import shlex
 import sys
 import time
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -153,12 +155,27 @@ def report_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def where(err: BaseException) -> str:
+    """Where ``err`` arose: the innermost frame in posgen's own code, else the innermost frame (a child
+    process's, from the traceback multiprocessing attaches as the cause), as ``file:line in function``."""
+    text = str(err.__cause__) if err.__cause__ is not None else "".join(traceback.format_tb(err.__traceback__))
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', text)
+    if not frames:
+        return ""
+    own = [frame for frame in frames if "/posgen/" in frame[0]]
+    path, line, function = (own or frames)[-1]
+    return f"{path.rsplit('/posgen/', 1)[-1] if own else Path(path).name}:{line} in {function}"
+
+
 def attempt(function, *args, **kwargs) -> dict:
-    """``function``'s result, or ``{"failed": "<error>"}``: one part's failure leaves the others measured."""
+    """``function``'s result, or ``{"failed": "<error> (at <where>)"}``: one part's failure leaves the others
+    measured, and the report says where it stopped (one device call is all a session may have)."""
     try:
         return function(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - reported in the file, the other parts still run
-        return {"failed": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+        at = where(err)
+        message = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return {"failed": message + (f" (at {at})" if at else "")}
 
 
 def main(argv=None) -> dict:
