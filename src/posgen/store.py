@@ -7,6 +7,7 @@ import errno
 import importlib.metadata
 import json
 import os
+import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -218,6 +219,19 @@ def atomic_path(path: str | Path):
             print(f"removed {shown(tmp)}, the unfinished temporary of {shown(path)}", file=sys.stderr)
 
 
+def require_space(path: str | Path, n_bytes: int) -> None:
+    """Refuse, in one line naming ``path``, a write of ``n_bytes`` that its file system has no room for: checked
+    before a large write whose size is known (qk.h5, checkpoints), so that a job does not compute for hours to
+    fail at its last step."""
+    path = Path(path)
+    folder = next(parent for parent in (path.parent, *path.parent.parents) if parent.exists())
+    free = shutil.disk_usage(folder).free
+    if n_bytes > free:
+        raise StoreError(
+            f"{shown(path)}: cannot write (needs {n_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free on {folder})"
+        )
+
+
 def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None:
     """Write ``ds`` atomically with h5netcdf, gzip-compressing every numeric variable and storing its
     Fletcher-32 checksum (HDF5 verifies it on every read)."""
@@ -337,6 +351,10 @@ class QKWriter:
         self.samples = np.asarray(samples, dtype=np.int64)  # the windows' global indices, in file order
         n_samples = len(self.samples)
         self.qk_dtype = np.dtype(qk_dtype)
+        if not compression:  # the size is known: q and k of every kept window, and the reference logits
+            qk_bytes = n_samples * n_layers * (n_heads + n_kv_heads) * n_tokens * head_dim * self.qk_dtype.itemsize
+            refs = len(set(ref_samples) & set(self.samples.tolist())) * len(ref_layers) * n_heads * n_tokens**2 * 4
+            require_space(self.path, qk_bytes + refs)
         self._atomic = atomic_path(self.path)
         tmp = self._atomic.__enter__()
         # only the reference windows this file holds

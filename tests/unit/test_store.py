@@ -142,3 +142,43 @@ def test_other_errors_pass_through_the_writer(tmp_path):
     with pytest.raises(OSError, match="Input/output error"):
         with atomic_path(tmp_path / "x.nc"):
             raise OSError(5, "Input/output error")
+
+
+def test_a_large_write_without_room_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """qk.h5 and checkpoints know their size: a file system without room for it stops the job at the start, in
+    one line naming the file, and leaves a finished file as it was."""
+    import collections
+    import shutil
+
+    import torch
+
+    from posgen.synthetic.train import save_checkpoint
+    from posgen.testing.qk_store import write_qk_store
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 1, 2, 10, 8)).astype(np.float32)  # (sample, layer, head, token, dim)
+    k = rng.standard_normal((2, 1, 1, 10, 8)).astype(np.float32)  # (sample, layer, kv_head, token, dim)
+    rope = RopeTable(
+        inv_freq=10000.0 ** -(np.arange(4) / 4)[None],
+        attention_scaling=np.ones(1),
+        scaling=np.full(1, 8**-0.5),
+        sliding_window=np.zeros(1, int),
+        kv_group=np.array([0, 0]),
+    )
+    # q + k of 2 windows and the reference window's logits of layer 0: 2 * (2 + 1) * 10 * 8 * 4 + 2 * 10^2 * 4 bytes
+    needed = 2 * 3 * 10 * 8 * 4 + 2 * 100 * 4
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**9, 10**9 - needed + 1, needed - 1))
+    target = tmp_path / "out" / "qk.h5"
+    target.parent.mkdir()
+    target.write_text("the finished file")
+    with pytest.raises(StoreError, match=r"^out/qk\.h5: cannot write \(needs 0\.00 GB, 0\.00 GB free on "):
+        write_qk_store(target, q, k, rope)
+    assert target.read_text() == "the finished file" and list(target.parent.iterdir()) == [target]
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**9, 10**9 - needed, needed))
+    write_qk_store(target, q, k, rope)  # exactly enough
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(10**9, 10**9 - 100, 100))
+    with pytest.raises(StoreError, match=r"^out/model\.pt: cannot write \(needs "):
+        save_checkpoint(tmp_path / "out" / "model.pt", {"state_dict": {"w": torch.zeros(64)}})
+    assert not (tmp_path / "out" / "model.pt").exists()

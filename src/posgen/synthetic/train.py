@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from posgen.device import resolve_device
 from posgen.integrity import content_digest, damaged, digest
-from posgen.store import atomic_path, open_dataset, provenance, write_netcdf
+from posgen.store import atomic_path, open_dataset, provenance, require_space, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.ensemble import Ensemble, matmul_precision
 from posgen.synthetic.experiments import parse_pe
@@ -396,6 +396,7 @@ def save_checkpoint(path, payload: dict) -> None:
     where torch names the archive ``archive``, not after the temporary file), written atomically."""
     buffer = io.BytesIO()
     torch.save(payload, buffer)
+    require_space(path, buffer.getbuffer().nbytes)
     with atomic_path(path) as tmp:
         tmp.write_bytes(buffer.getvalue())
 
