@@ -19,6 +19,16 @@ from posgen.rope import rotate
 STATISTICS = ("err_abs_mean", "err_abs_se", "bound_mean", "bound_slack_min")  # error_and_bound's, (H, sink) each
 ROW_BLOCK = 32  # the fewest query rows in a tile of the entry pass (_error_pass)
 BOUND_RTOL = 1e-4  # bound check: slack may dip below 0 by this times s |q|max |k|max (float32 rounding)
+# ... plus the float32 rounding of the rotation angles p theta_l, which the model computes (and so the error E) in
+# float32 while the bound's |2 sin(theta_l (i - j - D) / 2)| is exact: at most eps p theta_l per rotated vector
+ANGLE_EPS = float(torch.finfo(torch.float32).eps)
+
+
+def angle_rtol(n_tokens: int, inv_freq) -> float:
+    """The rounding of float32 rotation angles in a logit over ``n_tokens`` positions, relative to s |q| |k|:
+    each band's two angles p theta_l (p < T) are off by at most u p theta_l (u = eps / 2) before cos/sin, so a
+    logit moves by at most |q| |k| u (i + j) theta_max < |q| |k| eps T theta_max (docs/method.md section 5)."""
+    return ANGLE_EPS * n_tokens * torch.as_tensor(inv_freq).max().item()  # numpy or torch, any device
 
 
 def band_norms(x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +136,8 @@ def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: i
 def check_bound(ops: UnitOperands, slack_min: np.ndarray) -> None:
     """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -tolerance.
 
-    float32 error carries rounding of order eps * s |q| |k| sqrt(d): the tolerance is ``BOUND_RTOL`` times
+    float32 error carries rounding of order eps * s |q| |k| sqrt(d), and the float32 rotation angles add
+    :func:`angle_rtol` (linear in the window length): the tolerance is ``BOUND_RTOL + angle_rtol`` times
     ``s |q|max |k|max`` per head.
     """
     rope = ops.rope
@@ -134,7 +145,8 @@ def check_bound(ops: UnitOperands, slack_min: np.ndarray) -> None:
     q_max = ops.q.norm(dim=-1).amax(-1)  # (H,)
     k_max = ops.k.norm(dim=-1).amax(-1)[ops.kv]  # (H,)
     scale = s * amp * amp * q_max * k_max  # (H,)
-    tol = (BOUND_RTOL * scale.double()[:, None]).cpu().numpy()
+    rtol = BOUND_RTOL + angle_rtol(ops.q.shape[1], rope.inv_freq)
+    tol = (rtol * scale.double()[:, None]).cpu().numpy()
     worst = slack_min + tol
     if (worst < 0).any():
         h_bad, s_bad = np.unravel_index(int(np.argmin(worst / tol)), worst.shape)
