@@ -274,16 +274,19 @@ def _by_model_variant(paths, read) -> dict:
     return out
 
 
+def windows_in_words(path) -> str:
+    """A perturb.nc's or cap.nc's windows in words: "<samples> windows x <tokens> tokens"."""
+    ds = open_dataset(path, lazy=False)
+    tokens = ds.sizes["token"] if "token" in ds.sizes else ds.attrs["n_tokens"]  # perturb.nc / cap.nc
+    text = f"{ds.sizes['sample']} windows x {tokens} tokens"
+    ds.close()
+    return text
+
+
 def _file_regimes(paths) -> dict[str, str]:
-    """{model: its windows in words} over perturb.nc / cap.nc files (the trained model's, as the claims read)."""
-    out = {}
-    for path in paths:
-        ds = open_dataset(path, lazy=False)
-        if ds.attrs.get("variant") == VARIANT_TRAINED:
-            tokens = ds.sizes["token"] if "token" in ds.sizes else ds.attrs["n_tokens"]  # perturb.nc / cap.nc
-            out[str(ds.attrs.get("model", ""))] = f"{ds.sizes['sample']} windows x {tokens} tokens"
-        ds.close()
-    return out
+    """{model: its trained model's windows in words} over perturb.nc / cap.nc files, the regime the claims read."""
+    by_model = _by_model_variant(paths, windows_in_words)
+    return {model: by[VARIANT_TRAINED] for model, by in by_model.items() if VARIANT_TRAINED in by}
 
 
 def write_reproduction(

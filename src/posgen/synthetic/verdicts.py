@@ -175,7 +175,8 @@ def alibi_fails_distance(rows):
             f"{PAPER_LONGEST_DISTANCE} (alibi {_pct(cells['test_accuracy'].mean())} %)",
         )
     bayes = float(first["baseline_bayes"])
-    alibi = cells.set_index("seed")["test_accuracy"]
+    by_seed = cells.set_index("seed")
+    alibi = by_seed["test_accuracy"]
     reference = _table(rows, "distance").get(ROPE, pd.Series(dtype=float)).reindex(alibi.index)
     stated = f"alibi {_pct(alibi.mean())} % vs position-free Bayes {_pct(bayes)} % + 5"
     # the positive control: "fails" says something about ALiBi only where the reference PE learned the task in
@@ -192,7 +193,7 @@ def alibi_fails_distance(rows):
             Outcome.NOT_DISCRIMINATIVE,
             f"{stated}; {per_seed}: the control fails too, so the regime, not ALiBi, may be what fails",
         )
-    gate = cells.set_index("seed")["converged"].astype(bool) & learned
+    gate = by_seed["converged"].astype(bool) & learned
     if not gate.any():
         return Decision(
             Outcome.INCONCLUSIVE, f"{stated}; no seed in which alibi converged and {ROPE} learned ({per_seed})"
