@@ -1,16 +1,7 @@
 """Shared preamble of the workflow scripts: make the library importable and send output to the rule's log."""
 
-import signal
 import sys
 from pathlib import Path
-
-
-def _exit_on_sigterm(signum, frame):
-    # SLURM ends a job at its time limit (and scancel) with SIGTERM, whose default action skips every `finally`:
-    # raising instead lets the temporaries (atomic_path, qk.h5's, acquisition's folder) be removed, each with a
-    # line of its own after this one.
-    print(f"terminated by {signal.Signals(signum).name}; removing this job's unfinished temporaries", file=sys.stderr)
-    raise SystemExit(128 + signum)
 
 
 def _one_line_for_posgen_errors(exc_type, exc, tb):
@@ -27,8 +18,10 @@ def setup(snakemake, uses_torch: bool = False) -> None:
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     sys.excepthook = _one_line_for_posgen_errors
+    from posgen.termination import exit_on_sigterm
+
+    exit_on_sigterm()  # SLURM's time limit and scancel: temporaries removed, no output published (module doc)
     from posgen.integrity import record_inputs
     from posgen.store import sweep_stale_temporaries
 

@@ -23,6 +23,7 @@ import torch
 from posgen.config import init_seed, revision_variant, variant_step
 from posgen.device import resolve_device
 from posgen.integrity import remake_command, shown
+from posgen.termination import refuse_if_terminated
 
 EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
@@ -210,6 +211,7 @@ def staged_folder(dest: Path):
     try:
         yield work
         follow_umask(work)
+        refuse_if_terminated()  # a job asked to stop never publishes (posgen.termination)
         if dest.exists():
             shutil.rmtree(dest)
         os.replace(work, dest)

@@ -34,6 +34,7 @@ from posgen.integrity import (
     verified_read,
 )
 from posgen.rope_table import ROPE_VARIABLES, RopeTable
+from posgen.termination import refuse_if_terminated
 from posgen.version import VERSION
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
@@ -207,6 +208,7 @@ def atomic_path(path: str | Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep_stale_temporaries(path)
         yield tmp
+        refuse_if_terminated()  # a job asked to stop never publishes, even if its SystemExit was swallowed
         os.replace(tmp, path)
     except (OSError, RuntimeError) as err:  # torch's zip writer words a full disk as a RuntimeError
         reason = None if isinstance(err, StoreError) else write_failure(err)
