@@ -54,6 +54,8 @@ class Claim:
     paper: str
     test: str
     check: object
+    fixed: str = ""  # why a finished run cannot fail the test (then its verdict is "not discriminative")
+    reads: str = ""  # the data its test reads, whose regime its verdict is followed by (the first paper's)
 
 
 def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
@@ -80,11 +82,11 @@ def exceeds(differences, threshold: float, points: bool = True) -> tuple[Outcome
         return Outcome.INCONCLUSIVE, "no seed can decide"
     held = int((d > threshold).sum())
     mean, lo, hi = t_interval(d)
-    scale, unit = (100, " points") if points else (1, "")
+    scale, unit, f = (100, " points", "+.2f") if points else (1, "", "+.3f")
     if len(d) < 2:
-        text = f"holds in {held} of 1 seed ({scale * mean:+.2f}{unit}; one seed has no interval)"
+        text = f"holds in {held} of 1 seed ({scale * mean:{f}}{unit}; one seed has no interval)"
         return Outcome.INCONCLUSIVE, text
-    text = f"holds in {held} of {len(d)} seeds ({scale * mean:+.2f} [{scale * lo:+.2f}, {scale * hi:+.2f}]{unit})"
+    text = f"holds in {held} of {len(d)} seeds ({scale * mean:{f}} [{scale * lo:{f}}, {scale * hi:{f}}]{unit})"
     if held == len(d) and lo > threshold:
         return Outcome.REPRODUCED, text
     if held == 0 and hi < threshold:
@@ -119,15 +121,17 @@ def overall(per_regime: dict[str, Outcome]) -> str:
     return "depends on the regime: " + "; ".join(parts)
 
 
-def verdict_markdown(title: str, preamble: str, rows: list[dict]) -> str:
+def verdict_markdown(
+    title: str, preamble: str, rows: list[dict], evidence: str = "per regime: verdict, regime, evidence"
+) -> str:
     """A Markdown verdict table: one row per claim with ``paper``, ``test``, ``verdict`` and ``evidence`` (a list
-    of per-regime lines)."""
+    of lines, each a verdict of one part: a regime, a model, a construction), under the heading ``evidence``."""
     lines = [
         f"## {title}",
         "",
         preamble,
         "",
-        "| claim (paper) | test | verdict | per regime: verdict, regime, evidence |",
+        f"| claim (paper) | test | verdict | {evidence} |",
         "|---|---|---|---|",
     ]
     for row in rows:

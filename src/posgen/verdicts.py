@@ -2,13 +2,14 @@
 
 Every claim is tested per model (and per construction of the split where it depends on one: the paper's
 Method A and B, docs/method.md sections 3A-3B) against a threshold fixed here, in advance, and printed beside
-the verdict. Method A-drift (section 3C) is a diagnostic (``DIAGNOSTICS``): its findings are shown, labelled, and
-never count toward a verdict; the thresholds are never tuned to a result. Across models and constructions a claim
+the verdict. Methods A-drift and A-shared (section 3C) are diagnostics (``DIAGNOSTICS``): their findings are
+shown, labelled, and never count toward a verdict; the thresholds are never tuned to a result.
 
-* ``holds``: in every model and construction that tests it;
-* ``holds only under <constructions>`` / ``holds only for <models>``: in some;
-* ``does not hold at this size``: in none;
-* ``not tested``: no input tests it.
+Each finding ends in one outcome of the vocabulary both papers share (:class:`posgen.claims.Outcome`:
+reproduced / not reproduced / inconclusive / not discriminative / not tested); a claim about random-init models
+("every seed") is decided at the seed level, and one seed is inconclusive. Across models and constructions a
+claim's verdict is the common outcome, or "depends on the construction / model" with each outcome and where it
+came from; every verdict is followed by the regime its test read (:func:`summary_regime`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from posgen.claims import Claim, Outcome, exceeds
+from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.summary import HEAD_R
 
@@ -69,13 +72,23 @@ class CapEffect:
 
 @dataclass(frozen=True)
 class Finding:
-    """One (model, construction) test of a claim: whether it held and the numbers behind it."""
+    """One (model, construction) test of a claim: its outcome and the numbers behind it."""
 
     model: str
     construction: str  # "" where the claim does not depend on the construction
-    held: bool
+    outcome: Outcome
     evidence: str
     diagnostic: bool = False  # a diagnostic's finding (DIAGNOSTICS): shown, never counted
+
+
+def decided(held: bool) -> Outcome:
+    """The outcome of a test of one number against its threshold."""
+    return Outcome.REPRODUCED if held else Outcome.NOT_REPRODUCED
+
+
+def _in_band(row) -> bool:
+    """(a)'s band: mean and pooled r both within ``NEAR`` of the paper's r."""
+    return abs(row["mean_r"] - PAPER_R) <= NEAR and abs(row["pooled_r"] - PAPER_R) <= NEAR
 
 
 def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
@@ -92,10 +105,15 @@ def sweep_of(row) -> dict[int, float]:
     return {int(D): float(r) for D, r in (pair.split(":") for pair in text.split())}
 
 
+def _random_rows(rows: pd.DataFrame, row) -> pd.DataFrame:
+    """The random-init variants' rows of ``row``'s model and method."""
+    same = rows[(rows["model"] == row["model"]) & (rows["method"] == row["method"])]
+    return same[same["variant"].str.startswith("random-seed")]
+
+
 def _random_r(rows: pd.DataFrame, row, column: str = "mean_r") -> str:
     """The random-init variants' ``column`` of ``row``'s model and method, for the same row of a verdict."""
-    same = rows[(rows["model"] == row["model"]) & (rows["method"] == row["method"])]
-    random = same[same["variant"].str.startswith("random-seed")]
+    random = _random_rows(rows, row)
     return ", ".join(f"{variant} {value:.3f}" for variant, value in zip(random["variant"], random[column]))
 
 
@@ -112,15 +130,18 @@ def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) 
     for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
         if row["method"] not in (*CONSTRUCTIONS, *DIAGNOSTICS):
             continue
-        held = abs(row["mean_r"] - PAPER_R) <= NEAR and abs(row["pooled_r"] - PAPER_R) <= NEAR
+        outcome = decided(_in_band(row))
+        random_rows = _random_rows(rows, row)
+        if outcome == Outcome.REPRODUCED and len(random_rows) and all(_in_band(r) for _, r in random_rows.iterrows()):
+            outcome = Outcome.NOT_DISCRIMINATIVE  # the untrained control meets the band too: it tells them apart not
         evidence = f"mean {row['mean_r']:.3f}, pooled {row['pooled_r']:.3f}"
         sweep = sweep_of(row)
         if sweep:  # Method A depends on D: its mean r at every D of the sweep
             evidence += " (over D: " + ", ".join(f"{D} {r:.3f}" for D, r in sweep.items()) + ")"
         random = _random_r(rows, row)
-        if random:  # the control in the same row: a band a random-init model also meets decides little
+        if random:  # the control in the same row: a band every random-init model also meets decides nothing
             evidence += f"; random-init {random}"
-        out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
+        out.append(Finding(row["model"], row["method"], outcome, evidence, row["method"] in DIAGNOSTICS))
     return out
 
 
@@ -133,7 +154,7 @@ def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: d
             continue
         spread = max(sweep.values()) - min(sweep.values())
         evidence = f"spread {spread:.3f} over D = " + ", ".join(f"{D}: {r:.3f}" for D, r in sweep.items())
-        out.append(Finding(row["model"], "A", spread <= SWEEP, evidence))
+        out.append(Finding(row["model"], "A", decided(spread <= SWEEP), evidence))
     return out
 
 
@@ -142,7 +163,7 @@ def consistent_across_layers_and_heads(summary: pd.DataFrame, bands: dict, pertu
     for _, row in _trained_rows(_rope_rows(summary), "min_layer_r", (*CONSTRUCTIONS, *DIAGNOSTICS)).iterrows():
         held = row["min_layer_r"] >= LAYER_MIN and row["heads_below"] <= HEADS_BELOW
         evidence = f"lowest layer mean r {row['min_layer_r']:.3f}, heads below {HEAD_R}: {row['heads_below']:.1%}"
-        out.append(Finding(row["model"], row["method"], bool(held), evidence, row["method"] in DIAGNOSTICS))
+        out.append(Finding(row["model"], row["method"], decided(held), evidence, row["method"] in DIAGNOSTICS))
     return out
 
 
@@ -156,13 +177,17 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict, c
         random = group[group["variant"].str.startswith("random-seed")]
         if trained.empty or random.empty:
             continue
-        held = bool(((random["diff_vs_trained"] < -LACK) & (random["diff_hi"] < 0)).all())
+        # per seed: trained minus random-init mean r above LACK, and the seed's interval over windows above 0;
+        # over seeds, the t interval of the gap (claims.exceeds: one seed is inconclusive)
+        outcome, over_seeds = exceeds(-random["diff_vs_trained"].to_numpy(), LACK, points=False)
+        if outcome == Outcome.REPRODUCED and not (random["diff_hi"] < 0).all():
+            outcome = Outcome.INCONCLUSIVE  # a seed whose own interval reaches 0
         diffs = ", ".join(
             f"{r.variant} {r.mean_r:.3f} (diff {r.diff_vs_trained:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}])"
             for r in random.itertuples()
         )
-        evidence = f"trained {trained['mean_r'].iloc[0]:.3f}; {diffs}"
-        out.append(Finding(model, method, held, evidence, method in DIAGNOSTICS))
+        evidence = f"trained minus random-init {over_seeds}; trained {trained['mean_r'].iloc[0]:.3f}; {diffs}"
+        out.append(Finding(model, method, outcome, evidence, method in DIAGNOSTICS))
     return out
 
 
@@ -180,7 +205,7 @@ def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: d
             column = f"low_share_{vector}"
             held = all(trained[column] - s[column] >= LEARNED for s in random.values())
             evidence = f"trained {trained[column]:.2f}, " + ", ".join(f"{v} {s[column]:.2f}" for v, s in random.items())
-            out.append(Finding(f"{model} ({name})", "", held, evidence))
+            out.append(Finding(f"{model} ({name})", "", decided(held), evidence))
     return out
 
 
@@ -197,7 +222,8 @@ def perturbations_tolerated(summary: pd.DataFrame, bands: dict, perturb: dict, c
             f"{at[kind, high].ratio:.2f}; moved {at[kind, low].moved:.0%} / {at[kind, high].moved:.0%})"
             for kind in _kinds(at)
         )
-        out.append(Finding(model, "", held, f"kept-target perplexity ratio at rate {low:.0%} / {high:.0%}: {evidence}"))
+        evidence = f"kept-target perplexity ratio at rate {low:.0%} / {high:.0%}: {evidence}"
+        out.append(Finding(model, "", decided(held), evidence))
     return out
 
 
@@ -211,7 +237,7 @@ def cap_changes_only_f(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
         evidence = "; ".join(
             f"C = {cap}: f {e.f_corr:.3f}, g {e.g_corr:.3f}, perplexity ratio {e.ratio:.2f}" for cap, e in at.items()
         )
-        out.append(Finding(model, "A", held, f"r(capped, uncapped) of the terms: {evidence}"))
+        out.append(Finding(model, "A", decided(held), f"r(capped, uncapped) of the terms: {evidence}"))
     return out
 
 
@@ -221,21 +247,12 @@ def error_within_bound(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
     for _, row in _trained_rows(rows, "err_over_bound", ("A",)).iterrows():
         random = _random_r(rows, row, "err_over_bound") or "-"
         evidence = f"mean abs(W - A) / mean bound {row['err_over_bound']:.3f}; random-init {random}"
-        out.append(Finding(row["model"], "A", True, evidence))
+        out.append(Finding(row["model"], "A", Outcome.NOT_DISCRIMINATIVE, evidence))
     return out
 
 
 def _kinds(ratio: dict) -> list[str]:
     return list(dict.fromkeys(kind for kind, _ in ratio))
-
-
-@dataclass(frozen=True)
-class Claim:
-    paper: str
-    test: str
-    check: object
-    fixed: str = ""  # why a finished run cannot fail the test: then its verdict is "not discriminative"
-    reads: str = "summary"  # the data its test reads, whose regime its verdict is followed by: summary/perturb/caps
 
 
 def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
@@ -259,28 +276,34 @@ def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
 
 CLAIMS = [
     Claim(
+        "split",
         "attention logits ~ f(q, i - j) + g(q, k) with r = 0.959",
-        f"trained model, sink '{SINK}': mean and pooled r both within {NEAR} of {PAPER_R}",
+        f"trained model, sink '{SINK}': mean and pooled r both within {NEAR} of {PAPER_R}; not discriminative "
+        "where every random-init seed meets the band too",
         r_near_paper,
     ),
     Claim(
+        "learned",
         "random-init models lack the split (it is learned)",
-        f"every random-init seed's mean r below the trained model's by more than {LACK}, 95 % CI of the "
-        "difference below 0",
+        f"per seed: random-init mean r below the trained model's by more than {LACK}, the seed's 95 % interval "
+        "over windows below 0; over seeds, the t interval of the gap above it (one seed is inconclusive)",
         random_init_lacks_split,
     ),
     Claim(
+        "dummy distance",
         "the semantic term barely depends on the dummy distance D",
         f"trained model, Method A, sink '{SINK}': mean r moves by at most {SWEEP} over the dummy-distance sweep",
         insensitive_to_dummy_distance,
     ),
     Claim(
+        "layers and heads",
         "the split holds across layers and heads",
         f"trained model, sink '{SINK}': every layer's mean r at least {LAYER_MIN}, and at most {HEADS_BELOW:.0%} of "
         f"the heads (mean r over windows) below {HEAD_R}",
         consistent_across_layers_and_heads,
     ),
     Claim(
+        "distance cap",
         "capping the relative distance (LM-Infinite) changes the positional term f, not the semantic term g",
         f"trained model, Method A, every cap C: g of the capped pass against the uncapped one r >= {G_KEPT}, and "
         "f's r below g's; the perplexity ratio beside it",
@@ -288,6 +311,7 @@ CLAIMS = [
         reads="caps",
     ),
     Claim(
+        "error bound",
         "Method A's error is bounded by the key's token-specific variation in each band (section 5 bound)",
         "the bound holds at every entry of the bound windows; the mean error over the mean bound says how tight",
         error_within_bound,
@@ -295,6 +319,7 @@ CLAIMS = [
         "fail it",
     ),
     Claim(
+        "low frequency",
         "the low-frequency feature pattern is learned",
         f"share of the token variance in the low-frequency half of the bands, keys and queries each: trained at "
         f"least {LEARNED:.2f} above every random-init seed. The control sits near 0.5 by symmetry (random weights "
@@ -302,6 +327,7 @@ CLAIMS = [
         low_frequency_pattern_learned,
     ),
     Claim(
+        "perturbations",
         "position perturbations up to about 5 % are tolerated, more than 10 % degrade clearly",
         f"trained model, every perturbation kind: perplexity ratio on the kept targets (token and position id "
         f"unchanged) at most {MINIMAL} at rate {RATES[0]:.0%} and at least {CLEAR} at {RATES[1]:.0%}; the share "
@@ -312,26 +338,28 @@ CLAIMS = [
 ]
 
 
+def _where(finding: Finding) -> str:
+    return f"{finding.model}/{finding.construction}" if finding.construction else finding.model
+
+
 def verdict(findings: list[Finding]) -> str:
     """The verdict of a claim across its findings (module docstring); diagnostics' findings do not count."""
     findings = [f for f in findings if not f.diagnostic]
-    if not findings:
-        return "not tested"
-    if all(f.held for f in findings):
-        return "holds"
-    if not any(f.held for f in findings):
-        return "does not hold at this size"
-    constructions = sorted({f.construction for f in findings if f.construction})
-    if constructions:
-        by = {c: [f.held for f in findings if f.construction == c] for c in constructions}
-        if all(all(v) or not any(v) for v in by.values()):  # each construction holds in every model or in none
-            return "holds only under " + ", ".join(f"Method {c}" for c in constructions if all(by[c]))
-    models = sorted({f.model for f in findings})
-    by_model = {m: [f.held for f in findings if f.model == m] for m in models}
-    if all(all(v) or not any(v) for v in by_model.values()):
-        return "holds only for " + ", ".join(m for m in models if all(by_model[m]))
-    parts = [f"{f.model}/{f.construction}" if f.construction else f.model for f in findings if f.held]
-    return "holds only in " + ", ".join(parts)
+    outcomes = list(dict.fromkeys(f.outcome for f in findings))
+    if not outcomes:
+        return Outcome.NOT_TESTED.value
+    if len(outcomes) == 1:
+        return outcomes[0].value
+    for label, key, named in (
+        ("construction", lambda f: f.construction, lambda c: f"Method {c}"),
+        ("model", lambda f: f.model, str),
+    ):
+        groups = {key(f): {g.outcome for g in findings if key(g) == key(f)} for f in findings}
+        if all(groups) and all(len(v) == 1 for v in groups.values()):  # each group decided one way
+            parts = [f"{o.value} for " + ", ".join(named(g) for g, v in groups.items() if o in v) for o in outcomes]
+            return f"depends on the {label}: " + "; ".join(parts)
+    parts = [f"{o.value} in " + ", ".join(_where(f) for f in findings if f.outcome == o) for o in outcomes]
+    return "depends: " + "; ".join(parts)
 
 
 def verdicts(
@@ -345,7 +373,7 @@ def verdicts(
     out = []
     for claim in CLAIMS:
         findings = claim.check(summary, bands, perturb, caps or {})
-        text = f"not discriminative ({claim.fixed})" if claim.fixed and findings else verdict(findings)
+        text = f"{Outcome.NOT_DISCRIMINATIVE.value} ({claim.fixed})" if claim.fixed and findings else verdict(findings)
         out.append((claim, text, findings))
     return out
 
@@ -379,29 +407,25 @@ def control_markdown(summary: pd.DataFrame) -> str:
 
 
 def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | None = None) -> str:
-    """The verdict table of the first paper's claims; each verdict followed by the regime it was decided in,
-    ``regimes[claim.reads][model]`` for the models of its findings."""
-    lines = [
-        "## Verdict per claim (Han & Ji 2025)",
-        "",
+    """The verdict table of the first paper's claims (posgen.claims' table): per claim, the regime of each model
+    its test read (``regimes[claim.reads or "summary"][model]``), then each finding with its outcome."""
+    preamble = (
         f"From `{source}`, the bands and the perturbation tables of the same run. The paper's constructions, "
         "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
         + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
-        + " Thresholds are fixed in `posgen.verdicts`, not tuned.",
-        "",
-        "| claim (paper) | test | verdict | evidence (model / construction: numbers; * = holds) |",
-        "|---|---|---|---|",
-    ]
+        + " Thresholds are fixed in `posgen.verdicts`, not tuned. Outcomes: reproduced / not reproduced / "
+        "inconclusive / not discriminative / not tested (docs/method.md section 8.9)."
+    )
+    rows = []
     for claim, text, findings in results:
-        evidence = "; ".join(
+        regime = (regimes or {}).get(claim.reads or "summary", {})
+        models = [m for m in dict.fromkeys(f.model.split(" (")[0] for f in findings) if m in regime]
+        lines = [f"regime, {m}: {regime[m]}" for m in models]
+        lines += [
             f"{f.model}{' / ' + f.construction if f.construction else ''}{' (diagnostic)' if f.diagnostic else ''}: "
-            f"{f.evidence}{' *' if f.held else ''}"
+            f"**{f.outcome.value}**, {f.evidence}"
             for f in findings
-        )
-        regime = (regimes or {}).get(claim.reads, {})
-        models = [m for m in dict.fromkeys(f.model for f in findings) if m in regime]
-        where = "; ".join(f"{m}: {regime[m]}" for m in models)
-        lines.append(
-            f"| {claim.paper} | {claim.test} | **{text}**{f' at {where}' if where else ''} | {evidence or '-'} |"
-        )
-    return "\n".join(lines) + "\n"
+        ]
+        rows.append({"paper": claim.paper, "test": claim.test, "verdict": text, "evidence": lines})
+    evidence = "regime; per model / construction: outcome, evidence"
+    return claims_markdown("Verdict per claim (Han & Ji 2025)", preamble, rows, evidence)
