@@ -189,10 +189,10 @@ def trajectory_figure_inputs(row):
     return {role: role_paths(template) for role, template in row.inputs.items()}
 
 
-# The second paper's family (rules/synthetic.smk, rules/deposit_study.smk; posgen.synthetic.experiments): the
+# The second paper's family (rules/synthetic.smk, rules/deposit_study.smk; posgen.experiments): the
 # experiments of both collections with their resolved settings, and the params and input functions of its rules.
 from posgen.config import config_hash as _hash_of_options
-from posgen.synthetic.experiments import COLLECTIONS, classifiers, dataset, pe_labels, resolve, train_options
+from posgen.experiments import COLLECTIONS, classifiers, dataset, pe_labels, resolve, train_options
 
 SYN = config["synthetic"]
 SYN_DATA_KEYS = ["data_seed", "vocab_size", "test_fraction", "distance", "count"]
@@ -201,7 +201,7 @@ SYN_DATA = canonical({key: SYN[key] for key in SYN_DATA_KEYS})
 SYN_EXPERIMENTS = {name: resolve(SYN, name) for which in COLLECTIONS for name in SYN[which]}
 SYN_TASKS = sorted({task for options in SYN_EXPERIMENTS.values() for task in options["tasks"]})
 SYN_PES = sorted({pe for options in SYN_EXPERIMENTS.values() for pe in pe_labels(options)})
-# the task data sets (posgen.synthetic.experiments.dataset): name -> (task, the data settings its job reads);
+# the task data sets (posgen.experiments.dataset): name -> (task, the data settings its job reads);
 # experiments with their own task sizes get their own
 SYN_DATASETS = {
     dataset(SYN, options, task): (task, canonical({**SYN_DATA, task: options[task]}))

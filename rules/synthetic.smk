@@ -1,5 +1,5 @@
 # The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
-# named experiments (posgen.synthetic.experiments), one training and one analysis job per (experiment, task, pe,
+# named experiments (posgen.experiments), one training and one analysis job per (experiment, task, pe,
 # seed), one training job per (experiment, task, pe) where the experiment sets train.ensemble; gathered NetCDFs, a
 # summary, a per-classifier table and the verdicts per collection: `run` (what `all` builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
 

@@ -147,7 +147,7 @@ def _check_experiments(synthetic: dict, schema) -> None:
     import jsonschema
     import yaml
 
-    from posgen.synthetic.experiments import ExperimentError, check, resolve
+    from posgen.experiments import ExperimentError, check, resolve
 
     properties = yaml.safe_load(Path(schema).read_text())["properties"]["synthetic"]["properties"]
     try:

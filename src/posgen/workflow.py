@@ -12,8 +12,8 @@ import itertools
 import re
 
 from posgen.config import variants
+from posgen.experiments import COLLECTIONS
 from posgen.figure_table import FIGURES
-from posgen.synthetic.experiments import COLLECTIONS
 
 # --------------------------------------------------------------------------------------------- config leaves
 

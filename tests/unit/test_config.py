@@ -153,7 +153,7 @@ def test_the_ensemble_overlay_packs_exactly_the_regime_study():
     options kept."""
     from snakemake.utils import update_config
 
-    from posgen.synthetic.experiments import resolve
+    from posgen.experiments import resolve
 
     merged = yaml.safe_load((ROOT / "config.yaml").read_text())
     update_config(merged, yaml.safe_load((ROOT / "config.ensemble.yaml").read_text()))

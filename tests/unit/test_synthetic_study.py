@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from posgen.config import ConfigError
+from posgen.experiments import ExperimentError, classifiers, parse_pe, pe_labels, resolve
 from posgen.stats import deposit_statistics
 from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy
 from posgen.synthetic.baselines import baselines, lookup_rule
-from posgen.synthetic.experiments import ExperimentError, classifiers, parse_pe, pe_labels, resolve
 from posgen.synthetic.model import Classifier
 from posgen.synthetic.pe import Dims, make_pe
 from posgen.synthetic.probe import held_out_r2, position_probes, stream_probes

@@ -52,7 +52,7 @@ def classifier_options(tiny: bool) -> dict:
     authors' classifier), or the schema defaults (--tiny)."""
     from posgen.bench.synthetic import synthetic_options
     from posgen.config import load
-    from posgen.synthetic.experiments import resolve
+    from posgen.experiments import resolve
 
     if tiny:
         return resolve(synthetic_options(), "clean")

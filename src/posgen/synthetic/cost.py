@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from posgen.experiments import classifiers, collection, resolve
 from posgen.rates import gpu_report, source
-from posgen.synthetic.experiments import classifiers, collection, resolve
 
 TOKEN_EXPONENT = 1.7  # seconds per step ~ tokens^1.7 on the CPU (34 -> 122 tokens: 0.137 -> 1.2 s)
 # (seconds per step, layers, batch, tokens) of each device's measured reference, and jobs sharing one device

@@ -17,11 +17,11 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.device import resolve_device
+from posgen.experiments import parse_pe
 from posgen.integrity import content_digest, damaged, digest
 from posgen.store import atomic_path, open_dataset, provenance, require_space, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.ensemble import Ensemble, matmul_precision
-from posgen.synthetic.experiments import parse_pe
 from posgen.synthetic.model import Classifier, batch_tokens, build
 from posgen.synthetic.tasks import TEST, TRAIN
 
@@ -233,7 +233,7 @@ def train_ensemble(
 
 def model_config(options: dict, data: xr.Dataset, pe: str) -> dict:
     """Classifier keyword arguments from an experiment's options, the task's data set and a PE label
-    (``partial-rope-2``: partial RoPE on 2 heads; posgen.synthetic.experiments)."""
+    (``partial-rope-2``: partial RoPE on 2 heads; posgen.experiments)."""
     m = options["model"]
     name, rope_heads = parse_pe(pe, m["n_heads"])
     return dict(
