@@ -67,3 +67,15 @@ def model_job(snakemake, out: str = "nc"):
         samples=parse_shard(shard) if shard else None,
         config_hash=p.config_hash,
     )
+
+
+def picked(params, *names) -> dict:
+    """The rule's params ``names`` as keywords of the job's function."""
+    return {name: params[name] for name in names}
+
+
+def decomposition_options(params) -> dict:
+    """The decomposition's options as keywords (``decompose_store``, the fused ``Analysis``), from the params of a
+    rule carrying the "decompose" step's config leaves (posgen.workflow.STEP_LEAVES) and the config hash."""
+    names = ("dummy_distances", "dummy_distance", "device", "lstsq_tol", "precision", "bound_rows", "bound_samples")
+    return picked(params, *names, "config_hash")

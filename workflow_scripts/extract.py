@@ -1,4 +1,4 @@
-from _common import model_job, setup
+from _common import decomposition_options, model_job, setup
 
 setup(snakemake, uses_torch=True)
 from posgen.extract import OPTIONS, extract  # noqa: E402
@@ -10,20 +10,7 @@ out = snakemake.output
 # windows only; the store path keeps every window's
 fused = p.analysis == "fused"
 analysis = (
-    Analysis(
-        decomposition_path=out.decomposition,
-        bands_path=out.bands,
-        dummy_distances=p.dummy_distances,
-        dummy_distance=p.dummy_distance,
-        device=p.device,
-        lstsq_tol=p.lstsq_tol,
-        precision=p.precision,
-        bound_rows=p.bound_rows,
-        bound_samples=p.bound_samples,
-        config_hash=p.config_hash,
-    )
-    if fused
-    else None
+    Analysis(decomposition_path=out.decomposition, bands_path=out.bands, **decomposition_options(p)) if fused else None
 )
 extract(
     model_job(snakemake, out="qk"),

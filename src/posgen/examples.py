@@ -38,6 +38,29 @@ def select_heads(decomposition: xr.Dataset) -> dict[str, tuple[int, int, float]]
     }
 
 
+def distances_used(decomposition: xr.Dataset, n_layers: int) -> np.ndarray:
+    """Each layer's dummy distance in the decomposition, (layer,) integers."""
+    if "dummy_distance_used" in decomposition.coords:
+        return np.asarray(decomposition["dummy_distance_used"].values, dtype=np.int64)
+    # written before per-layer distances: one D for every layer
+    return np.full(n_layers, int(decomposition.attrs["dummy_distance"]), dtype=np.int64)
+
+
+def head_maps(q, k, positions, rope, dummy_distance: int, mask: np.ndarray, crop: int) -> dict:
+    """One head's W, f and g maps, cropped to ``crop`` tokens with NaN where ``mask`` (T, T) scores nothing, and
+    its r over the scored entries. ``q``, ``k``: (1, T, dim) pre-RoPE; ``rope``: (inv_freq, scaling, amplitude)."""
+    inv_freq, s, a = rope
+    w = logits(q[0], k[0], inv_freq, s, a).numpy()  # (T, T)
+    f, g = (t[0].numpy() for t in method_a_terms(q, k, positions, inv_freq, s, a, dummy_distance=dummy_distance))
+    keep = mask[:crop, :crop]
+    return {
+        "W": np.where(keep, w[:crop, :crop], np.nan),
+        "f": np.where(keep, f[:crop, :crop], np.nan),
+        "g": np.where(keep, g[:crop, :crop], np.nan),
+        "r_sample": pearson(w[mask], (f + g)[mask]),
+    }
+
+
 def example_heads(
     qk: xr.Dataset,
     decomposition: xr.Dataset,
@@ -59,10 +82,7 @@ def example_heads(
         kept = qk["sample"].values.tolist()
         raise IndexError(f"config.figures.sample: {sample} is not a window kept in qk.h5 (it keeps {kept})")
     dummy_distance = int(decomposition.attrs["dummy_distance"])
-    if "dummy_distance_used" in decomposition.coords:
-        used = np.asarray(decomposition["dummy_distance_used"].values, dtype=np.int64)  # (layer,)
-    else:  # written before per-layer distances: one D for every layer
-        used = np.full(qk.sizes["layer"], dummy_distance, dtype=np.int64)
+    used = distances_used(decomposition, qk.sizes["layer"])  # (layer,)
     heads = select_heads(decomposition)
     qs = qk["q"].sel(sample=sample).astype(np.float32)  # float32 whatever the storage dtype
     ks = qk["k"].sel(sample=sample).astype(np.float32)
@@ -102,20 +122,7 @@ def example_heads(
             if layer != layer_ids[li]:
                 continue
             h = int(np.flatnonzero(head_ids == head)[0])
-            w = logits(q[h], k[h], inv_freq, s, a).numpy()
-            f, g = (
-                t[0].numpy()
-                for t in method_a_terms(
-                    q[h : h + 1], k[h : h + 1], positions, inv_freq, s, a, dummy_distance=int(used[li])
-                )
-            )
-            keep = mask[:crop, :crop]
-            maps[name] = {
-                "W": np.where(keep, w[:crop, :crop], np.nan),
-                "f": np.where(keep, f[:crop, :crop], np.nan),
-                "g": np.where(keep, g[:crop, :crop], np.nan),
-                "r_sample": pearson(w[mask], (f + g)[mask]),
-            }
+            maps[name] = head_maps(q[h : h + 1], k[h : h + 1], positions, (inv_freq, s, a), int(used[li]), mask, crop)
 
     names = list(heads)
     ds = xr.Dataset(

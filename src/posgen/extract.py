@@ -5,6 +5,14 @@
 * self-check on every layer: on the reference samples, re-rotated stored q/k reproduce the model's own logits on
   the first ``check_tokens`` tokens of every layer, and on the whole window for ``ref_layers`` (whose logits
   are also stored).
+
+Options of :func:`extract` beyond the checks': ``keep_qk``: q/k of the windows with a global index below it are
+written (None: every window of the shard; a shard past it writes a qk.h5 of metadata only); ``analysis``: the fused
+path, decomposition.nc and bands.nc of every window of the shard computed here (:mod:`posgen.fused`);
+``check_tokens``: prefix on which every layer is self-checked (0: the whole window), on the reference windows and
+the shard's first window; ``transparency_tokens``: tokens of the shard's first window the transparency check runs
+(0: the whole window); ``first_token``: "mean-embedding" runs every pass with the first token's input embedding
+replaced by the mean over the vocabulary (:mod:`posgen.first_token`, the first-token control; a models entry's key).
 """
 
 from __future__ import annotations
@@ -175,6 +183,61 @@ def default_options(**overrides) -> dict:
     return {**schema_defaults("extract", OPTIONS), **overrides}
 
 
+def reference_layers(ref_samples, ref_layers, n_windows: int, n_layers: int, windows_path) -> list[int]:
+    """The reference layers as indices 0..n_layers-1, after refusing reference windows or layers out of range."""
+    bad = [s for s in ref_samples if not 0 <= s < n_windows]
+    if bad:
+        raise ValueError(f"extract.ref_samples: {bad} outside the {n_windows} windows of {windows_path}")
+    bad = [l for l in ref_layers if not -n_layers <= l < n_layers]
+    if bad:
+        raise ValueError(f"extract.ref_layers: {bad} outside the model's {n_layers} layers")
+    return sorted({l % n_layers for l in ref_layers})
+
+
+def windows_attrs(windows) -> dict:
+    """What qk.h5 carries of the windows file: the corpus and the window draw."""
+    return {
+        "corpus_source": windows.attrs.get("corpus_source", ""),
+        "window_seed": int(windows.attrs.get("window_seed", -1)),
+    }
+
+
+def check_window(capture, q, k, params, rtol: float, layer_errors: dict, ref_layers) -> tuple[float, np.ndarray | None]:
+    """Self-check a captured window against the model's own logits, where the pass kept any (a reference window
+    or a shard's first): (worst relative error, 0.0 for a window without references; the reference layers'
+    logits to store, (ref_layer, H, T, T), or None)."""
+    if not (capture.logits or capture.prefix_logits):
+        return 0.0, None
+    prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}
+    worst = verify_logits(q, k, params, prefix, rtol, layer_errors)
+    refs = {layer: capture.logits[layer][0] for layer in ref_layers}
+    worst = max(worst, verify_logits(q, k, params, refs, rtol, layer_errors))
+    if not ref_layers:  # none for long windows: H T^2 floats each (the prefix check remains)
+        return worst, None
+    return worst, np.stack([refs[layer].numpy() for layer in ref_layers])
+
+
+def open_writer(out_path, capture, params, attrs: dict, kept, n_tokens: int, refs, storage) -> QKWriter:
+    """qk.h5's writer for the captured model's shapes: the ``kept`` windows, ``refs`` = (reference windows to
+    store, reference layers), ``storage`` = (gzip level, q/k dtype)."""
+    (ref_samples, ref_layers), (compression, qk_dtype) = refs, storage
+    return QKWriter(
+        out_path,
+        samples=kept,
+        n_layers=capture.n_layers,
+        n_heads=capture.n_heads,
+        n_kv_heads=capture.n_kv_heads,
+        n_tokens=n_tokens,
+        head_dim=capture.head_dim,
+        ref_samples=ref_samples,
+        ref_layers=ref_layers,
+        rope=params,
+        compression=compression,
+        qk_dtype=qk_dtype,
+        attrs=attrs,
+    )
+
+
 def extract(
     job: ModelJob,
     *,
@@ -191,15 +254,8 @@ def extract(
     analysis: Analysis | None = None,
 ) -> dict:
     """Write ``qk.h5`` (``job.out``) for one model variant (the shard ``job.samples`` of its windows); returns
-    timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's).
-
-    ``keep_qk``: q/k of the windows with a global index below it are written (None: every window of the shard; a
-    shard past it writes a qk.h5 of metadata only); ``analysis``: the fused path, decomposition.nc and bands.nc of
-    every window of the shard computed here (:mod:`posgen.fused`). ``check_tokens``: prefix on which every layer
-    is self-checked (0: the whole window), on the reference windows and the shard's first window;
-    ``transparency_tokens``: tokens of the shard's first window the transparency check runs (0: the whole window).
-    ``first_token``: "mean-embedding" runs every pass with the first token's input embedding replaced by the
-    mean over the vocabulary (:mod:`posgen.first_token`, the first-token control; a models entry's key).
+    timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's);
+    each is described in the module docstring.
     """
     windows_path, out_path, dtype = job.windows, job.out, job.dtype
     model, _, manifest = load_capturing(
@@ -213,13 +269,7 @@ def extract(
     kept = shard[shard < keep_qk] if keep_qk is not None else shard
     check_tokens = min(check_tokens or n_tokens, n_tokens)
     capture = Capture(model, ref_layers, check_tokens=check_tokens)
-    bad = [s for s in ref_samples if not 0 <= s < n_windows]
-    if bad:
-        raise ValueError(f"extract.ref_samples: {bad} outside the {n_windows} windows of {windows_path}")
-    bad = [l for l in ref_layers if not -capture.n_layers <= l < capture.n_layers]
-    if bad:
-        raise ValueError(f"extract.ref_layers: {bad} outside the model's {capture.n_layers} layers")
-    ref_layers = sorted({l % capture.n_layers for l in ref_layers})
+    ref_layers = reference_layers(ref_samples, ref_layers, n_windows, capture.n_layers, windows_path)
     # every shard self-checks its first window, so that no job goes unchecked
     check_samples = set(ref_samples) | {start}
     rtol = effective_rtol(check_rtol, dtype)
@@ -245,8 +295,7 @@ def extract(
                         **capture_attrs(
                             model, capture, manifest, model_name=job.model, variant=job.variant, dtype=dtype
                         ),
-                        "corpus_source": windows.attrs.get("corpus_source", ""),
-                        "window_seed": int(windows.attrs.get("window_seed", -1)),
+                        **windows_attrs(windows),
                         "check_rtol": rtol,
                         "self_check_tokens": check_tokens,
                         "transparency_rel_error": transparency,
@@ -255,35 +304,18 @@ def extract(
                         "config_hash": job.config_hash,
                         "first_token": first_token,
                     }
-                    writer = QKWriter(
-                        out_path,
-                        samples=kept,
-                        n_layers=capture.n_layers,
-                        n_heads=capture.n_heads,
-                        n_kv_heads=capture.n_kv_heads,
-                        n_tokens=n_tokens,
-                        head_dim=capture.head_dim,
-                        # the fused path checks the reference logits in memory and does not store them:
-                        # H T^2 floats per reference layer, 58 of the 106 GB a paper run would keep
-                        ref_samples=list(ref_samples) if analysis is None else [],
-                        ref_layers=ref_layers,
-                        rope=params,
-                        compression=compression,
-                        qk_dtype=qk_dtype,
-                        attrs=attrs,
+                    # the fused path checks the reference logits in memory and does not store them: H T^2
+                    # floats per reference layer, 58 of the 106 GB a paper run would keep
+                    refs = (list(ref_samples) if analysis is None else [], ref_layers)
+                    writer = open_writer(
+                        out_path, capture, params, attrs, kept, n_tokens, refs, (compression, qk_dtype)
                     )
                     if heldout_k is not None:
                         writer.write_heldout_mean(heldout_k, len(heldout_ids))
                     if analysis is not None:
                         analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_k, len(heldout_ids))
-                logits_ref = None
-                if capture.logits or capture.prefix_logits:  # a reference window
-                    prefix = {layer: logits[0] for layer, logits in capture.prefix_logits.items()}
-                    worst = max(worst, verify_logits(q, k, params, prefix, rtol, layer_errors))
-                    refs = {layer: capture.logits[layer][0] for layer in ref_layers}
-                    worst = max(worst, verify_logits(q, k, params, refs, rtol, layer_errors))
-                    if ref_layers:  # none for long windows: H T^2 floats each (the prefix check remains)
-                        logits_ref = np.stack([refs[layer].numpy() for layer in ref_layers])
+                error, logits_ref = check_window(capture, q, k, params, rtol, layer_errors, ref_layers)
+                worst = max(worst, error)
                 if writer.holds(sample):
                     writer.write_sample(sample, q, k, token_id[sample], logits_ref)
                 if analysis is not None:
@@ -300,11 +332,7 @@ def extract(
         if writer is not None:
             writer.close(ok=False)
         raise
-    report = {
-        "self_check_max_rel_error": worst,
-        "transparency_rel_error": transparency,
-        "seconds_per_window": seconds,
-        "n_samples": len(shard),
-    }
+    report = dict(self_check_max_rel_error=worst, transparency_rel_error=transparency, seconds_per_window=seconds)
+    report["n_samples"] = len(shard)
     print(json.dumps(report))
     return report

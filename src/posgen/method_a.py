@@ -153,11 +153,10 @@ class Terms:
     def __call__(self, sample: int) -> tuple[torch.Tensor, torch.Tensor]:
         if sample in self._cache:
             return self._cache[sample]
-        if len(self.groups) == 1:
-            ((key, _),) = self.groups.items()
-            f, g = method_a_terms(
-                self.q[:, sample],
-                self.k[:, sample],
+        terms = {
+            key: method_a_terms(
+                self.q[layers, sample],
+                self.k[layers, sample],
                 self.positions[sample],
                 self.inv_freq[key],
                 key[1],
@@ -165,23 +164,16 @@ class Terms:
                 key[3],
                 self.distance_cap,
             )
+            for key, layers in self.groups.items()
+        }  # {key: (f, g)} of each group's layers
+        if len(terms) == 1:  # every layer alike (the common case): no copy
+            ((f, g),) = terms.values()
         else:
-            f = g = None
+            fl, gl = next(iter(terms.values()))
+            f = fl.new_empty((len(self.q),) + fl.shape[1:])
+            g = gl.new_empty((len(self.q),) + gl.shape[1:])
             for key, layers in self.groups.items():
-                fl, gl = method_a_terms(
-                    self.q[layers, sample],
-                    self.k[layers, sample],
-                    self.positions[sample],
-                    self.inv_freq[key],
-                    key[1],
-                    key[2],
-                    key[3],
-                    self.distance_cap,
-                )
-                if f is None:
-                    f = fl.new_empty((len(self.q),) + fl.shape[1:])
-                    g = gl.new_empty((len(self.q),) + gl.shape[1:])
-                f[layers], g[layers] = fl, gl
+                f[layers], g[layers] = terms[key]
         if self.keep:
             self._cache[sample] = (f, g)
         return f, g

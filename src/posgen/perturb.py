@@ -54,6 +54,43 @@ def _layer_coords(terms: Terms) -> dict:
     }
 
 
+def _perturb_dataset(out, f_corr, g_corr, ref_pass, ref, kinds, rates, sample_ids, seed, jitter, dummy_distance):
+    """perturb.nc's dataset from :func:`run_perturbations`' arrays (docs/data-model.md)."""
+    n_tokens = out["order"].shape[-1]
+    dims = ("kind", "rate", "sample")
+    ds = xr.Dataset(
+        {
+            "nll": (dims, out["nll"]),
+            "ppl_ratio": (dims, np.exp(out["nll"] - ref_pass.nll[None, None, :])),
+            "nll_unperturbed": (("sample",), ref_pass.nll),
+            "ppl_ratio_kept": (dims, np.exp(out["nll_kept"] - out["nll_kept_ref"])),
+            "nll_kept": (dims, out["nll_kept"]),
+            "moved": (dims, out["moved"]),
+            "moved_units": (dims, out["moved_units"]),
+            "f_corr": (dims + ("layer",), f_corr),
+            "g_corr": (dims + ("layer",), g_corr),
+            "order": (dims + ("token",), out["order"]),
+            "position_ids": (dims + ("token",), out["position_ids"]),
+        },
+        coords={
+            "kind": list(kinds),
+            "rate": rates,
+            "sample": sample_ids,
+            "token": np.arange(n_tokens),
+            **_layer_coords(ref),
+        },
+        attrs={
+            "perturb_seed": seed,
+            "jitter": jitter,
+            "dummy_distance": dummy_distance,
+            "sink": "without",
+            "seed_rule": "numpy default_rng([seed, kind_index, round(rate*1e6), sample])",
+            "kinds": list(kinds),
+        },
+    )
+    return ds
+
+
 def run_perturbations(
     model,
     token_ids: np.ndarray,
@@ -126,38 +163,7 @@ def run_perturbations(
             out["nll_kept_ref"][ki, ri] = _masked_mean(ref_pass.token_nll, kept)
             f_corr[ki, ri], g_corr[ki, ri] = fg_change(ref, Terms(new_pass, rope_info, dummy_distance), orders)
 
-    dims = ("kind", "rate", "sample")
-    ds = xr.Dataset(
-        {
-            "nll": (dims, out["nll"]),
-            "ppl_ratio": (dims, np.exp(out["nll"] - ref_pass.nll[None, None, :])),
-            "nll_unperturbed": (("sample",), ref_pass.nll),
-            "ppl_ratio_kept": (dims, np.exp(out["nll_kept"] - out["nll_kept_ref"])),
-            "nll_kept": (dims, out["nll_kept"]),
-            "moved": (dims, out["moved"]),
-            "moved_units": (dims, out["moved_units"]),
-            "f_corr": (dims + ("layer",), f_corr),
-            "g_corr": (dims + ("layer",), g_corr),
-            "order": (dims + ("token",), out["order"]),
-            "position_ids": (dims + ("token",), out["position_ids"]),
-        },
-        coords={
-            "kind": list(kinds),
-            "rate": rates,
-            "sample": sample_ids,
-            "token": np.arange(n_tokens),
-            **_layer_coords(ref),
-        },
-        attrs={
-            "perturb_seed": seed,
-            "jitter": jitter,
-            "dummy_distance": dummy_distance,
-            "sink": "without",
-            "seed_rule": "numpy default_rng([seed, kind_index, round(rate*1e6), sample])",
-            "kinds": list(kinds),
-        },
-    )
-    return ds
+    return _perturb_dataset(out, f_corr, g_corr, ref_pass, ref, kinds, rates, sample_ids, seed, jitter, dummy_distance)
 
 
 def run_caps(

@@ -422,16 +422,19 @@ class QKWriter:
             "logits_ref": with_block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
         }
         self.whole = {}  # the digests of the variables written whole, by name
-        # the RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
-        # to the model's own; docs/data-model.md)
-        for name, (dims, values) in rope_variables(rope).items():
-            dtype = ROPE_VARIABLES[name][1]
-            var = f.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
-            if dtype != "str":
-                var.attrs[DIGEST_ATTR] = self.whole[name] = digest(np.asarray(values, dtype=dtype))
+        self._write_rope(rope)
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         f.attrs[INPUTS_ATTR] = input_digests()
         self.written = np.zeros(n_samples, dtype=bool)
+
+    def _write_rope(self, rope: RopeTable) -> None:
+        """The RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
+        to the model's own; docs/data-model.md), each with its digest."""
+        for name, (dims, values) in rope_variables(rope).items():
+            dtype = ROPE_VARIABLES[name][1]
+            var = self.file.create_variable(name, dims, h5py.string_dtype() if dtype == "str" else dtype, data=values)
+            if dtype != "str":
+                var.attrs[DIGEST_ATTR] = self.whole[name] = digest(np.asarray(values, dtype=dtype))
 
     def write_layer_errors(self, errors: np.ndarray) -> None:
         """The self-check's worst relative error of each layer (NaN: a layer the check did not reach)."""

@@ -156,6 +156,85 @@ def share_floor(ds: xr.Dataset) -> float:
     return int(ds.attrs["smooth_degree"]) / (int(ds.attrs["n_tokens"]) - 1)
 
 
+def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> list[dict]:
+    """The summary.csv rows of one (variant, layer group): ``ds`` its layers, ``per_sample`` its mean r per
+    (sample, method, sink), ``trained`` the trained model's (None for the trained model itself), ``min_layer``
+    its lowest per-layer mean r per (method, sink), ``idx`` the bootstrap draws."""
+    methods, sinks, n_samples = list(ds["method"].values), list(ds["sink"].values), ds.sizes["sample"]
+    r = ds["r"].values  # (sample, layer, head, method, sink)
+    suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
+    mean_r, mean_lo, mean_hi = interval(_mean, per_sample, idx)
+    pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
+    if trained is not None:
+        diff, diff_lo, diff_hi = interval(_mean, per_sample - trained, idx)
+    else:
+        diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
+    # each construction's mean r less Method A's, paired over samples (what a diagnostic closes)
+    vs_a = per_sample - per_sample[:, methods.index("A")][:, None]  # (sample, method, sink)
+    diff_a, diff_a_lo, diff_a_hi = interval(_mean, vs_a, idx)
+    # variance explained by f / g alone: (method, sink), NaN for a method without f and g (Method B)
+    r2 = {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
+    shares = {
+        f"{vector}_position_share_{basis}": _nanmean(
+            ds[f"{vector}_position_share"].sel(basis=basis).transpose("sample", "layer", "head", "sink").values,
+            (0, 1, 2),
+        )  # (sink,)
+        for vector in VECTORS
+        for basis in BASES
+    }
+    shares["k_shared_share"] = (
+        _nanmean(ds["k_shared_share"].transpose("sample", "layer", "head", "sink").values, (0, 1, 2))
+        if "k_shared_share" in ds
+        else np.full(len(sinks), np.nan)  # written before Method A-shared
+    )
+    distance = _distance_text(ds)
+    # consistency: the share of heads (mean over samples) below HEAD_R
+    head_r = _nanmean(r, 0)  # (layer, head, method, sink)
+    below = (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
+    sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
+    tightness = _err_over_bound(ds)  # (sink,): Method A's mean error over the section 5 bound
+    rows = []
+    for mi, method in enumerate(methods):
+        has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
+        for si, sink in enumerate(sinks):
+            rows.append(
+                {
+                    "model": model,
+                    "variant": variant,
+                    "method": method,
+                    "sink": sink,
+                    "layer_type": group,
+                    "mean_r": mean_r[mi, si],
+                    "mean_r_lo": mean_lo[mi, si],
+                    "mean_r_hi": mean_hi[mi, si],
+                    "pooled_r": pooled[mi, si],
+                    "pooled_r_lo": pooled_lo[mi, si],
+                    "pooled_r_hi": pooled_hi[mi, si],
+                    "r2_f": r2["r2_f"][mi, si],
+                    "r2_g": r2["r2_g"][mi, si],
+                    "diff_vs_trained": diff[mi, si],
+                    "diff_lo": diff_lo[mi, si],
+                    "diff_hi": diff_hi[mi, si],
+                    "diff_vs_a": diff_a[mi, si],
+                    "diff_vs_a_lo": diff_a_lo[mi, si],
+                    "diff_vs_a_hi": diff_a_hi[mi, si],
+                    "n_samples": n_samples,
+                    "n_tokens": int(ds.attrs.get("n_tokens", 0)),  # 0: a file from before the attr
+                    "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
+                    "share_floor": share_floor(ds),
+                    "min_layer_r": min_layer[mi, si],
+                    "heads_below": below[mi, si],
+                    "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
+                    "err_over_bound": tightness[si] if method == "A" else np.nan,
+                    "n_layers": ds.sizes["layer"],
+                    "n_heads": ds.sizes["head"],
+                    "dummy_distance": distance if has_fg else "",
+                    **{name: value[si] for name, value in shares.items()},
+                }
+            )
+    return rows
+
+
 def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, seed: int):
     """(rows of summary.csv, summary.nc dataset) for one model."""
     variants = sorted(by_variant, key=variant_order)  # trained, random-init seeds, then step<N>
@@ -190,80 +269,12 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
         per_sample = {}
         for vi, v in enumerate(variants):
             ds = data[v].isel(layer=np.flatnonzero(keep))
-            r = ds["r"].values  # (sample, layer, head, method, sink)
-            per_sample[v] = _nanmean(r, (1, 2))  # (sample, method, sink)
-            suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
-            mean_r, mean_lo, mean_hi = interval(_mean, per_sample[v], idx)
-            pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
-            if v != VARIANT_TRAINED and VARIANT_TRAINED in per_sample:
-                diff, diff_lo, diff_hi = interval(_mean, per_sample[v] - per_sample[VARIANT_TRAINED], idx)
-            else:
-                diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
-            # each construction's mean r less Method A's, paired over samples (what a diagnostic closes)
-            vs_a = per_sample[v] - per_sample[v][:, methods.index("A")][:, None]  # (sample, method, sink)
-            diff_a, diff_a_lo, diff_a_hi = interval(_mean, vs_a, idx)
-            # variance explained by f / g alone: (method, sink), NaN for a method without f and g (Method B)
-            r2 = {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
-            shares = {
-                f"{vector}_position_share_{basis}": _nanmean(
-                    ds[f"{vector}_position_share"].sel(basis=basis).transpose("sample", "layer", "head", "sink").values,
-                    (0, 1, 2),
-                )  # (sink,)
-                for vector in VECTORS
-                for basis in BASES
-            }
-            shares["k_shared_share"] = (
-                _nanmean(ds["k_shared_share"].transpose("sample", "layer", "head", "sink").values, (0, 1, 2))
-                if "k_shared_share" in ds
-                else np.full(len(sinks), np.nan)  # written before Method A-shared
-            )
-            distance = _distance_text(ds)
-            # consistency: the lowest per-layer mean r, and the share of heads (mean over samples) below HEAD_R
+            per_sample[v] = _nanmean(ds["r"].values, (1, 2))  # (sample, method, sink)
+            trained = per_sample.get(VARIANT_TRAINED) if v != VARIANT_TRAINED else None
             with warnings.catch_warnings():  # a method without any r (A-shared without held-out windows): NaN
                 warnings.simplefilter("ignore", RuntimeWarning)
                 min_layer = np.nanmin(layer_r[vi][..., keep], -1)  # (method, sink)
-            head_r = _nanmean(r, 0)  # (layer, head, method, sink)
-            below = (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
-            sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
-            tightness = _err_over_bound(ds)  # (sink,): Method A's mean error over the section 5 bound
-            for mi, method in enumerate(methods):
-                has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
-                for si, sink in enumerate(sinks):
-                    rows.append(
-                        {
-                            "model": model,
-                            "variant": v,
-                            "method": method,
-                            "sink": sink,
-                            "layer_type": group,
-                            "mean_r": mean_r[mi, si],
-                            "mean_r_lo": mean_lo[mi, si],
-                            "mean_r_hi": mean_hi[mi, si],
-                            "pooled_r": pooled[mi, si],
-                            "pooled_r_lo": pooled_lo[mi, si],
-                            "pooled_r_hi": pooled_hi[mi, si],
-                            "r2_f": r2["r2_f"][mi, si],
-                            "r2_g": r2["r2_g"][mi, si],
-                            "diff_vs_trained": diff[mi, si],
-                            "diff_lo": diff_lo[mi, si],
-                            "diff_hi": diff_hi[mi, si],
-                            "diff_vs_a": diff_a[mi, si],
-                            "diff_vs_a_lo": diff_a_lo[mi, si],
-                            "diff_vs_a_hi": diff_a_hi[mi, si],
-                            "n_samples": n_samples,
-                            "n_tokens": int(ds.attrs.get("n_tokens", 0)),  # 0: a file from before the attr
-                            "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
-                            "share_floor": share_floor(ds),
-                            "min_layer_r": min_layer[mi, si],
-                            "heads_below": below[mi, si],
-                            "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
-                            "err_over_bound": tightness[si] if method == "A" else np.nan,
-                            "n_layers": ds.sizes["layer"],
-                            "n_heads": ds.sizes["head"],
-                            "dummy_distance": distance if has_fg else "",
-                            **{name: value[si] for name, value in shares.items()},
-                        }
-                    )
+            rows += _rows(model, v, group, ds, per_sample[v], trained, min_layer, idx)
     # rows: variant, then layer type, method, sink
     order = {v: i for i, v in enumerate(variants)}
     group_order = {g: i for i, g in enumerate(groups)}
