@@ -27,6 +27,7 @@ from posgen.trajectory import heatmap_variants  # noqa: E402
 # The workflow's shape (posgen.workflow): path templates, model jobs, shards, what `all` builds.
 from posgen.workflow import (  # noqa: E402
     BANDS,
+    BLOCK_SWAP,
     CAP,
     DECOMPOSITION,
     EXAMPLES,

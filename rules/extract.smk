@@ -1,6 +1,6 @@
 # One extraction job per shard of windows. The fused path (extract.analysis: fused) also writes the shard's
 # decomposition.nc and bands.nc, and q/k of the first extract.keep_qk windows only; the store path writes every
-# window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.extract and posgen.fused.
+# window's q/k, for rules decompose and bands (rules/decompose.smk). Logic in posgen.llm.extract and posgen.llm.fused.
 
 FUSED_OUTPUT = {table: shard_table(table) for table in FUSED_TABLES} if FUSED else {}
 

@@ -23,6 +23,28 @@ rule examples:
         "../workflow_scripts/examples.py"
 
 
+# A second reading per head: block-swap scores of the example window's q/k beside the decomposition's f share
+# (posgen.llm.block_swap, docs/method.md section 3D).
+rule block_swap:
+    input:
+        qk=expand(rules.extract.output.qk, shard=FIGURE_SHARD, allow_missing=True)[0],
+        decomposition=DECOMPOSITION,
+    output:
+        block_swap=BLOCK_SWAP,
+    log:
+        "logs/figures/{model}/{variant}/block_swap.log",
+    conda:
+        "../envs/posgen.yaml"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    params:
+        **params_of("block_swap"),
+    script:
+        "../workflow_scripts/block_swap.py"
+
+
 # Inputs expanded over variants come in VARIANTS order; params.variants names them in that order.
 for row in FIGURE_TABLE.values():
 
@@ -68,6 +90,7 @@ rule reproduction:
         bands=expand(BANDS, model=MODELS, variant=VARIANTS),
         perturb=expand(PERTURB, model=MODELS, variant=VARIANTS),
         cap=expand(CAP, model=MODELS, variant=VARIANTS),
+        block_swap=expand(BLOCK_SWAP, model=MODELS, variant=VARIANTS),
     output:
         csv=report(
             REPRODUCTION["csv"],

@@ -1,7 +1,7 @@
 # Per-head ablation of the pretrained LLMs (docs/method.md section 8.6), beside each head's Method A numbers: a
 # model job of the first family beside perturb and cap, one per (model, variant). Not sharded: its output holds
 # per-layer statistics of the means over both probes' samples (deposit index, top gap, Spearman against the
-# gathered decomposition), which a gather along `sample` cannot combine. Logic in posgen.head_ablation.
+# gathered decomposition), which a gather along `sample` cannot combine. Logic in posgen.llm.head_ablation.
 
 
 rule head_ablation:

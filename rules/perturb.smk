@@ -1,6 +1,6 @@
 # Position-generalisation experiments (docs/method.md section 7): perturbed token order / position ids, and
 # LM-Infinite style RoPE distance capping, one job per shard of the perturbation windows (rule gather merges them).
-# Logic in posgen.perturb.
+# Logic in posgen.llm.perturb.
 
 
 rule perturb:

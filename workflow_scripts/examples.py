@@ -1,7 +1,7 @@
 from _common import setup
 
 setup(snakemake, uses_torch=True)
-from posgen.examples import examples_job  # noqa: E402
+from posgen.llm.examples import examples_job  # noqa: E402
 
 examples_job(
     snakemake.input.qk,

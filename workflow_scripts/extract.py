@@ -1,8 +1,8 @@
 from _common import decomposition_options, model_job, setup
 
 setup(snakemake, uses_torch=True)
-from posgen.extract import OPTIONS, extract  # noqa: E402
-from posgen.fused import Analysis  # noqa: E402
+from posgen.llm.extract import OPTIONS, extract  # noqa: E402
+from posgen.llm.fused import Analysis  # noqa: E402
 
 p = snakemake.params
 out = snakemake.output

@@ -1,7 +1,7 @@
 from _common import model_job, setup
 
 setup(snakemake, uses_torch=True)
-from posgen.head_ablation import head_ablation_job  # noqa: E402
+from posgen.llm.head_ablation import head_ablation_job  # noqa: E402
 
 p = snakemake.params
 head_ablation_job(

@@ -19,5 +19,6 @@ write_reproduction(
     bands_paths=list(snakemake.input.bands),
     perturb_paths=list(snakemake.input.perturb),
     cap_paths=list(snakemake.input.cap),
+    block_swap_paths=list(snakemake.input.block_swap),
     config_hash=snakemake.params.config_hash,
 )

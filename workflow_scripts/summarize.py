@@ -1,7 +1,7 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.summary import summarize  # noqa: E402
+from posgen.llm.summary import summarize  # noqa: E402
 
 p = snakemake.params
 summarize(

@@ -1,6 +1,6 @@
 from _common import setup
 
 setup(snakemake)
-from posgen.summary import concat_tables  # noqa: E402
+from posgen.llm.summary import concat_tables  # noqa: E402
 
 concat_tables(snakemake.input.csv, snakemake.output.csv)

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 import xarray as xr
 
-from posgen.capture import CAPTURING_BACKENDS, Capture, backend_for, load_capturing
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition.table import decompose_dataset
-from posgen.extract import capture_attrs, capture_window, default_options, effective_rtol, verify_logits
 from posgen.figure_table import FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
 from posgen.figures import registry
-from posgen.head_ablation import head_ablation, join_decomposition
+from posgen.llm.capture import CAPTURING_BACKENDS, Capture, backend_for, load_capturing
+from posgen.llm.extract import capture_attrs, capture_window, default_options, effective_rtol, verify_logits
+from posgen.llm.head_ablation import head_ablation, join_decomposition
 from posgen.models import acquire, manifest_attrs
 from posgen.store import provenance, qk_dataset
 
@@ -62,7 +62,7 @@ def load(
     cache: str | Path | None = None,
 ):
     """``(model, tokenizer, manifest)`` of ``source`` (:func:`model_folder`), loaded as the extraction loads it
-    (:func:`posgen.capture.load_capturing`); ``variant``: trained, random-seed<S> or step<N>."""
+    (:func:`posgen.llm.capture.load_capturing`); ``variant``: trained, random-seed<S> or step<N>."""
     return load_capturing(model_folder(source, cache), variant, dtype=dtype, device=device)
 
 

@@ -87,6 +87,7 @@ def _row(name, category, inputs, **kw) -> FigureRow:
 
 
 _EXAMPLES = "results/{model}/{variant}/examples.nc"
+_BLOCK_SWAP = "results/{model}/{variant}/block_swap.nc"
 _DECOMPOSITION = "results/{model}/{variant}/decomposition.nc"
 _PERTURB = "results/{model}/{variant}/perturb.nc"
 _ABLATION = "results/synthetic/ablation.nc"
@@ -101,6 +102,7 @@ FIGURES = {
         _row("layer_r", "4. Per-layer r", {"summary": "results/{model}/summary.nc"}),
         _row("position_share", "4b. Absolute position in q and k", {"summary": "results/{model}/summary.nc"}),
         _row("bands", "5. Feature bands", {"bands": "results/{model}/{variant}/bands.nc"}),
+        _row("block_swap", "5b. Block swaps: a second reading per head", {"block_swap": _BLOCK_SWAP}),
         _row("dummy_sweep", "6. Dummy-distance sweep", {"decomposition": _DECOMPOSITION}, bootstrap=True),
         _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),
         _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True),

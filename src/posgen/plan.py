@@ -332,7 +332,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         fused = opts["analysis"] == "fused"
         kept = range(start, min(stop, opts["keep_qk"])) if fused else range(start, stop)
         qk_disk = len(kept) * shape.qk_bytes(T, opts["qk_dtype"])
-        # the fused path checks them in memory; the store path keeps the reference windows' (posgen.extract)
+        # the fused path checks them in memory; the store path keeps the reference windows' (posgen.llm.extract)
         stored_refs = [] if fused else [s for s in opts["ref_samples"] if s in kept]
         ref_disk = len(stored_refs) * n_ref_layers * shape.logits_bytes(T)
         # Method A-shared's held-out windows: one more pass each per job, their mean key stored (float32) and summed
@@ -366,7 +366,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         p = cfg["perturb"]
         Tp = p["seq_len"]
         if rule == "perturb":
-            passes = 1 + 6 * sum(1 for r in p["rates"] if r > 0)  # six perturbation kinds (posgen.draws.KINDS)
+            passes = 1 + 6 * sum(1 for r in p["rates"] if r > 0)  # six perturbation kinds (posgen.llm.draws.KINDS)
         else:
             passes = 1 + len(p["caps"])
         # every pass: the full model (lm_head included) and Method A's f and g of every layer (two T x T
@@ -392,7 +392,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
 def _head_ablation_cost(
     shape: Shape, opts: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, on_gpu: bool
 ) -> Cost:
-    """posgen.head_ablation over ``n`` corpus windows and the repeat probe: per sequence of T tokens one clean
+    """posgen.llm.head_ablation over ``n`` corpus windows and the repeat probe: per sequence of T tokens one clean
     forward, H ablated copies through layers l..L-1 for every layer l (``H L (L + 1) / 2`` layer passes) and
     the LM head at the scored targets of each copy (measured 84-112 s per job of 4 x 32 tokens for SmolLM2 on
     the 2-core machine, docs/results.md; this predicts 75)."""

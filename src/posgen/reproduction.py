@@ -1,7 +1,7 @@
 """Both papers' reproduction tables: their reported numbers beside ours.
 
 The first paper (Han & Ji 2025): its 0.959 beside our mean and pooled r per model, variant, method and sink
-(:func:`reproduction_table`, from ``results/summary.csv``), with a verdict per claim (posgen.verdicts, from the
+(:func:`reproduction_table`, from ``results/summary.csv``), with a verdict per claim (posgen.llm.verdicts, from the
 summary, the bands and the perturbation tables). The second paper (arXiv 2505.13027): its accuracies
 and layer-0 deposit beside ours per experiment, task and PE (:func:`synthetic_reproduction_rows`, from
 ``results/synthetic/summary.csv``), with a verdict per claim (posgen.synthetic.verdicts).
@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from posgen.bands import band_shares
 from posgen.config import VARIANT_TRAINED, init_seed
-from posgen.gap_origin import origin_markdown
 from posgen.integrity import shown
+from posgen.llm.bands import band_shares
+from posgen.llm.gap_origin import origin_markdown
+from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
+from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
+from posgen.llm.verdicts import verdicts as paper_verdicts
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
-from posgen.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
-from posgen.verdicts import verdict_markdown as paper_verdict_markdown
-from posgen.verdicts import verdicts as paper_verdicts
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -229,7 +229,7 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 
 def perturbation_ratios(path) -> dict:
     """{(kind, rate): Perturbation} of a perturb.nc: the mean perplexity ratios over samples, on every target and
-    on the kept targets, and the share of positions 1..T-1 moved (posgen.draws)."""
+    on the kept targets, and the share of positions 1..T-1 moved (posgen.llm.draws)."""
     ds = open_dataset(path, lazy=False)
     require(ds, ["ppl_ratio", "ppl_ratio_kept", "moved", "kind", "rate"], str(path))
     means = {name: ds[name].mean("sample") for name in ("ppl_ratio", "ppl_ratio_kept", "moved")}
@@ -289,6 +289,32 @@ def _file_regimes(paths) -> dict[str, str]:
     return {model: by[VARIANT_TRAINED] for model, by in by_model.items() if VARIANT_TRAINED in by}
 
 
+def block_swap_markdown(paths) -> str:
+    """reproduction.md's section on the second reading per head: per model variant, the mean block-swap score and
+    its Spearman correlation over heads with the decomposition's f share (posgen.llm.block_swap)."""
+    lines = [
+        "## A second reading per head: block swaps (diagnostic)",
+        "",
+        "Keys moved block by block, positions kept: a head whose logits stay put is positional (score 1), one "
+        "whose logits move with the keys symbolic (0); our measure after the definitions of Urrutia et al. "
+        "(ICLR 2026), not their metric (docs/method.md section 3D). The readings agree where the Spearman "
+        "correlation over heads with the decomposition's f share r_f^2 / (r_f^2 + r_g^2) has its 95 % "
+        "interval above 0.",
+        "",
+        "| model | variant | windows x tokens | mean score | Spearman rho with the f share [95 %] | heads | readings |",
+        "|---|---|---|---:|---|---:|---|",
+    ]
+    for path in paths:
+        ds = open_dataset(path, lazy=False)
+        a = {key.removeprefix("agreement_"): ds.attrs[key] for key in ds.attrs if key.startswith("agreement_")}
+        lines.append(
+            f"| {ds.attrs.get('model', '')} | {ds.attrs.get('variant', '')} | {ds.attrs['windows']} x "
+            f"{ds.attrs['n_tokens']} | {float(ds['positional_score'].mean()):.3f} | {a['rho']:+.3f} "
+            f"[{a['lo']:+.3f}, {a['hi']:+.3f}] | {a['heads']} | {'agree' if a['agree'] else 'do not agree'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_reproduction(
     summary_csv: str | Path,
     csv: str | Path,
@@ -301,16 +327,18 @@ def write_reproduction(
     bands_paths=(),
     perturb_paths=(),
     cap_paths=(),
+    block_swap_paths=(),
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
-    (posgen.verdicts) from the summary and the bands and perturbation tables of every model variant; with the
+    (posgen.llm.verdicts) from the summary and the bands and perturbation tables of every model variant; with the
     second family's summary, its rows (the second paper's numbers beside ours) go to ``synthetic_csv`` and a
     second section of the Markdown, with a verdict per claim (posgen.synthetic.verdicts) from the deposit study's
     per-classifier table when given, else from the run's."""
     optional = (synthetic_summary_csv, study_summary_csv, synthetic_classifiers_csv, study_classifiers_csv)
     paths = [Path(p) for p in (summary_csv, *optional) if p is not None]
-    for path in [*paths, *map(Path, bands_paths), *map(Path, perturb_paths), *map(Path, cap_paths)]:
+    inputs = (bands_paths, perturb_paths, cap_paths, block_swap_paths)
+    for path in [*paths, *(Path(p) for group in inputs for p in group)]:
         if not path.exists():
             raise FileNotFoundError(f"{shown(path)}: no such file")
     summary = pd.read_csv(summary_csv)
@@ -325,6 +353,8 @@ def write_reproduction(
     caps = _by_model_variant(cap_paths, cap_effects)
     text += "\n" + control_markdown(summary)
     text += "\n" + origin_markdown(summary)
+    if block_swap_paths:
+        text += "\n" + block_swap_markdown(block_swap_paths)
     regimes = {
         "summary": summary_regime(summary),
         "perturb": _file_regimes(perturb_paths),

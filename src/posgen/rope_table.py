@@ -1,9 +1,9 @@
 """A model's per-layer RoPE table: what re-rotates its captured pre-RoPE q/k (docs/method.md section 1).
 
-One type from the capture (:meth:`posgen.capture.Capture.rope`) through the store (qk.h5 holds each array as a
+One type from the capture (:meth:`posgen.llm.capture.Capture.rope`) through the store (qk.h5 holds each array as a
 variable of the same name, :data:`ROPE_VARIABLES`; written by :class:`posgen.store.QKWriter`, read by
-:func:`posgen.store.read_rope`) to the self-check (:func:`posgen.extract.verify_logits`), Method A
-(:class:`posgen.method_a.Terms`), the decomposition and the fused path. No torch here: the store and the figures
+:func:`posgen.store.read_rope`) to the self-check (:func:`posgen.llm.extract.verify_logits`), Method A
+(:class:`posgen.llm.method_a.Terms`), the decomposition and the fused path. No torch here: the store and the figures
 read it without torch.
 """
 

@@ -87,6 +87,7 @@ STEP_LEAVES = {
         "device",
     ),
     "examples": leaves("figures.sample", "figures.map_tokens", "figures.pool_pairs", "figures.seed"),
+    "block_swap": leaves(),  # its settings are constants of posgen.llm.block_swap, fixed before any result
     "summarize": INTERVALS,
     "synthetic_summary": {},  # t intervals over seeds: no resampling settings
     "train_trajectory": leaves(source="corpus.source"),
@@ -122,6 +123,7 @@ PERTURB = "results/{model}/{variant}/perturb.nc"
 CAP = "results/{model}/{variant}/cap.nc"
 HEAD_ABLATION = "results/{model}/{variant}/head_ablation.nc"
 EXAMPLES = "results/{model}/{variant}/examples.nc"
+BLOCK_SWAP = "results/{model}/{variant}/block_swap.nc"
 MODEL_SUMMARY = {"csv": "results/{model}/summary.csv", "nc": "results/{model}/summary.nc"}
 SUMMARY_TABLE = "results/summary.csv"
 # training trajectories (target `trajectory`): the log of a model trained by the workflow, the per-step table

@@ -15,8 +15,8 @@ from posgen import api
 from posgen.config import schema_defaults
 from posgen.corpus import write_windows
 from posgen.decomposition import decompose_store
-from posgen.extract import default_options, extract
-from posgen.fused import Analysis
+from posgen.llm.extract import default_options, extract
+from posgen.llm.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.store import open_dataset
 
@@ -104,7 +104,7 @@ def test_capture_takes_token_ids_text_and_a_load_model_triple(tiny_source, tmp_p
 
 
 def test_ablate_heads_is_the_head_ablation_job_and_draws(tiny_source, tmp_path):
-    from posgen.head_ablation import head_ablation_job
+    from posgen.llm.head_ablation import head_ablation_job
 
     folder = api.model_folder(f"local:{tiny_source('llama')}", tmp_path / "models")
     assert api.model_folder(f"local:{tiny_source('llama')}", tmp_path / "models") == folder  # acquired once

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from posgen.bands import band_moments, band_stats
+from posgen.llm.bands import band_moments, band_stats
 from posgen.store import write_netcdf
 from posgen.testing.qk_store import toy_rope, write_qk_store
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from posgen import rope
-from posgen.capture import BACKEND, Capture
 from posgen.corpus import cut_windows, load_text
-from posgen.extract import SelfCheckError, default_options, extract, verify_logits
+from posgen.llm.capture import BACKEND, Capture
+from posgen.llm.extract import SelfCheckError, default_options, extract, verify_logits
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, read_rope, write_netcdf
@@ -146,7 +146,7 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
     def broken(*args, **kwargs):
         raise SelfCheckError("self-check failed at layer 0 head 0 (injected)")
 
-    monkeypatch.setattr("posgen.extract.verify_logits", broken)
+    monkeypatch.setattr("posgen.llm.extract.verify_logits", broken)
     with pytest.raises(SelfCheckError):
         extract(
             ModelJob(

@@ -129,7 +129,7 @@ def test_paths_are_checked_only_when_asked(tmp_path):
 def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defaults():
     import inspect
 
-    from posgen.extract import OPTIONS, extract
+    from posgen.llm.extract import OPTIONS, extract
 
     config = validate(copy.deepcopy(BASE))
     for step in STEP_LEAVES:

@@ -590,7 +590,7 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
 def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_window(tiny_source, tmp_path):
     """A tiny Gemma 3 (sliding window 16 on layers 0 and 1, layer 2 global) through extraction and decomposition."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
     from posgen.models import acquire, load_model
     from posgen.store import open_dataset, write_netcdf

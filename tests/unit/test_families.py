@@ -8,11 +8,12 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen import families, rope
+from posgen import rope
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
 from posgen.decomposition.design import LSTSQ_TOL
-from posgen.extract import TransparencyError, default_options, extract
+from posgen.llm import families
+from posgen.llm.extract import TransparencyError, default_options, extract
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
@@ -149,7 +150,7 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
 
         return forward
 
-    monkeypatch.setattr("posgen.capture._eager_forward", drops_sinks)
+    monkeypatch.setattr("posgen.llm.capture._eager_forward", drops_sinks)
     with pytest.raises(TransparencyError, match=r"^transparency check failed for GptOssForCausalLM: .* by \d"):
         extract(
             ModelJob(
@@ -167,7 +168,7 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
 
 
 def test_sdpa_backend_refuses_sinks_instead_of_dropping_them(workspace):
-    from posgen.capture import BACKEND, Capture
+    from posgen.llm.capture import BACKEND, Capture
 
     model, _, _ = load_model(_model(workspace, "gpt-oss"), attn_implementation=BACKEND)
     with torch.inference_mode(), Capture(model) as cap, pytest.raises(RuntimeError, match="s_aux"):
@@ -179,7 +180,7 @@ def test_sdpa_backend_refuses_sinks_instead_of_dropping_them(workspace):
 def test_plain_backend_loads_sdpa_soft_capped_and_sink_families_and_matches_the_capturing_one(workspace, arch):
     """The benches' plain forward pass: SDPA where it can, eager for soft-capping (Gemma-2) and sinks (GPT-OSS),
     which SDPA refuses or drops; its logits are the capturing backend's."""
-    from posgen.capture import load_capturing
+    from posgen.llm.capture import load_capturing
 
     model_dir = _model(workspace, arch)
     plain, _, _ = load_model(model_dir, attn_implementation=families.plain_backend)
@@ -249,7 +250,7 @@ def test_identity_layout_is_skipped_not_applied():
 def test_capped_backend_caps_distances_in_the_canonical_layout(workspace, arch):
     """Interleaved, partial-rotary, NoPE and MLA layers: attention weights under a distance cap C equal the softmax of
     s (R_min(i-j,C) q_i).k_j computed from the stored (canonical) q/k and frequencies."""
-    from posgen.capture import CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
+    from posgen.llm.capture import CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 
     model, _, _ = load_model(_model(workspace, arch), attn_implementation=CAPPED_BACKEND)
     T, C = 24, 5

@@ -13,11 +13,11 @@ import torch
 import xarray as xr
 
 from posgen import reproduction
-from posgen.examples import example_heads, select_heads
 from posgen.figure_table import FIGURES as FIGURE_TABLE
 from posgen.figures import llm
 from posgen.figures.registry import SPECS, render
 from posgen.figures.style import save_figure
+from posgen.llm.examples import example_heads, select_heads
 from posgen.rope import causal_mask, logits
 from posgen.stats import bootstrap_mean
 from posgen.testing.datasets import make_decomposition, make_qk
@@ -420,7 +420,7 @@ def test_render_reads_the_workflow_files(examples, tmp_path):
 
 def test_pooled_entries_equal_the_full_matrices_at_those_pairs():
     """The pair-wise shortcut of the pooled sample gives exactly rope.logits and method_a.method_a_terms."""
-    from posgen.method_a import method_a_terms
+    from posgen.llm.method_a import method_a_terms
 
     qk = make_qk(n_samples=1, sliding=(0, 9))
     qk = qk.assign(attention_scaling=("layer", np.array([1.0, 1.3])))  # amplitude enters like the model's
@@ -550,7 +550,7 @@ def test_bands_figure_leaves_unrotated_bands_out():
 
 def test_example_heads_use_each_layers_dummy_distance():
     """Layer 1 is a sliding layer scored at D = 11: the pooled f + g there is Method A at D = 11, not 1000."""
-    from posgen.method_a import method_a_terms
+    from posgen.llm.method_a import method_a_terms
 
     qk = make_qk(n_samples=1, sliding=(0, 12))
     dec = with_layer_types(make_decomposition(), ["global", "sliding"], [1000, 11])

@@ -1,11 +1,11 @@
-"""The first-token control (posgen.first_token): what the model sees at position 0, and nothing else."""
+"""The first-token control (posgen.llm.first_token): what the model sees at position 0, and nothing else."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from posgen.first_token import first_token_replaced, mean_embedding
+from posgen.llm.first_token import first_token_replaced, mean_embedding
 from posgen.testing.tiny import corpus_tokenizer, tiny_family_config
 
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from posgen.bands import band_stats
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.extract import default_options, extract
-from posgen.fused import Analysis
+from posgen.llm.bands import band_stats
+from posgen.llm.extract import default_options, extract
+from posgen.llm.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.shards import gather

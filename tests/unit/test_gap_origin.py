@@ -1,4 +1,4 @@
-"""Where Method A's random-init gap comes from (posgen.gap_origin): the rule on hand-made intervals, and the
+"""Where Method A's random-init gap comes from (posgen.llm.gap_origin): the rule on hand-made intervals, and the
 table and section from a summary with every outcome."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from posgen.gap_origin import decide, origin_markdown, origin_table
+from posgen.llm.gap_origin import decide, origin_markdown, origin_table
 
 
 @pytest.mark.parametrize(

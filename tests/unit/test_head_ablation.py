@@ -1,4 +1,4 @@
-"""Per-head ablation on pretrained LLMs (posgen.head_ablation) on a tiny random Llama."""
+"""Per-head ablation on pretrained LLMs (posgen.llm.head_ablation) on a tiny random Llama."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen import head_ablation as ha
 from posgen.figures.head_ablation import fig_head_ablation
+from posgen.llm import head_ablation as ha
 from posgen.model_job import ModelJob
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap

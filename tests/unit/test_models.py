@@ -55,7 +55,7 @@ def test_random_variant_is_fresh_weights_from_the_same_config(tiny_source, tmp_p
 def test_embedded_smollm2_passes_the_self_check(tmp_path):
     """The real embedded model: GGUF de-quantised once, then one window through the extraction self-check."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
     from posgen.store import open_dataset, write_netcdf
 

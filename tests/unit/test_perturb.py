@@ -6,13 +6,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posgen import rope
-from posgen.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 from posgen.corpus import cut_windows, load_text
-from posgen.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
-from posgen.method_a import Terms, matched_pairs, method_a_terms
+from posgen.llm.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
+from posgen.llm.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
+from posgen.llm.method_a import Terms, matched_pairs, method_a_terms
+from posgen.llm.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
-from posgen.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 

@@ -111,7 +111,7 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     import xarray as xr
 
     from posgen.corpus import write_windows
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
     from posgen.models import acquire
 

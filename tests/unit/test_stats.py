@@ -59,7 +59,7 @@ def test_interval_of_the_mean_over_bootstrap_indices():
 
 def test_stats_and_store_do_not_import_torch():
     code = (
-        f"import sys; sys.path.insert(0, {str(SRC)!r}); import posgen.stats, posgen.store, posgen.summary; "
+        f"import sys; sys.path.insert(0, {str(SRC)!r}); import posgen.stats, posgen.store, posgen.llm.summary; "
         "a = posgen.store.provenance(); assert a['torch_version'] and a['transformers_version'], a; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'"
     )

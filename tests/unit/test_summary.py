@@ -8,9 +8,9 @@ import pytest
 import xarray as xr
 
 from posgen.decomposition.design import LSTSQ_TOL
+from posgen.llm.summary import COLUMNS, summarize
 from posgen.stats import bootstrap_indices
 from posgen.store import write_netcdf
-from posgen.summary import COLUMNS, summarize
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 SHARES = {"q": (0.1, 0.3), "k": (0.2, 0.6)}  # position shares (linear, smooth) of the fake decompositions

@@ -1,11 +1,11 @@
-"""The first paper's verdicts (posgen.verdicts) on summaries with known numbers."""
+"""The first paper's verdicts (posgen.llm.verdicts) on summaries with known numbers."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from posgen.verdicts import CLAIMS, Perturbation, control_markdown, verdict, verdict_markdown, verdicts
+from posgen.llm.verdicts import CLAIMS, Perturbation, control_markdown, verdict, verdict_markdown, verdicts
 
 GAP = {"A": -0.15, "B": -0.01, "A-drift": -0.01}  # random-init minus trained mean r
 
@@ -118,7 +118,7 @@ def test_the_split_band_is_not_discriminative_where_the_control_meets_it():
 
 def test_verdict_words():
     from posgen.claims import Outcome
-    from posgen.verdicts import Finding
+    from posgen.llm.verdicts import Finding
 
     yes, no = Outcome.REPRODUCED, Outcome.NOT_REPRODUCED
     assert verdict([]) == "not tested"
@@ -179,7 +179,7 @@ def test_the_sweep_and_the_consistency_claims_decide_on_their_columns():
 
 
 def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
-    from posgen.verdicts import CapEffect
+    from posgen.llm.verdicts import CapEffect
 
     caps = {
         "m1": {"trained": {8: CapEffect(0.6, 0.97, 1.3), 128: CapEffect(0.9, 0.99, 1.02)}},
@@ -236,7 +236,7 @@ def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
 
 
 def test_every_verdict_is_followed_by_the_regime_of_what_its_test_read():
-    from posgen.verdicts import summary_regime
+    from posgen.llm.verdicts import summary_regime
 
     rows = summary().assign(n_samples=8, n_tokens=1200, heldout_windows=8, n_layers=30, n_heads=9)
     rows = pd.concat([rows, rows[rows["variant"] == "random-seed0"].assign(variant="random-seed1")])

@@ -28,7 +28,7 @@ from posgen.testing.runs import make_run
 @pytest.fixture(scope="module")
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
 
     tmp = tmp_path_factory.mktemp("reliability")

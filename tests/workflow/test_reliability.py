@@ -243,13 +243,13 @@ from _common import setup
 out = Path({out!r})
 setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], input=[], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
-import posgen.extract
-from posgen.extract import default_options, extract
+import posgen.llm.extract
+from posgen.llm.extract import default_options, extract
 from posgen.model_job import ModelJob
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
-_tqdm = posgen.extract.tqdm
-posgen.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
+_tqdm = posgen.llm.extract.tqdm
+posgen.llm.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
 extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"), **default_options())
 """
 
@@ -258,7 +258,7 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     """The same extraction in this process, on one thread like the subprocess (bit-identical results)."""
     import torch
 
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
 
     threads = torch.get_num_threads()

@@ -16,9 +16,9 @@ import pytest
 import torch
 import xarray as xr
 
-from posgen.bands import low_frequency_share
 from posgen.config import ConfigError, init_seed, validate, variant_order, variant_step, variants
 from posgen.corpus import load_text
+from posgen.llm.bands import low_frequency_share
 from posgen.models import load_model
 from posgen.testing.runs import make_run, tiny_config
 from posgen.trajectory import heatmap_variants
@@ -319,8 +319,8 @@ def _perturb(scale: float, n_samples=3) -> xr.Dataset:
 
 def test_trajectory_table_and_figures(tmp_path):
     from posgen.figures.registry import render
+    from posgen.llm.summary import SHARE_COLUMNS
     from posgen.store import write_netcdf
-    from posgen.summary import SHARE_COLUMNS
     from posgen.trajectory.table import trajectory_job
 
     variants_ = ["step10", "random-seed0", "step0"]  # any order in: step order out, the control first

@@ -42,12 +42,12 @@ def test_tiny_run_extracts_one_job_per_shard(tiny_workflow):
 
 def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_path):
     """The workflow's gathered outputs (two shards, fused path) against the store path run here on all windows."""
-    from posgen.bands import band_stats
     from posgen.config import load
     from posgen.decomposition import decompose_store
-    from posgen.extract import default_options, extract
+    from posgen.llm.bands import band_stats
+    from posgen.llm.extract import default_options, extract
+    from posgen.llm.perturb import cap_job, perturb_job
     from posgen.model_job import ModelJob
-    from posgen.perturb import cap_job, perturb_job
 
     config = load(tiny_workflow.configfile)
     assert config["shards"] == 2 and config["extract"]["analysis"] == "fused"

@@ -55,7 +55,7 @@ def _timed_pass(model, seq_len: int, before=None) -> float:
 def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
     import torch
 
-    from posgen.families import plain_backend
+    from posgen.llm.families import plain_backend
     from posgen.models import load_model
 
     torch.set_num_threads(threads)
@@ -68,7 +68,7 @@ def _forward(model_dir: str, seq_len: int, threads: int) -> dict:
 def _capture(model_dir: str, seq_len: int, threads: int, out: str) -> dict:
     import torch
 
-    from posgen.capture import Capture, load_capturing
+    from posgen.llm.capture import Capture, load_capturing
 
     torch.set_num_threads(threads)
     model, _, _ = load_capturing(model_dir, "random-seed0")

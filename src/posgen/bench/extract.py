@@ -19,15 +19,15 @@ from pathlib import Path
 
 import torch
 
-from posgen.bands import band_stats
-from posgen.capture import Capture, load_capturing
 from posgen.config import load
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.extract import default_options, extract, verify_logits
-from posgen.families import plain_backend
-from posgen.fused import Analysis
 from posgen.integrity import digest
+from posgen.llm.bands import band_stats
+from posgen.llm.capture import Capture, load_capturing
+from posgen.llm.extract import default_options, extract, verify_logits
+from posgen.llm.families import plain_backend
+from posgen.llm.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf

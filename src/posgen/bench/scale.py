@@ -61,7 +61,7 @@ def _stage_forward(model_dir: str, windows: str, threads: int, device: str, dtyp
     import torch
 
     from posgen.corpus import read_windows
-    from posgen.families import plain_backend
+    from posgen.llm.families import plain_backend
     from posgen.models import load_model
 
     torch.set_num_threads(threads)
@@ -97,7 +97,7 @@ def _stage_extract(
 ) -> dict:
     import torch
 
-    from posgen.extract import default_options, extract
+    from posgen.llm.extract import default_options, extract
     from posgen.model_job import ModelJob
 
     torch.set_num_threads(threads)
@@ -126,8 +126,8 @@ def _stage_fused(
     import torch
 
     from posgen.bench.steps import StepTimer
-    from posgen.extract import default_options, extract
-    from posgen.fused import Analysis
+    from posgen.llm.extract import default_options, extract
+    from posgen.llm.fused import Analysis
     from posgen.model_job import ModelJob
 
     torch.set_num_threads(threads)
@@ -222,7 +222,7 @@ def predictions(shape, cfg: dict, rates) -> dict:
         "plain forward": forward,
         "extract (capture + HDF5)": plan.CAPTURE_OVERHEAD * forward + (shape.qk_bytes(T) + refs) / rates.disk,
         "decompose (from qk.h5)": sum(parts.values()) / n + shape.qk_bytes(T) / rates.disk,
-        # the fused stage (posgen.extract.extract(..., analysis=...)): capture, decomposition and bands in memory,
+        # the fused stage (posgen.llm.extract.extract(..., analysis=...)): capture, decomposition and bands in memory,
         # no q/k written (keep_qk 0)
         "fused (extract + analysis)": plan.CAPTURE_OVERHEAD * forward + (sum(parts.values()) + bands) / n,
         "parts": {name: value / n for name, value in parts.items()},

@@ -1,5 +1,5 @@
 """decomposition.nc: the statistics of every (sample, layer), unit by unit (:class:`DecompositionTable`, fed by
-the store path's :func:`decompose_store` and by the fused path, posgen.fused), with the provenance that says how
+the store path's :func:`decompose_store` and by the fused path, posgen.llm.fused), with the provenance that says how
 they were made (docs/data-model.md)."""
 
 from __future__ import annotations

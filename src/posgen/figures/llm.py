@@ -27,9 +27,9 @@ from posgen.figures.style import (
     symmetric_limit,
     variant_colors,
 )
+from posgen.llm.verdicts import PAPER_R
 from posgen.stats import bootstrap_mean, pearson
 from posgen.store import require
-from posgen.verdicts import PAPER_R
 
 # layer types other than global, as the figures mark them: label, marker, shading colour
 LAYER_MARKS = {"sliding": ("sliding-window layer", ">", "0.55"), "nope": ("NoPE layer", "x", "tab:red")}

@@ -10,7 +10,7 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from posgen.figure_table import FIGURES, REGIME_FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
-from posgen.figures import head_ablation, llm, synthetic, trajectory
+from posgen.figures import block_swap, head_ablation, llm, synthetic, trajectory
 from posgen.figures.style import save_figure
 from posgen.store import stable_provenance
 
@@ -33,6 +33,7 @@ SPECS = {
     "layer_r": Spec(llm.fig_layer_r, llm.load_layer_r),
     "position_share": Spec(llm.fig_position_share, llm.load_layer_r),
     "bands": Spec(llm.fig_bands, llm.load_bands),
+    "block_swap": Spec(block_swap.fig_block_swap, block_swap.load_block_swap),
     "dummy_sweep": Spec(llm.fig_dummy_sweep, llm.load_dummy_sweep),
     "perturb_ppl": Spec(llm.fig_perturb_ppl, llm.load_perturb),
     "perturb_fg": Spec(llm.fig_perturb_fg, llm.load_perturb),

@@ -11,8 +11,8 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from posgen.figures.style import PAGE_WIDTH, open_result, styled
+from posgen.llm.verdicts import PAPER_R
 from posgen.store import require
-from posgen.verdicts import PAPER_R
 
 
 def _step_axis(ax, steps) -> None:

@@ -20,12 +20,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.bands import band_shares
 from posgen.config import variant_order, variant_step
 from posgen.integrity import shown
+from posgen.llm.bands import band_shares
+from posgen.llm.summary import SHARE_COLUMNS
 from posgen.stats import bootstrap_mean
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
-from posgen.summary import SHARE_COLUMNS
 
 RANDOM_STEP = -1  # `step` of the random-init control
 SUMMARY_STATS = ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]

@@ -144,11 +144,11 @@ def origin_markdown(summary: pd.DataFrame) -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m posgen.gap_origin SUMMARY_CSV [...]``: the section, from a run's results/summary.csv (or its
+    """``python -m posgen.llm.gap_origin SUMMARY_CSV [...]``: the section, from a run's results/summary.csv (or its
     per-model summary.csv files)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m posgen.gap_origin", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m posgen.llm.gap_origin", description=main.__doc__)
     parser.add_argument("summary", nargs="+", help="a run's results/summary.csv, or per-model summary.csv files")
     args = parser.parse_args(argv)
     print(origin_markdown(pd.concat([pd.read_csv(path) for path in args.summary], ignore_index=True)))

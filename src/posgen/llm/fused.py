@@ -3,7 +3,7 @@ store paths").
 
 The store path writes every window's pre-RoPE q/k to qk.h5 and the decompose and bands jobs read them back; at
 paper scale that is ~85 GB per (model, variant). Here each window's q/k, still in memory after its forward pass,
-go through the same :class:`~posgen.decomposition.table.DecompositionTable` and :class:`~posgen.bands.BandTable` layer by
+go through the same :class:`~posgen.decomposition.table.DecompositionTable` and :class:`~posgen.llm.bands.BandTable` layer by
 layer, on the analysis device, and are dropped; qk.h5 keeps only the windows asked for (``extract.keep_qk``).
 Both paths run the same code on the same float32 values, so they give the same numbers.
 """
@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from posgen.bands import BandTable
 from posgen.decomposition import Decomposer, DecompositionTable
+from posgen.llm.bands import BandTable
 from posgen.rope_table import PARAMETERS, ROPE_VARIABLES, RopeTable
 from posgen.store import write_netcdf
 
 
 def rope_dataset(rope: RopeTable, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
     """qk.h5's per-layer RoPE variables that the statistics read, as a dataset named like qk.h5 (what
-    :class:`~posgen.bands.BandTable` reads on the fused path)."""
+    :class:`~posgen.llm.bands.BandTable` reads on the fused path)."""
     data = {name: (ROPE_VARIABLES[name][0], getattr(rope, name)) for name in PARAMETERS}
     n_layers, n_band = rope.inv_freq.shape
     coords = {
@@ -39,7 +39,7 @@ def rope_dataset(rope: RopeTable, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
 class Analysis:
     """What the decompose and bands jobs compute, fed window by window from the extraction (the fused path).
 
-    The arguments are those of :func:`posgen.decomposition.table.decompose_store` and :func:`posgen.bands.band_stats`;
+    The arguments are those of :func:`posgen.decomposition.table.decompose_store` and :func:`posgen.llm.bands.band_stats`;
     ``bound_samples`` counts global window indices, as there.
     """
 

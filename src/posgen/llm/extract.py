@@ -8,11 +8,11 @@
 
 Options of :func:`extract` beyond the checks': ``keep_qk``: q/k of the windows with a global index below it are
 written (None: every window of the shard; a shard past it writes a qk.h5 of metadata only); ``analysis``: the fused
-path, decomposition.nc and bands.nc of every window of the shard computed here (:mod:`posgen.fused`);
+path, decomposition.nc and bands.nc of every window of the shard computed here (:mod:`posgen.llm.fused`);
 ``check_tokens``: prefix on which every layer is self-checked (0: the whole window), on the reference windows and
 the shard's first window; ``transparency_tokens``: tokens of the shard's first window the transparency check runs
 (0: the whole window); ``first_token``: "mean-embedding" runs every pass with the first token's input embedding
-replaced by the mean over the vocabulary (:mod:`posgen.first_token`, the first-token control; a models entry's key).
+replaced by the mean over the vocabulary (:mod:`posgen.llm.first_token`, the first-token control; a models entry's key).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import torch
 from tqdm.auto import tqdm
 
 from posgen import rope
-from posgen.capture import Capture, load_capturing
 from posgen.config import schema_defaults
 from posgen.corpus import read_windows
-from posgen.first_token import first_token_replaced
-from posgen.fused import Analysis
+from posgen.llm.capture import Capture, load_capturing
+from posgen.llm.first_token import first_token_replaced
+from posgen.llm.fused import Analysis
 from posgen.model_job import ModelJob
 from posgen.models import manifest_attrs
 from posgen.rope_table import RopeTable

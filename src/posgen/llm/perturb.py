@@ -1,9 +1,9 @@
 """Position-generalisation experiments (docs/method.md section 7) and their jobs: perturbed token order / position
 ids (perturb.nc), and RoPE distance capping (cap.nc).
 
-The pieces live elsewhere: the seeded perturbation draws in :mod:`posgen.draws`, Method A's terms and their
-matched change in :mod:`posgen.method_a`, the capturing and capped attention backends and the forward passes in
-:mod:`posgen.capture`. This module runs them over the windows and writes the datasets.
+The pieces live elsewhere: the seeded perturbation draws in :mod:`posgen.llm.draws`, Method A's terms and their
+matched change in :mod:`posgen.llm.method_a`, the capturing and capped attention backends and the forward passes in
+:mod:`posgen.llm.capture`. This module runs them over the windows and writes the datasets.
 
 Perplexity (same target tokens)
 -------------------------------
@@ -17,7 +17,7 @@ hard to predict, which dominates ``ppl_ratio`` for token kinds): ``exp(mean_K nl
 
 f/g change
 ----------
-Method A (:mod:`posgen.method_a`) on the pre-RoPE q/k captured in each forward pass, in the sink-free reading,
+Method A (:mod:`posgen.llm.method_a`) on the pre-RoPE q/k captured in each forward pass, in the sink-free reading,
 with the position ids p of that pass (under a distance cap C, distances beyond C are seen as C); the per-head
 Pearson r between perturbed and unperturbed terms over matched pairs, averaged over heads.
 """
@@ -30,9 +30,9 @@ import numpy as np
 import xarray as xr
 from tqdm.auto import tqdm
 
-from posgen import capture
-from posgen.draws import KINDS, draw_perturbation, rng_for, word_starts
-from posgen.method_a import Terms, fg_change
+from posgen.llm import capture
+from posgen.llm.draws import KINDS, draw_perturbation, rng_for, word_starts
+from posgen.llm.method_a import Terms, fg_change
 from posgen.model_job import ModelJob
 
 # --------------------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def run_perturbations(
     ``sample_ids`` are the windows' global indices (default ``0..N-1``): they seed each window's draws, so a
     shard draws what the unsharded run draws for its windows.
 
-    The model must be loaded with a capturing backend (``posgen.capture.backend_for``). Returns the
+    The model must be loaded with a capturing backend (``posgen.llm.capture.backend_for``). Returns the
     perturb.nc dataset (docs/data-model.md) without provenance attrs.
     """
     token_ids = np.asarray(token_ids)

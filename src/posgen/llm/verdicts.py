@@ -21,7 +21,7 @@ import pandas as pd
 from posgen.claims import Claim, Outcome, exceeds
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
-from posgen.summary import HEAD_R
+from posgen.llm.summary import HEAD_R
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
 CONSTRUCTIONS = ("A", "B")  # the paper's constructions of f + g: only these decide a verdict
@@ -46,7 +46,7 @@ CLEAR = 1.20  # "degrades clearly" at 20 %: kept-target perplexity at least 1.20
 RATES = (0.05, 0.2)  # the rates of the perturbation claim
 SWEEP = 0.02  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
 LAYER_MIN = 0.85  # "consistent across layers": every layer's mean r at least this
-HEADS_BELOW = 0.10  # "... and heads": at most this share of heads with mean r below posgen.summary.HEAD_R
+HEADS_BELOW = 0.10  # "... and heads": at most this share of heads with mean r below posgen.llm.summary.HEAD_R
 G_KEPT = 0.95  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
 
 
@@ -367,7 +367,7 @@ def verdicts(
 ) -> list[tuple[Claim, str, list[Finding]]]:
     """(claim, verdict, findings) for every claim of :data:`CLAIMS`.
 
-    ``bands``: {model: {variant: {"low_share_q": .., "low_share_k": ..}}} (posgen.bands.band_shares);
+    ``bands``: {model: {variant: {"low_share_q": .., "low_share_k": ..}}} (posgen.llm.bands.band_shares);
     ``perturb``: {model: {variant: {(kind, rate): Perturbation}}} (posgen.reproduction.perturbation_ratios);
     ``caps``: {model: {variant: {cap: CapEffect}}} (posgen.reproduction.cap_effects)."""
     out = []
@@ -413,7 +413,7 @@ def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | 
         f"From `{source}`, the bands and the perturbation tables of the same run. The paper's constructions, "
         "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
         + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
-        + " Thresholds are fixed in `posgen.verdicts`, not tuned. Outcomes: reproduced / not reproduced / "
+        + " Thresholds are fixed in `posgen.llm.verdicts`, not tuned. Outcomes: reproduced / not reproduced / "
         "inconclusive / not discriminative / not tested (docs/method.md section 8.9)."
     )
     rows = []

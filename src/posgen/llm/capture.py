@@ -9,7 +9,7 @@ Two ecosystem mechanisms, no edits to transformers:
   Llama 4 normalises q/k (L2) after the rotation; a rotation keeps the norm, so the hooked projection is
   normalised by the model's own ``qk_norm`` before it is stored.
 * the RoPE layout of every layer (half-split or interleaved pairs, partial rotary, NoPE) is detected on the
-  first captured pass (:func:`posgen.families.detect_layout`) and q/k are stored permuted into the canonical
+  first captured pass (:func:`posgen.llm.families.detect_layout`) and q/k are stored permuted into the canonical
   half-split layout, where the unrotated dims are bands of frequency 0.
 * post-RoPE q/k and logits: a custom backend registered with ``AttentionInterface`` under ``BACKEND`` (and
   the matching mask under the same name in ``AttentionMaskInterface``; without it the causal mask silently
@@ -17,7 +17,7 @@ Two ecosystem mechanisms, no edits to transformers:
   attention when the model soft-caps its logits or has attention sinks (``BACKEND_EAGER``, with the additive
   mask). ``BACKEND`` refuses sinks and soft-capping rather than drop them.
 
-The extraction self-check (``posgen.extract``) re-rotates the hooked pre-RoPE vectors and must reproduce the
+The extraction self-check (``posgen.llm.extract``) re-rotates the hooked pre-RoPE vectors and must reproduce the
 logits seen by the backend, which proves the hook point is the one the rotary step reads.
 
 Distance capping (LM-Infinite)
@@ -45,7 +45,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
-from posgen import families, rope
+from posgen import rope
+from posgen.llm import families
 from posgen.rope_table import RopeTable
 
 BACKEND = "posgen_capture"
@@ -299,7 +300,7 @@ class Capture:
 
     Use as a context manager around one or more forward passes; call ``reset`` before each pass.
     Tensors are moved to the CPU as float32 as soon as they are produced, in the canonical RoPE layout
-    (:mod:`posgen.families`) detected on the first pass. Layers are numbered by position among the attention
+    (:mod:`posgen.llm.families`) detected on the first pass. Layers are numbered by position among the attention
     layers; ``layer_index`` holds the model's own index of each (they differ in hybrid stacks).
     With ``check_tokens`` > 0, passes with ``keep_logits`` also keep the logits of every layer on the first
     ``check_tokens`` tokens (``prefix_logits``), for the all-layer self-check.

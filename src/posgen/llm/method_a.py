@@ -122,7 +122,7 @@ class Terms:
     """Method A f/g of one pass for one sample and all layers at once, each (layer, H, T, T)."""
 
     def __init__(self, p, table: RopeTable, dummy_distance: int, distance_cap: int | None = None, keep: bool = False):
-        """``p``: a :class:`posgen.capture.Pass`; ``table``: ``Capture.rope()``; ``keep``: cache each sample.
+        """``p``: a :class:`posgen.llm.capture.Pass`; ``table``: ``Capture.rope()``; ``keep``: cache each sample.
 
         ``dummy_distance`` is D of global layers; a sliding-window layer uses ``min(D, window - 1)``.
         """

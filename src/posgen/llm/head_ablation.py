@@ -326,6 +326,16 @@ def head_ablation(
     return ds
 
 
+def per_head_split(decomposition: xr.Dataset) -> xr.Dataset:
+    """Each head's Method A r, variance explained by f alone and by g alone (sink "without", mean over samples),
+    and its f share ``r2_f / (r2_f + r2_g)``: (layer, head) each."""
+    # a dict: sel(method=...) would be the lookup method
+    per_head = decomposition.sel({"sink": SINK, "method": "A"}).mean("sample")
+    out = xr.Dataset({"method_a_r": per_head["r"], "r2_f": per_head["r2_f"], "r2_g": per_head["r2_g"]})
+    out["f_share"] = out["r2_f"] / (out["r2_f"] + out["r2_g"])
+    return out.transpose("layer", "head").reset_coords(drop=True)
+
+
 def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
     """Add each head's Method A r and variance split (sink "without", mean over samples) and the correlations."""
     for name in ("r", "r2_f", "r2_g"):
@@ -336,13 +346,9 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
         raise ValueError(
             f"decomposition.nc: layer x head {sizes} differs from the model's {(ds.sizes['layer'], ds.sizes['head'])}"
         )
-    # a dict: sel(method=...) would be the lookup method
-    per_head = decomposition.sel({"sink": SINK, "method": "A"}).mean("sample")
     out = ds.copy()
-    out["method_a_r"] = (("layer", "head"), per_head["r"].values)
-    out["r2_f"] = (("layer", "head"), per_head["r2_f"].values)
-    out["r2_g"] = (("layer", "head"), per_head["r2_g"].values)
-    out["f_share"] = out["r2_f"] / (out["r2_f"] + out["r2_g"])
+    for name, value in per_head_split(decomposition).items():
+        out[name] = (("layer", "head"), value.values)
     for probe in PROBES:
         increase = out["loss_increase"].sel(probe=probe).values
         out.attrs[f"spearman_f_share_{probe}"] = spearman(increase, out["f_share"].values)

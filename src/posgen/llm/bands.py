@@ -41,7 +41,7 @@ def _ratio(var: np.ndarray, mean_sq: np.ndarray) -> np.ndarray:
 class BandTable:
     """The per-band statistics of windows added one (window, layer) at a time, and the bands.nc they make.
 
-    ``rope`` is qk.h5 (the store path) or :func:`posgen.fused.rope_dataset` (the fused path). Means over windows
+    ``rope`` is qk.h5 (the store path) or :func:`posgen.llm.fused.rope_dataset` (the fused path). Means over windows
     are accumulated as sums over ``n_samples`` windows: ``n_samples`` is recorded, so that a gather of shards
     weights each by it.
     """

@@ -8,7 +8,7 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from posgen.method_a import method_a_pairs, method_a_terms  # the sink-free reading, as in perturb.nc
+from posgen.llm.method_a import method_a_pairs, method_a_terms  # the sink-free reading, as in perturb.nc
 from posgen.rope import causal_mask, logits
 from posgen.stats import pearson
 from posgen.store import open_dataset, provenance, read_rope, require, write_netcdf

@@ -32,7 +32,7 @@ class UnsupportedModelError(NotImplementedError):
 
 # model_type -> the missing feature. Checked before the model is built (a model whose attention bypasses
 # transformers' AttentionInterface fails to build with a capturing backend, with an unhelpful KeyError).
-# (MLA -- DeepSeek-V2/V3 -- is supported: posgen.capture assembles its pre-RoPE key from two projections.)
+# (MLA -- DeepSeek-V2/V3 -- is supported: posgen.llm.capture assembles its pre-RoPE key from two projections.)
 REFUSED = {
     "gptj": "attention computed outside transformers' AttentionInterface (GPTJAttention), so no backend sees it",
     "falcon": "attention computed outside transformers' AttentionInterface (FalconAttention), so no backend sees it",
