@@ -115,9 +115,11 @@ def block_swap_scores(qk: xr.Dataset, *, block: int = BLOCK, n_queries: int = N_
             k = torch.from_numpy(np.asarray(qk["k"].sel(sample=sample).isel(layer=layer).values, np.float32))
             table = rope.layer(layer)
             inv_freq = torch.as_tensor(table.inv_freq, dtype=torch.float32)
-            d_pos, d_sym, d_pos_h, d_sym_h = swap_distances(
-                q, k[kv_group], inv_freq, float(table.scaling), float(table.attention_scaling), pi, n_queries
-            )
+            k = k[kv_group]  # (head, T, d)
+            rope_args = (inv_freq, float(table.scaling), float(table.attention_scaling), pi, n_queries)
+            # one head at a time: Q x K x d floats each, whatever the model's head count
+            parts = [swap_distances(q[h : h + 1], k[h : h + 1], *rope_args) for h in range(n_heads)]
+            d_pos, d_sym, d_pos_h, d_sym_h = (torch.cat(part) for part in zip(*parts))
             sums["d_pos"][layer] += d_pos.numpy()
             sums["d_sym"][layer] += d_sym.numpy()
             heads["d_pos"][layer] += d_pos_h.numpy()
