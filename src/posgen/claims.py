@@ -82,11 +82,11 @@ def exceeds(differences, threshold: float, points: bool = True) -> tuple[Outcome
         return Outcome.INCONCLUSIVE, "no seed can decide"
     held = int((d > threshold).sum())
     mean, lo, hi = t_interval(d)
-    scale, unit, f = (100, " points", "+.2f") if points else (1, "", "+.3f")
+    scale, unit, fmt = (100, " points", "+.2f") if points else (1, "", "+.3f")
     if len(d) < 2:
-        text = f"holds in {held} of 1 seed ({scale * mean:{f}}{unit}; one seed has no interval)"
+        text = f"holds in {held} of 1 seed ({scale * mean:{fmt}}{unit}; one seed has no interval)"
         return Outcome.INCONCLUSIVE, text
-    text = f"holds in {held} of {len(d)} seeds ({scale * mean:{f}} [{scale * lo:{f}}, {scale * hi:{f}}]{unit})"
+    text = f"holds in {held} of {len(d)} seeds ({scale * mean:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]{unit})"
     if held == len(d) and lo > threshold:
         return Outcome.REPRODUCED, text
     if held == 0 and hi < threshold:

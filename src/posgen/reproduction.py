@@ -312,6 +312,7 @@ def block_swap_markdown(paths) -> str:
             f"{ds.attrs['n_tokens']} | {float(ds['positional_score'].mean()):.3f} | {a['rho']:+.3f} "
             f"[{a['lo']:+.3f}, {a['hi']:+.3f}] | {a['heads']} | {'agree' if a['agree'] else 'do not agree'} |"
         )
+        ds.close()
     return "\n".join(lines) + "\n"
 
 

@@ -59,9 +59,10 @@ def swap_distances(q, k, inv_freq, scaling: float, attention_scaling: float, pi:
     T, d = q.shape[-2], q.shape[-1]
     m = len(pi)
     positions = torch.arange(T)
-    q_rot = rotate(q, positions, inv_freq, attention_scaling)[:, T - n_queries :]  # (H, Q, d)
-    k_rot = rotate(k, positions, inv_freq, attention_scaling)[:, 1:m]  # (H, K, d) keys 1 .. m-1
-    k_moved = rotate(k[:, torch.as_tensor(pi)], positions[:m], inv_freq, attention_scaling)[:, 1:]  # (H, K, d)
+    queries, keys = positions[T - n_queries :], positions[1:m]  # the last Q tokens; keys 1 .. m-1
+    q_rot = rotate(q[:, queries], queries, inv_freq, attention_scaling)  # (H, Q, d)
+    k_rot = rotate(k[:, keys], keys, inv_freq, attention_scaling)  # (H, K, d)
+    k_moved = rotate(k[:, torch.as_tensor(pi[1:])], keys, inv_freq, attention_scaling)  # (H, K, d): k_pi(j) at j
     half = d // 2
     # per band: the two dims of band l are l and l + d/2
     prod = q_rot[:, :, None, :] * k_rot[:, None, :, :]  # (H, Q, K, d)
