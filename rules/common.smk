@@ -60,6 +60,7 @@ from posgen.workflow import (  # noqa: E402
     shard_table,
     shards_of,
     step_leaves,
+    step_variants,
 )
 
 try:
@@ -144,15 +145,12 @@ def own_model_entry(wildcards):
     return dict(sorted(model_entry(config, wildcards.model).items()))
 
 
-# Figure rules (rules/figures.smk, one per row of posgen.figure_table): the values an input wildcard that the
-# figure's scope does not keep is expanded over, in this order (posgen.workflow.figure_wildcards, which a global
-# figure reading files with other wildcards extends).
-FIGURE_WILDCARDS = figure_wildcards(config)
-
-
+# Figure rules (rules/figures.smk, one per row of posgen.figure_table).
 def figure_inputs(row):
-    """The row's inputs: wildcards of its scope kept, every other one expanded over FIGURE_WILDCARDS."""
-    over = {name: FIGURE_WILDCARDS[name] for name in row.expanded()}
+    """The row's inputs: wildcards of its scope kept, every other one expanded over its values in the workflow's
+    order (posgen.workflow.figure_wildcards: the variants of the step the figure reads)."""
+    each = figure_wildcards(config, row)
+    over = {name: each[name] for name in row.expanded()}
     return {role: expand(template, **over, allow_missing=True) for role, template in row.inputs.items()}
 
 
@@ -210,9 +208,13 @@ SYN_DATASETS = {
     for task in options["tasks"]
 }
 SYN_TASK_DATA = "results/synthetic/tasks/{dataset}.nc"
-# experiments whose seeds train as one ensemble job (synthetic.train.ensemble), and the rest (a job per seed)
-SYN_ENSEMBLES = [name for name, options in SYN_EXPERIMENTS.items() if options["train"]["ensemble"]]
-SYN_SOLO = [name for name in SYN_EXPERIMENTS if name not in SYN_ENSEMBLES]
+# experiments whose classifiers go into one training and one analysis job per task (synthetic.jobs: task); of the
+# rest, those whose seeds train as one ensemble job (synthetic.train.ensemble), and the others (a job per seed)
+SYN_BY_TASK = [name for name, options in SYN_EXPERIMENTS.items() if options["jobs"] == "task"]
+SYN_ENSEMBLES = [
+    name for name, options in SYN_EXPERIMENTS.items() if options["train"]["ensemble"] and name not in SYN_BY_TASK
+]
+SYN_SOLO = [name for name in SYN_EXPERIMENTS if name not in SYN_ENSEMBLES + SYN_BY_TASK]
 
 
 wildcard_constraints:
@@ -232,6 +234,22 @@ def syn_seed_files(experiment, name):
     """Per-seed files ``name`` of one experiment's (task, pe) (``{task}``, ``{pe}`` left as wildcards)."""
     seeds = SYN_EXPERIMENTS[experiment]["seeds"]
     return expand(f"{SYN_CLASSIFIER_DIR}/{name}", experiment=experiment, seed=seeds, allow_missing=True)
+
+
+def syn_task_files(experiment, name):
+    """Files ``name`` of every (pe, seed) of one experiment's task (``{task}`` left as a wildcard), PE-major in
+    the order of syn_task_classifiers."""
+    return [
+        SYN_CLASSIFIER_DIR.replace("{experiment}", experiment).replace("{pe}", pe).replace("{seed}", str(seed))
+        + f"/{name}"
+        for pe, seed in syn_task_classifiers(experiment)
+    ]
+
+
+def syn_task_classifiers(experiment):
+    """[pe, seed] of every classifier of one task of ``experiment`` (a params value: lists, not tuples)."""
+    options = SYN_EXPERIMENTS[experiment]
+    return [[pe, seed] for pe in pe_labels(options) for seed in options["seeds"]]
 
 
 def syn_dataset(experiment, task):

@@ -69,7 +69,7 @@ for row in FIGURE_TABLE.values():
             "../envs/posgen.yaml"
         params:
             figure=row.name,
-            variants=VARIANTS if "variant" in row.expanded() else [],
+            variants=figure_wildcards(config, row)["variant"] if "variant" in row.expanded() else [],
             n_boot=config["intervals"]["bootstrap"] if row.bootstrap else None,
             seed=config["intervals"]["seed"] if row.bootstrap else None,
             config_hash=figure_hash(row),
@@ -88,8 +88,8 @@ rule reproduction:
         synthetic_classifiers="results/synthetic/classifiers.csv",
         study_summary=study_summary_if_built,
         bands=expand(BANDS, model=MODELS, variant=VARIANTS),
-        perturb=expand(PERTURB, model=MODELS, variant=VARIANTS),
-        cap=expand(CAP, model=MODELS, variant=VARIANTS),
+        perturb=expand(PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
+        cap=expand(CAP, model=MODELS, variant=step_variants(config, "cap")),
         block_swap=expand(BLOCK_SWAP, model=MODELS, variant=VARIANTS),
     output:
         csv=report(

@@ -1,6 +1,7 @@
 # The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
 # named experiments (posgen.experiments), one training and one analysis job per (experiment, task, pe,
-# seed), one training job per (experiment, task, pe) where the experiment sets train.ensemble; gathered NetCDFs, a
+# seed), one training job per (experiment, task, pe) where the experiment sets train.ensemble, one training and one
+# analysis job per (experiment, task) where it sets jobs: task; gathered NetCDFs, a
 # summary, a per-classifier table and the verdicts per collection: `run` (what `all` builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
 
 
@@ -45,7 +46,8 @@ rule synthetic_train:
         runtime=60,
     params:
         experiment=lambda w: w.experiment,
-        seeds=lambda w: [int(w.seed)],
+        classifiers=lambda w: [[w.pe, int(w.seed)]],
+        ensemble=False,
         options=syn_train_options,
         device=config["device"],
         config_hash=syn_hash(syn_train_options),
@@ -79,12 +81,78 @@ for experiment in SYN_ENSEMBLES:
             runtime=60 * len(seeds),
         params:
             experiment=experiment,
-            seeds=seeds,
+            classifiers=lambda w, seeds=seeds: [[w.pe, seed] for seed in seeds],
+            ensemble=True,
             options=lambda w, fixed=fixed: syn_train_options(fixed(w)),
             device=config["device"],
             config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options)(fixed(w)),
         script:
             "../workflow_scripts/synthetic_train.py"
+
+
+# experiments with jobs: task: one job per task trains (then analyses) every PE and seed in turn, in one process
+for experiment in SYN_BY_TASK:
+    fixed = syn_fixed(experiment)
+    n_classifiers = len(syn_task_classifiers(experiment))
+    name = re.sub(r"[^0-9A-Za-z_]", "_", experiment)
+
+    rule:
+        name:
+            f"synthetic_train_task_{name}"
+        input:
+            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
+        output:
+            checkpoints=syn_task_files(experiment, "model.pt"),
+            curves=syn_task_files(experiment, "train.nc"),
+        log:
+            f"logs/synthetic/train/{experiment}/{{task}}.log",
+        benchmark:
+            f"benchmarks/synthetic/train/{experiment}/{{task}}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=60 * n_classifiers,
+        params:
+            experiment=experiment,
+            classifiers=syn_task_classifiers(experiment),
+            ensemble=SYN_EXPERIMENTS[experiment]["train"]["ensemble"],
+            options=lambda w, fixed=fixed: syn_train_options(fixed(w)),
+            device=config["device"],
+            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options)(fixed(w)),
+        script:
+            "../workflow_scripts/synthetic_train.py"
+
+    rule:
+        name:
+            f"synthetic_analyse_task_{name}"
+        input:
+            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
+            checkpoint=syn_task_files(experiment, "model.pt"),
+            curves=syn_task_files(experiment, "train.nc"),
+        output:
+            ablation=syn_task_files(experiment, "ablation.nc"),
+            toeplitz=syn_task_files(experiment, "toeplitz.nc"),
+            probe=syn_task_files(experiment, "probe.nc"),
+        log:
+            f"logs/synthetic/analyse/{experiment}/{{task}}.log",
+        benchmark:
+            f"benchmarks/synthetic/analyse/{experiment}/{{task}}.tsv"
+        conda:
+            "../envs/posgen.yaml"
+        threads: 1
+        resources:
+            mem_mb=2000,
+            runtime=30 * n_classifiers,
+        params:
+            experiment=experiment,
+            classifiers=syn_task_classifiers(experiment),
+            options=lambda w, fixed=fixed: syn_analysis_options(fixed(w)),
+            device=config["device"],
+            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options, syn_analysis_options)(fixed(w)),
+        script:
+            "../workflow_scripts/synthetic_analyse.py"
 
 
 rule synthetic_analyse:
@@ -100,6 +168,8 @@ rule synthetic_analyse:
         "logs/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.log",
     benchmark:
         "benchmarks/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.tsv"
+    wildcard_constraints:
+        experiment="|".join(re.escape(name) for name in SYN_SOLO + SYN_ENSEMBLES) or "none",
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -107,6 +177,8 @@ rule synthetic_analyse:
         mem_mb=2000,
         runtime=30,
     params:
+        experiment=lambda w: w.experiment,
+        classifiers=lambda w: [[w.pe, int(w.seed)]],
         options=syn_analysis_options,
         device=config["device"],
         config_hash=syn_hash(syn_train_options, syn_analysis_options),

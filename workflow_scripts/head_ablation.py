@@ -12,4 +12,5 @@ head_ablation_job(
     probe_samples=p.probe_samples,
     probe_period=p.probe_period,
     seed=p.seed,
+    probes=p.probes,
 )

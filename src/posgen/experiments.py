@@ -25,7 +25,7 @@ import re
 # keys an experiment may override: merged key by key (dicts) or replaced (the rest)
 MERGED_KEYS = ("model", "train", "distance", "count")
 TASK_SIZE_KEYS = ("distance", "count")  # a task's generator sizes: an experiment's own sizes make its own data set
-REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples")
+REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples", "jobs")
 # the options a training job reads (its params and its config hash)
 TRAIN_KEYS = ("model", "train", "faithful", "rope_base")
 COLLECTIONS = {

@@ -46,6 +46,7 @@ class FigureRow:
     inputs: dict[str, str]
     scope: str = PER_MODEL
     bootstrap: bool = False  # takes the `intervals` settings (n_boot, seed)
+    step: str = ""  # the step whose outputs it reads, where that step may skip variants (workflow.step_variants)
 
     def __post_init__(self):
         if self.scope not in SCOPE_WILDCARDS:
@@ -104,14 +105,15 @@ FIGURES = {
         _row("bands", "5. Feature bands", {"bands": "results/{model}/{variant}/bands.nc"}),
         _row("block_swap", "5b. Block swaps: a second reading per head", {"block_swap": _BLOCK_SWAP}),
         _row("dummy_sweep", "6. Dummy-distance sweep", {"decomposition": _DECOMPOSITION}, bootstrap=True),
-        _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True),
-        _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True),
-        _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True),
+        _row("perturb_ppl", "7. Perturbation: perplexity", {"perturb": _PERTURB}, bootstrap=True, step="perturb"),
+        _row("perturb_fg", "8. Perturbation: f and g change", {"perturb": _PERTURB}, bootstrap=True, step="perturb"),
+        _row("cap", "9. Distance capping", {"cap": "results/{model}/{variant}/cap.nc"}, bootstrap=True, step="cap"),
         # the second paper (docs/method.md section 8): per-head ablation of the pretrained models
         _row(
             "head_ablation",
             "14. Pretrained LLMs: single-head ablation",
             {"head_ablation": "results/{model}/{variant}/head_ablation.nc"},
+            step="head_ablation",
         ),
         # the second paper: PE classifiers on the synthetic tasks
         _row(

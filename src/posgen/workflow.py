@@ -83,6 +83,7 @@ STEP_LEAVES = {
         "head_ablation.probe_samples",
         "head_ablation.probe_period",
         "head_ablation.seed",
+        "head_ablation.probes",
         "dtype",
         "device",
     ),
@@ -258,9 +259,26 @@ def expand(template: str, **values) -> list[str]:
     return [template.format(**dict(zip(keys, combo))) for combo in itertools.product(*values.values())]
 
 
-def figure_wildcards(config: dict) -> dict[str, list[str]]:
-    """The values a figure input's wildcard that its scope does not keep is expanded over, in this order."""
-    return {"model": [m["name"] for m in config["models"]], "variant": variants(config)}
+# steps whose config section's `random_init` says whether they also run on the random-init variants (controls no
+# verdict reads); every other step runs on every variant
+CONTROL_SECTION = {"perturb": "perturb", "cap": "perturb", "head_ablation": "head_ablation"}
+
+
+def step_variants(config: dict, step: str = "") -> list[str]:
+    """The variants of ``models`` that ``step`` runs on, in the workflow's order: every one, or the trained weights
+    only where the step's section (``CONTROL_SECTION``) sets ``random_init: false``."""
+    every = variants(config)
+    section = CONTROL_SECTION.get(step)
+    if section is None or config[section]["random_init"]:
+        return every
+    return [variant for variant in every if not variant.startswith("random-seed")]
+
+
+def figure_wildcards(config: dict, row=None) -> dict[str, list[str]]:
+    """The values a figure input's wildcard that its scope does not keep is expanded over, in this order; the
+    variants are those of the step whose outputs ``row`` (a FigureRow, or None) reads."""
+    step = row.step if row is not None else ""
+    return {"model": [m["name"] for m in config["models"]], "variant": step_variants(config, step)}
 
 
 def final_outputs(config: dict) -> list[str]:
@@ -274,10 +292,9 @@ def final_outputs(config: dict) -> list[str]:
     for template in (DECOMPOSITION, BANDS):
         out += expand(template, **each)
     out += expand(MODEL_SUMMARY["nc"], model=models) + [SUMMARY_TABLE]
-    for template in (PERTURB, CAP):
-        out += expand(template, **each)
+    for step, template in (("perturb", PERTURB), ("cap", CAP), ("head_ablation", HEAD_ABLATION)):
+        out += expand(template, model=models, variant=step_variants(config, step))
     out += syn_outputs("run")
-    out += expand(HEAD_ABLATION, **each)
     for row in FIGURES.values():
         for ext in ("png", "pdf"):
             out += row.paths(each, ext)

@@ -185,6 +185,31 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         logits = model(ids).logits
     ce = [float(torch.nn.functional.cross_entropy(logits[s, :-1], ids[s, 1:])) for s in range(2)]
     assert float(ds["base_loss"].sel(probe="windows")) == pytest.approx(np.mean(ce), rel=1e-5)
+    # one probe only (head_ablation.probes, the default run's repeat probe): that probe's numbers, the same values
+    ha.head_ablation_job(
+        job(tmp_path / "repeat.nc"),
+        tmp_path / "decomposition.nc",
+        n_samples=2,
+        seq_len=16,
+        probe_samples=3,
+        probe_period=6,
+        seed=0,
+        probes=("repeat",),
+    )
+    repeat = open_dataset(tmp_path / "repeat.nc", lazy=False)
+    assert list(repeat["probe"].values) == ["repeat"] and "spearman_f_share_windows" not in repeat.attrs
+    np.testing.assert_array_equal(repeat["sample_ablated_loss"], ds["sample_ablated_loss"].sel(probe=["repeat"]))
+    np.testing.assert_array_equal(repeat["n_targets"], [5])
+    with pytest.raises(ValueError, match="head_ablation.probes"):
+        ha.head_ablation(
+            model,
+            tokenizer,
+            windows["token_id"].values[:1, :8],
+            probe_samples=1,
+            probe_period=4,
+            seed=0,
+            probes=("copy",),
+        )
     # a too-long window prefix names the head_ablation key
     with pytest.raises(ValueError, match="head_ablation.seq_len"):
         ha.head_ablation_job(

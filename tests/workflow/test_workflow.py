@@ -249,6 +249,36 @@ def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(t
     assert "train ens/count/nope/seed0,1,2: 100%" in log
 
 
+def test_per_task_jobs_train_and_analyse_every_classifier_as_one_job_per_classifier_does(tiny_workflow, tmp_path):
+    def edit(config):
+        config["synthetic"]["experiments"] = {"clean": {}, "bytask": {"jobs": "task"}}
+        config["synthetic"]["run"] = ["clean", "bytask"]
+
+    jobs = dry_run_with(tiny_workflow, tmp_path, edit)
+    trained = [out for rule, out in jobs if rule == "synthetic_train_task_bytask"]
+    analysed = [out for rule, out in jobs if rule == "synthetic_analyse_task_bytask"]
+    assert len(trained) == len(analysed) == 2  # one job per task
+    n_seeds = len(yaml.safe_load(tiny_workflow.configfile.read_text())["synthetic"]["seeds"])
+    assert {len(out) for out in trained} == {2 * len(tiny_workflow_pes(tiny_workflow)) * n_seeds}
+    assert not [rule for rule, _ in jobs if rule in ("synthetic_train", "synthetic_analyse")]
+    # for real on one task: the same classifiers and analyses as clean's jobs per classifier, to the bit
+    run = WorkflowRun(tiny_workflow.workdir, tmp_path / "config.yaml")
+    run.snakemake("--cores", "1", "results/synthetic/bytask/count/nope/seed1/probe.nc")
+    for pe in tiny_workflow_pes(tiny_workflow):
+        for name in ("train.nc", "ablation.nc", "toeplitz.nc", "probe.nc"):
+            one, many = (
+                xr.open_dataset(tiny_workflow.workdir / f"results/synthetic/{e}/count/{pe}/seed1/{name}")
+                for e in ("clean", "bytask")
+            )
+            if name != "train.nc":  # the experiment is a coordinate of the analyses
+                one, many = one.squeeze("experiment", drop=True), many.squeeze("experiment", drop=True)
+            assert set(one.data_vars) == set(many.data_vars)
+            for var in set(one.data_vars) - {"seconds"}:  # wall-clock seconds per epoch differ
+                np.testing.assert_array_equal(one[var].values, many[var].values, err_msg=f"{pe} {name} {var}")
+    log = (tiny_workflow.workdir / "logs/synthetic/train/bytask/count.log").read_text()
+    assert "train bytask/count/nope/seed1: 100%" in log
+
+
 def tiny_workflow_pes(run) -> list[str]:
     import yaml
 

@@ -24,11 +24,14 @@ def load_head_ablation(inputs, variants) -> xr.Dataset:
 @styled
 def fig_head_ablation(ablation: xr.Dataset, probe: str = "repeat") -> Figure:
     """Per variant (rows): loss increase of ``probe`` (layer x head), Method A r (layer x head), and the
-    increase against the head's f share, with the Spearman correlation in the title.
+    increase against the head's f share, with the Spearman correlation in the title. A run without ``probe``
+    (config ``head_ablation.probes``) shows the probe it has.
 
     ``ablation`` has dims (variant, probe, layer, head) as :func:`load_head_ablation` returns it.
     """
     require(ablation, HEAD_ABLATION_VARIABLES + ["variant", "probe", "layer", "head"], "head ablation figure input")
+    probes = ablation["probe"].values.tolist()
+    probe = probe if probe in probes else probes[0]
     increase = ablation["loss_increase"].sel(probe=probe).transpose("variant", "layer", "head")
     r = ablation["method_a_r"].transpose("variant", "layer", "head")
     variants = list(ablation["variant"].values)

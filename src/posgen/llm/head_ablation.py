@@ -277,11 +277,17 @@ def head_ablation(
     probe_samples: int,
     probe_period: int,
     seed: int,
+    probes: tuple[str, ...] = PROBES,
     desc: str = "",
 ) -> xr.Dataset:
-    """Ablation of every head on both probes; dims ``probe, sample, layer, head`` (see the module doc)."""
+    """Ablation of every head on each of ``probes`` (``PROBES``, in that order); dims ``probe, sample, layer,
+    head`` (see the module doc)."""
     from posgen.corpus import prepends_bos
 
+    unknown = sorted(set(probes) - set(PROBES))
+    if unknown or not probes:
+        raise ValueError(f"head_ablation.probes: {unknown or 'none'} (choose from {', '.join(PROBES)})")
+    probes = [name for name in PROBES if name in probes]
     bos = prepends_bos(tokenizer)
     probe = repeat_probe(
         ordinary_ids(tokenizer), probe_samples, probe_period, seed, tokenizer.bos_token_id if bos else None
@@ -291,18 +297,19 @@ def head_ablation(
         "repeat": (probe, repeat_targets(probe_period, bos)),
     }
     base, ablated_loss = {}, {}
-    for name, (sequences, targets) in jobs.items():
+    for name in probes:
+        sequences, targets = jobs[name]
         base[name], ablated_loss[name] = ablate(model, sequences, targets, desc=f"{desc} {name}".strip())
-    n_layers, n_heads = ablated_loss["windows"].shape[1:]
+    n_layers, n_heads = ablated_loss[probes[0]].shape[1:]
     # samples differ in number between probes: pad to the longer with NaN
     n_samples = max(len(b) for b in base.values())
-    base_arr = np.full((len(PROBES), n_samples), np.nan)
-    ablated_arr = np.full((len(PROBES), n_samples, n_layers, n_heads), np.nan)
-    for p, name in enumerate(PROBES):
+    base_arr = np.full((len(probes), n_samples), np.nan)
+    ablated_arr = np.full((len(probes), n_samples, n_layers, n_heads), np.nan)
+    for p, name in enumerate(probes):
         base_arr[p, : len(base[name])] = base[name]
         ablated_arr[p, : len(base[name])] = ablated_loss[name]
     coords = {
-        "probe": list(PROBES),
+        "probe": probes,
         "sample": np.arange(n_samples),
         "layer": np.arange(n_layers),
         "head": np.arange(n_heads),
@@ -320,8 +327,8 @@ def head_ablation(
     ds["loss_increase"] = ds["ablated_loss"] - ds["base_loss"]
     ds["deposit_index"] = per_layer(deposit_index, ds["loss_increase"])
     ds["top_gap"] = per_layer(top_gap, ds["loss_increase"])
-    ds["n_samples"] = ("probe", [len(windows), len(probe)])
-    ds["n_targets"] = ("probe", [len(jobs[name][1]) for name in PROBES])
+    ds["n_samples"] = ("probe", [len(jobs[name][0]) for name in probes])
+    ds["n_targets"] = ("probe", [len(jobs[name][1]) for name in probes])
     ds.attrs.update(probe_period=int(probe_period), probe_seed=int(seed), bos_prepended=int(bos))
     return ds
 
@@ -349,7 +356,7 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
     out = ds.copy()
     for name, value in per_head_split(decomposition).items():
         out[name] = (("layer", "head"), value.values)
-    for probe in PROBES:
+    for probe in out["probe"].values.tolist():
         increase = out["loss_increase"].sel(probe=probe).values
         out.attrs[f"spearman_f_share_{probe}"] = spearman(increase, out["f_share"].values)
         out.attrs[f"spearman_method_a_r_{probe}"] = spearman(increase, out["method_a_r"].values)
@@ -366,6 +373,7 @@ def head_ablation_job(
     probe_samples: int,
     probe_period: int,
     seed: int,
+    probes: tuple[str, ...] = PROBES,
 ) -> xr.Dataset:
     """Write ``head_ablation.nc`` (``job.out``) of one model variant, beside the heads' numbers of its gathered
     ``decomposition.nc``. One job over all its windows: ``job.samples`` must be None (not sharded)."""
@@ -387,6 +395,7 @@ def head_ablation_job(
         probe_samples=probe_samples,
         probe_period=probe_period,
         seed=seed,
+        probes=tuple(probes),
         desc=f"heads {job.label}",
     )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
