@@ -239,9 +239,9 @@ def syn_seed_files(experiment, name):
 def syn_task_files(experiment, name):
     """Files ``name`` of every (pe, seed) of one experiment's task (``{task}`` left as a wildcard), PE-major in
     the order of syn_task_classifiers."""
+    folder = SYN_CLASSIFIER_DIR.replace("{experiment}", experiment)
     return [
-        SYN_CLASSIFIER_DIR.replace("{experiment}", experiment).replace("{pe}", pe).replace("{seed}", str(seed))
-        + f"/{name}"
+        f"{folder}/{name}".replace("{pe}", pe).replace("{seed}", str(seed))
         for pe, seed in syn_task_classifiers(experiment)
     ]
 
