@@ -74,8 +74,9 @@ def picked(params, *names) -> dict:
     return {name: params[name] for name in names}
 
 
-def decomposition_options(params) -> dict:
-    """The decomposition's options as keywords (``decompose_store``, the fused ``Analysis``), from the params of a
-    rule carrying the "decompose" step's config leaves (posgen.workflow.STEP_LEAVES) and the config hash."""
-    names = ("dummy_distances", "dummy_distance", "device", "lstsq_tol", "precision", "bound_rows", "bound_samples")
-    return picked(params, *names, "config_hash")
+def decomposition_options(params):
+    """The decomposition's options (``decompose_store``, the fused ``Analysis``) from the params of a rule carrying
+    the "decompose" step's config leaves (posgen.workflow.STEP_LEAVES)."""
+    from posgen.decomposition.options import DecompositionOptions
+
+    return DecompositionOptions.of(params)

@@ -10,7 +10,11 @@ out = snakemake.output
 # windows only; the store path keeps every window's
 fused = p.analysis == "fused"
 analysis = (
-    Analysis(decomposition_path=out.decomposition, bands_path=out.bands, **decomposition_options(p)) if fused else None
+    Analysis(
+        decomposition_options(p), decomposition_path=out.decomposition, bands_path=out.bands, config_hash=p.config_hash
+    )
+    if fused
+    else None
 )
 extract(
     model_job(snakemake, out="qk"),

@@ -26,6 +26,7 @@ import xarray as xr
 
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
+from posgen.decomposition.options import DecompositionOptions
 from posgen.decomposition.table import decompose_dataset
 from posgen.figure_table import FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
 from posgen.figures import registry
@@ -36,7 +37,7 @@ from posgen.models import acquire, manifest_attrs
 from posgen.store import provenance, qk_dataset
 
 # ablate_heads' options: leaves of the config section head_ablation (its n_samples and seq_len size the windows)
-HEAD_ABLATION_OPTIONS = ("probe_samples", "probe_period", "seed")
+HEAD_ABLATION_OPTIONS = ("probe_samples", "probe_period", "seed", "probes")
 
 
 def model_folder(source: str | Path, cache: str | Path | None = None) -> Path:
@@ -159,14 +160,14 @@ def capture_qk(
     return qk_dataset(np.stack(qs), np.stack(ks), ids, rope, samples, attrs)
 
 
-def decompose(qk: xr.Dataset, *, device: str | None = None, progress: bool = False, **options) -> xr.Dataset:
+def decompose(qk: xr.Dataset, *, progress: bool = False, **options) -> xr.Dataset:
     """The dataset decomposition.nc holds (docs/data-model.md) of a :func:`capture_qk` (or an opened qk.h5), by the
     store path's own code (:func:`posgen.decomposition.table.decompose_dataset`). ``options``: the config
-    section ``decomposition`` (dummy_distances, dummy_distance, lstsq_tol, bound_samples, precision, bound_rows;
-    the schema's when not given); ``device``: auto, cpu or cuda (None: the schema's)."""
-    options = {**schema_defaults("decomposition"), **options}
-    device = schema_default("device") if device is None else device
-    return decompose_dataset(qk, device=device, progress=progress, attrs={"analysis": "memory"}, **options)
+    section ``decomposition`` (dummy_distances, dummy_distance, lstsq_tol, bound_samples, precision, bound_rows)
+    and ``device`` (auto, cpu or cuda), the schema's when not given
+    (:meth:`posgen.decomposition.options.DecompositionOptions.defaults`)."""
+    options = DecompositionOptions.defaults(**options)
+    return decompose_dataset(qk, options, progress=progress, attrs={"analysis": "memory"})
 
 
 def ablate_heads(
@@ -182,11 +183,12 @@ def ablate_heads(
     """The dataset head_ablation.nc holds (docs/data-model.md): every head of ``loaded`` ablated on ``tokens`` (as
     :func:`capture_qk` takes them) and on a repeat probe, by the head_ablation job's own code; with a
     ``decomposition`` (:func:`decompose` of the same model), each head's Method A r and f share beside it (what
-    the ``head_ablation`` figure draws). ``options``: probe_samples, probe_period, seed of the config section
-    ``head_ablation`` (the schema's when not given)."""
+    the ``head_ablation`` figure draws). ``options``: probe_samples, probe_period, seed, probes of the config
+    section ``head_ablation`` (the schema's when not given)."""
     net, tokenizer, manifest = _loaded(loaded, variant)
     ids, _ = _token_rows(tokens, tokenizer)
     options = {**schema_defaults("head_ablation", HEAD_ABLATION_OPTIONS), **options}
+    options["probes"] = tuple(options["probes"])
     ds = head_ablation(net, tokenizer, ids, desc="heads" if progress else "", **options)
     if decomposition is not None:
         ds = join_decomposition(ds, decomposition)

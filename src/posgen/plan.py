@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from posgen.config import schema_default, schema_defaults, variants
+from posgen.config import schema_default, schema_defaults
 from posgen.rates import Rates, device_rates, gpu_report
 from posgen.shapes import SHAPES
 from posgen.workflow import (
@@ -57,6 +57,7 @@ from posgen.workflow import (
     planned_rules,
     rule_shards,
     rule_windows,
+    step_variants,
 )
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -392,15 +393,15 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
 def _head_ablation_cost(
     shape: Shape, opts: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, on_gpu: bool
 ) -> Cost:
-    """posgen.llm.head_ablation over ``n`` corpus windows and the repeat probe: per sequence of T tokens one clean
-    forward, H ablated copies through layers l..L-1 for every layer l (``H L (L + 1) / 2`` layer passes) and
-    the LM head at the scored targets of each copy (measured 84-112 s per job of 4 x 32 tokens for SmolLM2 on
-    the 2-core machine, docs/results.md; this predicts 75)."""
+    """posgen.llm.head_ablation over ``n`` corpus windows and the repeat probe (those of ``probes``): per sequence
+    of T tokens one clean forward, H ablated copies through layers l..L-1 for every layer l (``H L (L + 1) / 2``
+    layer passes) and the LM head at the scored targets of each copy (measured 84-112 s per job of 4 x 32 tokens
+    for SmolLM2 on the 2-core machine, docs/results.md; this predicts 75)."""
     L, H = shape.n_layers, shape.n_heads
     period = opts["probe_period"]
     # (tokens, scored targets): the windows' prefixes, then the probe (BOS and two copies; its second copy less one)
-    sequences = [(opts["seq_len"], opts["seq_len"] - 1)] * n
-    sequences += [(2 * period + 1, period - 1)] * opts["probe_samples"]
+    sequences = [(opts["seq_len"], opts["seq_len"] - 1)] * n * ("windows" in opts["probes"])
+    sequences += [(2 * period + 1, period - 1)] * opts["probe_samples"] * ("repeat" in opts["probes"])
     lm_head = 2 * shape.vocab * shape.hidden  # FLOPs per scored position
     flops = 0.0
     for tokens, targets in sequences:
@@ -499,11 +500,13 @@ def plan(cfg: dict, *, models_dir: str | Path = MODELS_DIR, device: str = "gpu")
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)
-        for variant in variants(cfg, entry["name"]):
+        for variant in step_variants(cfg):
             if shape is None:
                 rows.append(Row(entry["name"], variant, "-", None))
                 continue
             for rule in planned_rules(cfg):
+                if variant not in step_variants(cfg, rule):  # a control the config leaves out (random_init)
+                    continue
                 for start, stop in rule_shards(rule, cfg):
                     cost = job_cost(rule, shape, cfg, (start, stop), device)
                     rows.append(Row(entry["name"], variant, f"{start}-{stop}", cost))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 import xarray as xr
 
 from posgen.decomposition import SINKS, Decomposer, decompose_store
-from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, fit_sinks, stack_sinks, w_sums
+from posgen.decomposition.design import AdditiveDesign, fit_sinks, stack_sinks, w_sums
 from posgen.decomposition.mask import MaskInfo
 from posgen.decomposition.moments import band_factors, masked_moments
+from posgen.decomposition.options import DecompositionOptions
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
 from posgen.rope_table import LayerRope
@@ -420,13 +423,7 @@ def test_store_to_netcdf(tmp_path):
     decompose_store(
         qk,
         tmp_path / "decomposition.nc",
-        dummy_distances=[0, 50],
-        dummy_distance=50,
-        lstsq_tol=LSTSQ_TOL,
-        precision="float32",
-        bound_rows=0,
-        bound_samples=0,
-        device="cpu",
+        DecompositionOptions.defaults(dummy_distances=[0, 50], dummy_distance=50, bound_samples=0, device="cpu"),
         config_hash="abc",
         progress=False,
     )
@@ -455,31 +452,14 @@ def test_store_to_netcdf(tmp_path):
 
 def test_bad_inputs_are_named(tmp_path):
     q, k, kv = random_qk()
+    options = DecompositionOptions.defaults(dummy_distances=[0], dummy_distance=0, bound_samples=0)
     with pytest.raises(ValueError, match="shapes disagree"):
         Decomposer([0], 0).unit(q, k[:, :10], kv, LayerRope(inv_freq(8), 0.3))
     with pytest.raises(FileNotFoundError, match="missing.h5"):
-        decompose_store(
-            tmp_path / "missing.h5",
-            tmp_path / "out.nc",
-            dummy_distances=[0],
-            dummy_distance=0,
-            lstsq_tol=LSTSQ_TOL,
-            precision="float32",
-            bound_rows=0,
-            bound_samples=0,
-        )
+        decompose_store(tmp_path / "missing.h5", tmp_path / "out.nc", options)
     xr.Dataset({"q": (("sample",), np.zeros(1))}).to_netcdf(tmp_path / "bad.h5", engine="h5netcdf")
     with pytest.raises(KeyError, match="missing variable.*inv_freq"):
-        decompose_store(
-            tmp_path / "bad.h5",
-            tmp_path / "out.nc",
-            dummy_distances=[0],
-            dummy_distance=0,
-            lstsq_tol=LSTSQ_TOL,
-            precision="float32",
-            bound_rows=0,
-            bound_samples=0,
-        )
+        decompose_store(tmp_path / "bad.h5", tmp_path / "out.nc", options)
 
 
 def test_bound_violation_is_reported(monkeypatch):
@@ -548,13 +528,7 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
     ds = decompose_store(
         qk,
         tmp_path / "dec.nc",
-        dummy_distances=[0, 5, 50],
-        dummy_distance=50,
-        lstsq_tol=LSTSQ_TOL,
-        precision="float32",
-        bound_rows=0,
-        bound_samples=0,
-        device="cpu",
+        DecompositionOptions.defaults(dummy_distances=[0, 5, 50], dummy_distance=50, bound_samples=0, device="cpu"),
         progress=False,
     )
     back = xr.open_dataset(tmp_path / "dec.nc", engine="h5netcdf")
@@ -617,13 +591,7 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
     ds = decompose_store(
         tmp_path / "qk.h5",
         tmp_path / "dec.nc",
-        dummy_distances=[0, 15, 100],
-        dummy_distance=100,
-        lstsq_tol=LSTSQ_TOL,
-        precision="float32",
-        bound_rows=0,
-        bound_samples=0,
-        device="cpu",
+        DecompositionOptions.defaults(dummy_distances=[0, 15, 100], dummy_distance=100, bound_samples=0, device="cpu"),
         progress=False,
     )
     assert list(ds["layer_type"].values) == ["sliding", "sliding", "global"]
@@ -675,3 +643,20 @@ def test_sampled_rows_estimate_the_error_within_its_stated_error(window):
         assert z.max() < 4, z
         assert np.all(got["bound_slack_min"] >= exact["bound_slack_min"])
         assert np.all(np.abs(got["err_abs_mean"] / exact["err_abs_mean"] - 1) < 0.05)
+
+
+def test_decomposition_options_take_the_schema_defaults_and_refuse_unknown_keys():
+    from posgen.config import schema_default, schema_defaults
+
+    options = DecompositionOptions.defaults(dummy_distance=500, device="cpu")
+    section = schema_defaults("decomposition")
+    assert options.dummy_distance == 500 and options.device == "cpu"
+    assert options.dummy_distances == tuple(section["dummy_distances"]) and options.lstsq_tol == section["lstsq_tol"]
+    assert DecompositionOptions.defaults().device == schema_default("device")
+    # from a rule's params (a mapping with the section's keys and device); the value is hashable and frozen
+    assert DecompositionOptions.of({**section, "dummy_distance": 500, "device": "cpu"}) == options
+    assert hash(options) == hash(DecompositionOptions.defaults(dummy_distance=500, device="cpu"))
+    with pytest.raises(TypeError, match="unknown dummy_distanse"):
+        DecompositionOptions.defaults(dummy_distanse=500)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.dummy_distance = 1

@@ -11,7 +11,7 @@ import xarray as xr
 from posgen import rope
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
-from posgen.decomposition.design import LSTSQ_TOL
+from posgen.decomposition.options import DecompositionOptions
 from posgen.llm import families
 from posgen.llm.extract import TransparencyError, default_options, extract
 from posgen.model_job import ModelJob
@@ -102,13 +102,7 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     decompose_store(
         qk,
         out,
-        dummy_distances=[0, 20],
-        dummy_distance=20,
-        lstsq_tol=LSTSQ_TOL,
-        bound_samples=0,
-        precision="float32",
-        bound_rows=0,
-        device="cpu",
+        DecompositionOptions.defaults(dummy_distances=[0, 20], dummy_distance=20, bound_samples=0, device="cpu"),
         progress=False,
     )
     dec = xr.open_dataset(out, engine="h5netcdf")

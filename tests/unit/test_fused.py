@@ -8,6 +8,7 @@ import xarray as xr
 
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
+from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.bands import band_stats
 from posgen.llm.extract import default_options, extract
 from posgen.llm.fused import Analysis
@@ -26,6 +27,7 @@ DECOMPOSITION = {
     "precision": "float32",
     "bound_rows": 0,
 }
+OPTIONS = DecompositionOptions(**DECOMPOSITION, device="cpu")
 N_WINDOWS = 5
 N_HELDOUT = 3  # Method A-shared's held-out windows
 
@@ -56,14 +58,19 @@ def both_paths(request, tiny_source, tmp_path_factory):
     common = {"model": arch, "variant": "trained", "dtype": "float32", "device": "cpu"}
     extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
     decompose_store(
-        tmp / "store" / "qk.h5", tmp / "store" / "decomposition.nc", device="cpu", progress=False, **DECOMPOSITION
+        tmp / "store" / "qk.h5",
+        tmp / "store" / "decomposition.nc",
+        OPTIONS,
+        progress=False,
     )
     band_stats(tmp / "store" / "qk.h5", tmp / "store" / "bands.nc", progress=False)
     shards = shard_names(N_WINDOWS, 2)
     for shard in shards:
         out = tmp / "fused" / shard
         analysis = Analysis(
-            decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc", device="cpu", **DECOMPOSITION
+            OPTIONS,
+            decomposition_path=out / "decomposition.nc",
+            bands_path=out / "bands.nc",
         )
         extract(
             ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
@@ -179,9 +186,11 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
     with open_dataset(tmp_path / "qk.h5", lazy=False) as ds:
         assert ds.sizes["token"] == 320 and ds.sizes["ref_layer"] == 0
         assert np.isfinite(ds["self_check_rel_error"].values).all()  # the prefix check reached every layer
-    store = decompose_store(tmp_path / "qk.h5", tmp_path / "store.nc", device="cpu", progress=False, **DECOMPOSITION)
+    store = decompose_store(tmp_path / "qk.h5", tmp_path / "store.nc", OPTIONS, progress=False)
     analysis = Analysis(
-        decomposition_path=tmp_path / "fused.nc", bands_path=tmp_path / "bands.nc", device="cpu", **DECOMPOSITION
+        OPTIONS,
+        decomposition_path=tmp_path / "fused.nc",
+        bands_path=tmp_path / "bands.nc",
     )
     extract(
         ModelJob(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "fused-qk.h5", **common),
@@ -199,7 +208,9 @@ def test_the_first_token_control_changes_the_first_key_and_is_recorded(both_path
     common = {"model": "m", "variant": "trained", "dtype": "float32", "device": "cpu"}
     out = tmp / "control"
     analysis = Analysis(
-        decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc", device="cpu", **DECOMPOSITION
+        OPTIONS,
+        decomposition_path=out / "decomposition.nc",
+        bands_path=out / "bands.nc",
     )
     job = ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", **common)
     report = extract(job, **default_options(), first_token="mean-embedding", analysis=analysis)

@@ -159,15 +159,11 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         windows = tmp_path / "windows.h5"
         return ModelJob(tiny_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu", **extra)
 
-    ha.head_ablation_job(
-        job(tmp_path / "out.nc", config_hash="abc"),
-        tmp_path / "decomposition.nc",
-        n_samples=2,
-        seq_len=16,
-        probe_samples=3,
-        probe_period=6,
-        seed=0,
-    )
+    def run(out, **options):
+        sizes = {"n_samples": 2, "seq_len": 16, "probe_samples": 3, "probe_period": 6, "seed": 0, **options}
+        return ha.head_ablation_job(job(tmp_path / out, config_hash="abc"), tmp_path / "decomposition.nc", **sizes)
+
+    run("out.nc")
     ds = open_dataset(tmp_path / "out.nc", lazy=False)
     assert ds["loss_increase"].dims == ("probe", "layer", "head")
     assert list(ds["probe"].values) == list(ha.PROBES)
@@ -186,16 +182,7 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
     ce = [float(torch.nn.functional.cross_entropy(logits[s, :-1], ids[s, 1:])) for s in range(2)]
     assert float(ds["base_loss"].sel(probe="windows")) == pytest.approx(np.mean(ce), rel=1e-5)
     # one probe only (head_ablation.probes, the default run's repeat probe): that probe's numbers, the same values
-    ha.head_ablation_job(
-        job(tmp_path / "repeat.nc"),
-        tmp_path / "decomposition.nc",
-        n_samples=2,
-        seq_len=16,
-        probe_samples=3,
-        probe_period=6,
-        seed=0,
-        probes=("repeat",),
-    )
+    run("repeat.nc", probes=("repeat",))
     repeat = open_dataset(tmp_path / "repeat.nc", lazy=False)
     assert list(repeat["probe"].values) == ["repeat"] and "spearman_f_share_windows" not in repeat.attrs
     np.testing.assert_array_equal(repeat["sample_ablated_loss"], ds["sample_ablated_loss"].sel(probe=["repeat"]))

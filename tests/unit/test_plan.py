@@ -27,8 +27,16 @@ def small_config(**extract) -> dict:
         "device": "auto",
         "extract": {"ref_samples": [0], "ref_layers": [0, -1], **extract},
         "decomposition": {"dummy_distances": [0, 250, 500, 1000, 2000], "dummy_distance": 1000, "bound_samples": 2},
-        "perturb": {"n_samples": 4, "seq_len": 256, "rates": [0, 0.01, 0.1], "caps": [8, 32]},
-        "head_ablation": {"n_samples": 2, "seq_len": 32, "probe_samples": 2, "probe_period": 16, "seed": 0},
+        "perturb": {"n_samples": 4, "seq_len": 256, "rates": [0, 0.01, 0.1], "caps": [8, 32], "random_init": True},
+        "head_ablation": {
+            "n_samples": 2,
+            "seq_len": 32,
+            "probe_samples": 2,
+            "probe_period": 16,
+            "seed": 0,
+            "probes": ["windows", "repeat"],
+            "random_init": True,
+        },
     }
 
 
@@ -191,8 +199,9 @@ def test_cli_prints_jobs_and_totals(capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
-    # 2 variants x (extract, perturb, cap, head_ablation)
-    assert last.startswith("total: 8 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+    # 2 variants x extract, and perturb, cap, head_ablation on the trained weights (config.yaml: random_init false)
+    assert last.startswith("total: 5 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+    assert sum(" random-seed0 " in line for line in out.splitlines()) == 1
 
 
 def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(tmp_path, capsys):

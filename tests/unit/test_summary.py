@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import xarray as xr
 
-from posgen.decomposition.design import LSTSQ_TOL
+from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.summary import COLUMNS, summarize
 from posgen.stats import bootstrap_indices
 from posgen.store import write_netcdf
@@ -241,12 +241,7 @@ def test_store_with_a_nope_layer_end_to_end(tmp_path):
     dec = decompose_store(
         tmp_path / "qk.h5",
         tmp_path / "dec.nc",
-        dummy_distances=[0, 100],
-        dummy_distance=100,
-        lstsq_tol=LSTSQ_TOL,
-        precision="float32",
-        bound_rows=0,
-        bound_samples=0,
+        DecompositionOptions.defaults(dummy_distances=[0, 100], dummy_distance=100, bound_samples=0),
         progress=False,
     )
     table = summarize([tmp_path / "dec.nc"], tmp_path / "s.csv", {"toy": tmp_path / "s.nc"}, n_boot=100)

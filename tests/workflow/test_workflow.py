@@ -9,6 +9,7 @@ import numpy as np
 import xarray as xr
 import yaml
 
+from posgen.decomposition.options import DecompositionOptions
 from posgen.store import open_dataset
 from posgen.testing.runs import ROOT, WorkflowRun, make_run, tiny_config
 
@@ -62,13 +63,7 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
         "decomposition.nc": decompose_store(
             tmp_path / "qk.h5",
             tmp_path / "decomposition.nc",
-            dummy_distances=dec["dummy_distances"],
-            dummy_distance=dec["dummy_distance"],
-            lstsq_tol=dec["lstsq_tol"],
-            bound_samples=dec["bound_samples"],
-            precision=dec["precision"],
-            bound_rows=dec["bound_rows"],
-            device="cpu",
+            DecompositionOptions.of(dec, device="cpu"),
             progress=False,
         ),
         "bands.nc": band_stats(tmp_path / "qk.h5", tmp_path / "bands.nc", progress=False),

@@ -32,8 +32,7 @@ import numpy as np
 import torch
 
 from posgen.bench.steps import STEPS, StepTimer
-from posgen.config import schema_default
-from posgen.decomposition import SINKS, Decomposer, decompose_store
+from posgen.decomposition import SINKS, Decomposer, DecompositionOptions, decompose_store
 from posgen.rope import rotate
 from posgen.rope_table import RopeTable
 from posgen.store import QKWriter, open_dataset, read_rope
@@ -290,18 +289,14 @@ def main(argv=None):
         print(step_table(first, unit_steps, bound_steps, base), file=sys.stderr)
         if args.store_run:
             start = time.perf_counter()
-            out = decompose_store(
-                qk,
-                Path(tmp) / "decomposition.nc",
+            options = DecompositionOptions.defaults(
                 dummy_distances=args.dummy_distances,
                 dummy_distance=args.dummy_distance,
                 bound_samples=args.bound_samples,
-                lstsq_tol=schema_default("decomposition.lstsq_tol"),
                 precision=args.precision,
-                bound_rows=schema_default("decomposition.bound_rows"),
                 device=args.device,
-                progress=False,
             )
+            out = decompose_store(qk, Path(tmp) / "decomposition.nc", options, progress=False)
             per_unit = (time.perf_counter() - start) / (out.sizes["sample"] * out.sizes["layer"])
             report["store_run"] = {
                 "bound_samples": args.bound_samples,

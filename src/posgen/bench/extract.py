@@ -12,6 +12,7 @@ the decomposition settings of the workflow's config.yaml (dummy distances, bound
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -21,7 +22,7 @@ import torch
 
 from posgen.config import load
 from posgen.corpus import cut_windows, load_text
-from posgen.decomposition import decompose_store
+from posgen.decomposition import DecompositionOptions, decompose_store
 from posgen.integrity import digest
 from posgen.llm.bands import band_stats
 from posgen.llm.capture import Capture, load_capturing
@@ -84,11 +85,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--configfile", type=Path, default=Path(__file__).resolve().parents[3] / "config.yaml")
     args = parser.parse_args(argv)
-    decomposition = load(args.configfile)["decomposition"]
-    names = ("dummy_distances", "dummy_distance", "lstsq_tol", "precision", "bound_rows")
-    settings = {name: decomposition[name] for name in names}
     # the error and bound on the first window, as the default config's bound_samples does on its first ones
-    settings["bound_samples"] = 1
+    settings = dataclasses.replace(
+        DecompositionOptions.of(load(args.configfile)["decomposition"], device="cpu"), bound_samples=1
+    )
 
     model_dir = Path(args.model_dir)
     if not (model_dir / "manifest.json").exists():
@@ -124,16 +124,13 @@ def main(argv=None):
                 results[name] += report["seconds_per_window"]
             # the store path: the no-gzip extraction's windows plus the two jobs reading its qk.h5, per window
             start = time.perf_counter()
-            decompose_store(Path(tmp) / "qk.h5", Path(tmp) / "dec.nc", device="cpu", progress=False, **settings)
+            decompose_store(Path(tmp) / "qk.h5", Path(tmp) / "dec.nc", settings, progress=False)
             band_stats(Path(tmp) / "qk.h5", Path(tmp) / "bands.nc", progress=False)
             per_window = (time.perf_counter() - start) / len(ids)
             results["store: + decompose + bands"] += [t + per_window for t in report["seconds_per_window"]]
             results["digests of q/k (in the above)"] += _digests(Path(tmp) / "qk.h5")
             analysis = Analysis(
-                decomposition_path=Path(tmp) / "fused-dec.nc",
-                bands_path=Path(tmp) / "fused-bands.nc",
-                device="cpu",
-                **settings,
+                settings, decomposition_path=Path(tmp) / "fused-dec.nc", bands_path=Path(tmp) / "fused-bands.nc"
             )
             report = extract(job(Path(tmp) / "fused-qk.h5"), **default_options(), keep_qk=0, analysis=analysis)
             results["fused (keep_qk 0)"] += report["seconds_per_window"]

@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 from posgen.bench.context import in_child, report, shape_model_dir, sweep
-from posgen.config import schema_default
 from posgen.rates import device_rates, gpu_report
 from posgen.shapes import SHAPES
 
@@ -113,6 +112,15 @@ def _stage_extract(
     }
 
 
+def _bench_options(dummy_distances: list[int], device: str):
+    """The schema's decomposition options with the benchmark's sweep, D = 1000 and the bound on the first window."""
+    from posgen.decomposition.options import DecompositionOptions
+
+    return DecompositionOptions.defaults(
+        dummy_distances=dummy_distances, dummy_distance=1000, bound_samples=1, device=device
+    )
+
+
 def _stage_fused(
     model_dir: str,
     windows: str,
@@ -133,17 +141,8 @@ def _stage_fused(
     torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir()
-    analysis = Analysis(
-        decomposition_path=out / "decomposition.nc",
-        bands_path=out / "bands.nc",
-        dummy_distances=dummy_distances,
-        dummy_distance=1000,
-        device=device,
-        lstsq_tol=schema_default("decomposition.lstsq_tol"),
-        precision=schema_default("decomposition.precision"),
-        bound_rows=schema_default("decomposition.bound_rows"),
-        bound_samples=1,
-    )
+    options = _bench_options(dummy_distances, device)
+    analysis = Analysis(options, decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc")
     with StepTimer(sync=lambda: _synchronize(device)) as timer:
         report = extract(
             ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
@@ -171,17 +170,7 @@ def _stage_decompose(qk: str, threads: int, device: str, out: str, dummy_distanc
     # time each part of Decomposer.unit; Method B's normal matrices are built inside method_b on first use
     start = time.perf_counter()
     with StepTimer() as timer:
-        ds = decompose_store(
-            qk,
-            out,
-            dummy_distances=dummy_distances,
-            dummy_distance=1000,
-            device=device,
-            lstsq_tol=schema_default("decomposition.lstsq_tol"),
-            precision=schema_default("decomposition.precision"),
-            bound_rows=schema_default("decomposition.bound_rows"),
-            bound_samples=1,
-        )
+        ds = decompose_store(qk, out, _bench_options(dummy_distances, device))
     _synchronize(device)
     seconds = time.perf_counter() - start
     steps = timer.steps()

@@ -35,6 +35,7 @@ rank-d matrices (``x_ij = a_i . u_j``), so only the error of A and its bound nee
 from posgen.decomposition.decomposer import METHODS, Decomposer
 from posgen.decomposition.design import LSTSQ_TOL
 from posgen.decomposition.mask import SINKS
+from posgen.decomposition.options import DecompositionOptions
 from posgen.decomposition.table import DecompositionTable, decompose_store
 from posgen.decomposition.toeplitz import toeplitz_shares
 
@@ -43,6 +44,7 @@ __all__ = [
     "METHODS",
     "SINKS",
     "Decomposer",
+    "DecompositionOptions",
     "DecompositionTable",
     "decompose_store",
     "toeplitz_shares",

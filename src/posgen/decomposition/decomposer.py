@@ -78,6 +78,19 @@ class Decomposer:
         self._bases: dict = {}
         self.max_residual = 0.0
 
+    @classmethod
+    def from_options(cls, options) -> Decomposer:
+        """The decomposer of a :class:`posgen.decomposition.options.DecompositionOptions` (its ``bound_samples``
+        is the caller's: which windows get the bound)."""
+        return cls(
+            options.dummy_distances,
+            options.dummy_distance,
+            device=options.device,
+            lstsq_tol=options.lstsq_tol,
+            precision=options.precision,
+            bound_rows=options.bound_rows,
+        )
+
     def design(self, n_tokens: int, window: int, sink: str) -> AdditiveDesign:
         """Method B's normal equations of one mask (matrix-free), cached."""
         key = (n_tokens, window, sink)

@@ -12,6 +12,7 @@ from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
 from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
 from posgen.decomposition.mask import SINKS
+from posgen.decomposition.options import DecompositionOptions
 from posgen.integrity import shown
 from posgen.rope_table import PARAMETERS, RopeTable
 from posgen.store import HELDOUT_K, carried_attrs, open_dataset, provenance, read_rope, write_netcdf
@@ -119,32 +120,24 @@ class DecompositionTable:
 
 def decompose_dataset(
     ds: xr.Dataset,
+    options: DecompositionOptions,
     *,
-    dummy_distances,
-    dummy_distance: int,
-    device: str = "auto",
-    lstsq_tol: float,
-    bound_samples: int,
-    precision: str,
-    bound_rows: int,
     progress: bool = True,
     attrs: dict | None = None,
     what: str = "q/k dataset",
 ) -> xr.Dataset:
     """decomposition.nc of ``ds``, a dataset named as qk.h5 (opened from the file, or captured in memory by
     :func:`posgen.api.capture_qk`), one (sample, layer) at a time; ``attrs`` are added to its provenance, before
-    the carried attrs of ``ds``; ``what`` names ``ds`` in errors. The options are :func:`decompose_store`'s."""
+    the carried attrs of ``ds``; ``what`` names ``ds`` in errors. ``options`` as in :func:`decompose_store`."""
     _check_store(ds, what)
-    dec = Decomposer(
-        dummy_distances, dummy_distance, device=device, lstsq_tol=lstsq_tol, precision=precision, bound_rows=bound_rows
-    )
+    dec = Decomposer.from_options(options)
     heldout = ds[HELDOUT_K].values if HELDOUT_K in ds else None
     table = DecompositionTable(
         dec,
         read_rope(ds),
         ds["sample"].values,
         ds.sizes["token"],
-        bound_samples,
+        options.bound_samples,
         heldout_k=heldout,
         heldout_windows=int(ds.attrs.get("heldout_windows", 0)),
     )
@@ -160,14 +153,8 @@ def decompose_dataset(
 def decompose_store(
     qk_path,
     out_path,
+    options: DecompositionOptions,
     *,
-    dummy_distances,
-    dummy_distance: int,
-    device: str = "auto",
-    lstsq_tol: float,
-    bound_samples: int,
-    precision: str,
-    bound_rows: int,
     config_hash: str = "",
     progress: bool = True,
 ) -> xr.Dataset:
@@ -177,20 +164,14 @@ def decompose_store(
     Method A r, r_g and bound: :func:`posgen.layer_types.used_dummy_distance`) as coordinates; ``r_sweep`` is the raw sweep.
 
     The error of A and the section 5 bound (checked entry by entry) are evaluated on the windows with a global
-    index below ``bound_samples`` (0: all); elsewhere their statistics are NaN. Every r statistic covers every
-    sample.
+    index below ``options.bound_samples`` (0: all); elsewhere their statistics are NaN. Every r statistic covers
+    every sample.
     """
     # without dask: xarray's lazy indexing reads exactly the (sample, layer) slice asked for
     ds = open_dataset(qk_path, lazy=False)
     out = decompose_dataset(
         ds,
-        dummy_distances=dummy_distances,
-        dummy_distance=dummy_distance,
-        device=device,
-        lstsq_tol=lstsq_tol,
-        bound_samples=bound_samples,
-        precision=precision,
-        bound_rows=bound_rows,
+        options,
         progress=progress,
         attrs={"config_hash": config_hash, "analysis": "store", "source": str(qk_path)},
         what=str(qk_path),

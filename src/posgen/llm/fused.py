@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from posgen.decomposition import Decomposer, DecompositionTable
+from posgen.decomposition import Decomposer, DecompositionOptions, DecompositionTable
 from posgen.llm.bands import BandTable
 from posgen.rope_table import PARAMETERS, ROPE_VARIABLES, RopeTable
 from posgen.store import write_netcdf
@@ -39,35 +39,22 @@ def rope_dataset(rope: RopeTable, n_tokens: int, n_kv_heads: int) -> xr.Dataset:
 class Analysis:
     """What the decompose and bands jobs compute, fed window by window from the extraction (the fused path).
 
-    The arguments are those of :func:`posgen.decomposition.table.decompose_store` and :func:`posgen.llm.bands.band_stats`;
-    ``bound_samples`` counts global window indices, as there.
+    ``options`` as in :func:`posgen.decomposition.table.decompose_store` (``bound_samples`` counts global window
+    indices, as there).
     """
 
     def __init__(
         self,
+        options: DecompositionOptions,
         *,
         decomposition_path: str | Path,
         bands_path: str | Path,
-        dummy_distances,
-        dummy_distance: int,
-        device: str = "auto",
-        lstsq_tol: float,
-        bound_samples: int,
-        precision: str,
-        bound_rows: int,
         config_hash: str = "",
     ):
         self.decomposition_path = Path(decomposition_path)
         self.bands_path = Path(bands_path)
-        self.decomposer = Decomposer(
-            dummy_distances,
-            dummy_distance,
-            device=device,
-            lstsq_tol=lstsq_tol,
-            precision=precision,
-            bound_rows=bound_rows,
-        )
-        self.bound_samples = int(bound_samples)
+        self.decomposer = Decomposer.from_options(options)
+        self.bound_samples = options.bound_samples
         self.config_hash = config_hash
         self.decomposition: DecompositionTable | None = None
         self.bands: BandTable | None = None
