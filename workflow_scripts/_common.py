@@ -69,6 +69,11 @@ def model_job(snakemake, out: str = "nc"):
     )
 
 
+def listed(paths) -> list:
+    """A rule's input or output entry as a list: one path (a str) or many."""
+    return [paths] if isinstance(paths, str) else list(paths)
+
+
 def picked(params, *names) -> dict:
     """The rule's params ``names`` as keywords of the job's function."""
     return {name: params[name] for name in names}

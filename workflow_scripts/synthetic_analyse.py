@@ -1,22 +1,24 @@
-from _common import setup
+from _common import listed, setup
 
 setup(snakemake, uses_torch=True)
 from posgen.synthetic.analysis import analyse_job  # noqa: E402
 
-
-def listed(paths):
-    return [paths] if isinstance(paths, str) else list(paths)
-
-
 # params.classifiers: [pe, seed] of each checkpoint, in order (synthetic.jobs: task analyses many in turn)
 p, inputs, out = snakemake.params, snakemake.input, snakemake.output
-parts = [listed(out.ablation), listed(out.toeplitz), listed(out.probe)]
-for i, (pe, seed) in enumerate(p.classifiers):
+files = zip(
+    listed(inputs.checkpoint),
+    listed(inputs.curves),
+    listed(out.ablation),
+    listed(out.toeplitz),
+    listed(out.probe),
+    strict=True,
+)
+for (pe, seed), (checkpoint, curves, ablation, toeplitz, probe) in zip(p.classifiers, files, strict=True):
     analyse_job(
         inputs.data,
-        listed(inputs.checkpoint)[i],
-        listed(inputs.curves)[i],
-        {"ablation": parts[0][i], "toeplitz": parts[1][i], "probe": parts[2][i]},
+        checkpoint,
+        curves,
+        {"ablation": ablation, "toeplitz": toeplitz, "probe": probe},
         key=(p.experiment, snakemake.wildcards.task, pe, int(seed)),
         options=p.options,
         device=p.device,

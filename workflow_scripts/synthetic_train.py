@@ -1,12 +1,7 @@
-from _common import setup
+from _common import listed, setup
 
 setup(snakemake, uses_torch=True)
 from posgen.synthetic.train import train_job  # noqa: E402
-
-
-def listed(paths):
-    return [paths] if isinstance(paths, str) else list(paths)
-
 
 # params.classifiers: [pe, seed] of each output pair, in order. One train_job per PE's seeds where they train as
 # one ensemble, else one per classifier, each as it would train alone (synthetic.jobs: task runs many in turn).

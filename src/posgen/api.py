@@ -188,7 +188,6 @@ def ablate_heads(
     net, tokenizer, manifest = _loaded(loaded, variant)
     ids, _ = _token_rows(tokens, tokenizer)
     options = {**schema_defaults("head_ablation", HEAD_ABLATION_OPTIONS), **options}
-    options["probes"] = tuple(options["probes"])
     ds = head_ablation(net, tokenizer, ids, desc="heads" if progress else "", **options)
     if decomposition is not None:
         ds = join_decomposition(ds, decomposition)

@@ -395,7 +395,7 @@ def head_ablation_job(
         probe_samples=probe_samples,
         probe_period=probe_period,
         seed=seed,
-        probes=tuple(probes),
+        probes=probes,
         desc=f"heads {job.label}",
     )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
