@@ -26,6 +26,7 @@ ROPE_VARIABLES = {
     "layer_index": (("layer",), "i8"),
     "rotary_dims": (("layer",), "i8"),
     "dim_order": (("layer", "dim"), "i8"),
+    "head_dims": (("layer",), "i8"),
     "rope_layout": (("layer",), "str"),
     "rotary_position": (("layer",), "str"),
 }
@@ -48,6 +49,10 @@ class RopeTable:
 
     The layout arrays (docs/data-model.md, qk.h5) may be left out: then the model's own layout is the canonical
     one (every dim rotated, half-split, layers numbered as the model does). Arrays are kept in qk.h5's dtypes.
+
+    A layer whose heads are smaller than the store's ``dim`` (Gemma 4: global layers have larger heads than
+    sliding ones) is zero-padded in the middle of each half (:func:`pad_dims`): its bands keep their index, the
+    padded bands have frequency 0 and the padded dims are exactly 0, so no logit changes.
     """
 
     inv_freq: np.ndarray  # (layer, band) float32: theta_l; 0 for a band that does not rotate
@@ -57,7 +62,8 @@ class RopeTable:
     kv_group: np.ndarray  # (head,) int64: the KV head each query head reads
     layer_index: np.ndarray | None = None  # (layer,) the model's own index of each layer
     rotary_dims: np.ndarray | None = None  # (layer,) how many head dims the model rotates
-    dim_order: np.ndarray | None = None  # (layer, dim) the model's own dim of each stored dim
+    dim_order: np.ndarray | None = None  # (layer, dim) the model's own dim of each stored dim; -1: padding
+    head_dims: np.ndarray | None = None  # (layer,) each layer's own head size (the store's dim is the largest)
     rope_layout: np.ndarray | None = None  # (layer,) 'half', 'interleaved' or 'none'
     rotary_position: np.ndarray | None = None  # (layer,) 'first' or 'last'
 
@@ -68,6 +74,7 @@ class RopeTable:
             "layer_index": np.arange(n_layers),
             "rotary_dims": np.full(n_layers, head_dim),
             "dim_order": np.tile(np.arange(head_dim), (n_layers, 1)),
+            "head_dims": np.full(n_layers, head_dim),
             "rope_layout": ["half"] * n_layers,
             "rotary_position": ["first"] * n_layers,
         }
@@ -99,3 +106,11 @@ class RopeTable:
             [layer_type(self.inv_freq[i], int(self.sliding_window[i]), n_tokens) for i in range(self.n_layers)],
             dtype=str,
         )
+
+
+def pad_dims(n_dims: int, width: int) -> np.ndarray:
+    """(n_dims,) where each canonical dim of an ``n_dims``-dim head sits in a ``width``-dim store: the first half
+    at ``[0, n_dims / 2)``, the second at ``[width / 2, width / 2 + n_dims / 2)``, so that band b pairs dims b and
+    b + width / 2 as the half-split layout requires."""
+    half = np.arange(n_dims // 2)
+    return np.concatenate([half, width // 2 + half])

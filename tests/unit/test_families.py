@@ -29,7 +29,9 @@ SUPPORTED = {
     "qwen3": (["half"] * 2, [16, 16], [0, 1]),
     "gemma2": (["half"] * 2, [16, 16], [0, 1]),
     "gemma3": (["half"] * 3, [16, 16, 16], [0, 1, 2]),
+    "gemma4": (["half"] * 4, [16, 32, 16, 32], [0, 1, 2, 3]),  # 32-dim full-layer heads, 4 of 16 bands rotate
     "olmo2": (["half"] * 2, [16, 16], [0, 1]),
+    "olmo3": (["half"] * 2, [16, 16], [0, 1]),
     "granite": (["half"] * 2, [16, 16], [0, 1]),
     "gpt-neox": (["half"] * 2, [4, 4], [0, 1]),  # partial rotary 0.25, fused per-head qkv
     "phi3": (["half"] * 2, [12, 12], [0, 1]),  # partial rotary 0.75, fused [q | k | v]
@@ -41,10 +43,15 @@ SUPPORTED = {
     "smollm3": (["half", "none"], [16, 0], [0, 1]),
     "gpt-oss": (["half"] * 2, [16, 16], [0, 1]),  # attention sinks
     "qwen3-next": (["half"], [4], [1]),  # layer 0 is linear attention
+    "qwen3.5": (["half"], [4], [1]),  # layer 0 is linear attention
+    "ministral3": (["half"] * 2, [16, 16], [0, 1]),
     "glm": (["interleaved"] * 2, [8, 8], [0, 1]),  # interleaved pairs in the first half of each head
     "deepseek-v2": (["interleaved"] * 2, [8, 8], [0, 1]),  # MLA: the last 8 of 16 q/k dims rotated
     "deepseek-v3": (["interleaved"] * 2, [8, 8], [0, 1]),  # MLA, rotation returns the pairs half-split
 }
+# head size per layer where the layers differ (else every layer's is the store's dim); bands with a frequency
+HEAD_DIMS = {"gemma4": [16, 32, 16, 32]}
+ROTATING_BANDS = {"gemma4": [8, 4, 8, 4]}  # proportional RoPE: a quarter of the 32-dim heads rotates
 REFUSED = {
     "gptj": "GPTJForCausalLM (gptj): not supported: attention computed outside transformers' AttentionInterface",
     "falcon": "FalconForCausalLM (falcon): not supported: attention computed outside transformers' AttentionInterface",
@@ -89,14 +96,20 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     assert ds.attrs["self_check_tokens"] == 40
     errors = ds["self_check_rel_error"].values
     assert errors.shape == (len(layouts),) and np.isfinite(errors).all() and (errors <= 1e-4).all()
-    # what downstream code relies on: r/2 rotated bands with inv_freq > 0, the rest exactly 0 (NoPE: all)
+    # what downstream code relies on: the rotating bands first with inv_freq > 0, the rest exactly 0 (NoPE: all)
     inv = ds["inv_freq"].values
+    head_dims = HEAD_DIMS.get(arch, [ds.sizes["dim"]] * len(layouts))
+    assert ds["head_dims"].values.tolist() == head_dims
     for layer, r in enumerate(rotary_dims):
-        assert (inv[layer, : r // 2] > 0).all() and (inv[layer, r // 2 :] == 0).all()
+        bands = ROTATING_BANDS.get(arch, [d // 2 for d in rotary_dims])[layer]
+        assert (inv[layer, :bands] > 0).all() and (inv[layer, bands:] == 0).all()
         if r == 0:
             assert ds["attention_scaling"].values[layer] == 1.0
-        # dim_order is a permutation of the head dims
-        assert sorted(ds["dim_order"].values[layer].tolist()) == list(range(ds.sizes["dim"]))
+        # dim_order is a permutation of the layer's head dims; -1 marks the dims a smaller head is padded with
+        order = ds["dim_order"].values[layer]
+        assert sorted(order[order >= 0].tolist()) == list(range(head_dims[layer]))
+        assert (order < 0).sum() == ds.sizes["dim"] - head_dims[layer]
+        assert not ds["q"].values[:, layer][..., order < 0].any() and not ds["k"].values[:, layer][..., order < 0].any()
 
     out = tmp / arch / "decomposition.nc"
     decompose_store(
@@ -108,6 +121,37 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     dec = xr.open_dataset(out, engine="h5netcdf")
     assert dec.sizes["layer"] == len(layouts)
     assert np.isfinite(dec["r"].sel({"method": "B"}).values).all()
+
+
+def test_gemma4_shared_layers_store_the_keys_they_attend_with(workspace):
+    """Gemma 4's last layers have no key projection: they attend with the keys of the last earlier layer of their
+    type, and the capture stores those keys for them (the self-check above holds them to the model's logits)."""
+    tmp, _ = workspace
+    _model(workspace, "gemma4")
+    qk = tmp / "gemma4" / "qk.h5"
+    if not qk.exists():
+        test_family_passes_transparency_and_all_layer_self_check(workspace, "gemma4")
+    k = open_dataset(qk, lazy=False)["k"].values  # (sample, layer, kv_head, token, dim)
+    np.testing.assert_array_equal(k[:, 2], k[:, 0])
+    np.testing.assert_array_equal(k[:, 3], k[:, 1])
+    assert np.abs(k[:, 1] - k[:, 0]).max() > 0.1
+
+
+def test_key_head_counts_that_differ_by_layer_are_refused_in_one_line(workspace):
+    """Gemma 4 with ``attention_k_eq_v`` may give its full layers fewer key heads: the store has one ``kv_head``."""
+    import transformers as tf
+
+    from posgen.llm.capture import Capture
+    from posgen.testing.tiny import tiny_family_config
+
+    kwargs = tiny_family_config("gemma4", workspace[1]).to_dict()
+    del kwargs["per_layer_config"]  # rebuilt from global_head_dim and num_global_key_value_heads
+    kwargs |= {"global_head_dim": 32, "attention_k_eq_v": True, "num_global_key_value_heads": 1}
+    config = tf.Gemma4TextConfig(**kwargs)
+    model = tf.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(families.UnsupportedModelError) as err:
+        Capture(model)
+    assert str(err.value) == "gemma4_text: not supported: the number of key/value heads differs across layers ([1, 2])"
 
 
 @pytest.mark.parametrize("arch", list(REFUSED))
@@ -240,7 +284,7 @@ def test_identity_layout_is_skipped_not_applied():
     assert families.to_canonical(x, families.make_layout(8, 8, "half", "first")) is x
 
 
-@pytest.mark.parametrize("arch", ["cohere", "gpt-neox", "smollm3", "deepseek-v3"])
+@pytest.mark.parametrize("arch", ["cohere", "gpt-neox", "smollm3", "deepseek-v3", "gemma4"])
 def test_capped_backend_caps_distances_in_the_canonical_layout(workspace, arch):
     """Interleaved, partial-rotary, NoPE and MLA layers: attention weights under a distance cap C equal the softmax of
     s (R_min(i-j,C) q_i).k_j computed from the stored (canonical) q/k and frequencies."""

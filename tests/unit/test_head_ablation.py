@@ -80,7 +80,7 @@ def test_ablating_a_head_with_zero_output_changes_nothing(tiny):
     ids = _sequence()
     targets = torch.arange(1, len(ids))
     attention = model.model.layers[1].self_attn
-    n_heads, head_dim = ha._head_shape(model)
+    n_heads, head_dim = ha.head_shape(model, attention)
     n_rep = n_heads // model.config.num_key_value_heads
     original = attention.v_proj.weight.detach().clone()
     try:
@@ -100,9 +100,9 @@ def test_pre_hook_equals_zeroed_o_proj_columns(tiny):
     model, _ = tiny
     ids = _sequence(seed=1)
     targets = torch.arange(1, len(ids))
-    n_heads, head_dim = ha._head_shape(model)
     layer, head = 0, 2
     attention = model.model.layers[layer].self_attn
+    n_heads, head_dim = ha.head_shape(model, attention)
     with ha.ablated(attention, ha.head_masks([head], n_heads, head_dim, torch.float64, "cpu")):
         hooked = model(ids[None]).logits
     original = attention.o_proj.weight.detach().clone()

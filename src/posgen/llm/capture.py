@@ -46,8 +46,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from posgen import rope
-from posgen.llm import families
-from posgen.rope_table import RopeTable
+from posgen.llm import attention_layers, families
+from posgen.rope_table import RopeTable, pad_dims
 
 BACKEND = "posgen_capture"
 BACKEND_EAGER = "posgen_capture_eager"
@@ -127,7 +127,7 @@ def _capped_attention(module, query, key, value, attention_mask, scaling=None, d
             positions = torch.arange(n, device=query.device)[None]
         far = (positions[:, :, None] - positions[:, None, :]) > distance_cap  # (B or 1, T, T)
         if far.any():
-            inv_freq = module.posgen_inv_freq.to(query.device)
+            inv_freq = module.posgen_inv_freq[: query.shape[-1] // 2].to(query.device)  # a padded row: its own bands
             # inv_freq is in the canonical layout: permute the model's dims into it (dot products unchanged)
             layout = getattr(module, "posgen_layout", None)
             query_c = query if layout is None else families.to_canonical(query, layout)  # (B, H, T, d)
@@ -192,23 +192,6 @@ def load_capturing(
     )
 
 
-def _is_attention(m) -> bool:
-    fused = hasattr(m, "qkv_proj") or hasattr(m, "query_key_value") or hasattr(m, "kv_a_proj_with_mqa")
-    has_qk = (hasattr(m, "q_proj") and hasattr(m, "k_proj")) or fused
-    return hasattr(m, "layer_idx") and has_qk
-
-
-def attention_modules(model) -> list:
-    """Self-attention modules in layer order (hybrid stacks: only the layers that have attention)."""
-    found = [m for m in model.modules() if _is_attention(m)]
-    if not found:
-        raise families.UnsupportedModelError(
-            f"{type(model).__name__}: not supported: no attention module with q_proj/k_proj, qkv_proj or "
-            "query_key_value"
-        )
-    return sorted(found, key=lambda m: m.layer_idx)
-
-
 def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
     """``(description, [(module, {name: slicer})])``: where pre-RoPE q/k are read. A slicer turns the module's
     output into ``name`` ("q" or "k") as (batch, tokens, heads, head_dim), or returns None when it only keeps a
@@ -261,11 +244,14 @@ def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
 
         slicers = {"q": q_cut, "k": k_cut}
         return "qkv_proj output ([q | k | v])", [(m.qkv_proj, slicers)]
+    keys = not attention_layers.shares_keys(
+        m
+    )  # a KV-sharing layer has no key projection: its keys are an earlier layer's
     for q_name, k_name in [("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")]:
         q_mod, k_mod = getattr(m, q_name, None), getattr(m, k_name, None)
-        if q_mod is not None and k_mod is not None:
-            return f"{q_name}/{k_name} output", [(q_mod, {"q": None}), (k_mod, {"k": None})]
-    return "q_proj/k_proj output", [(m.q_proj, {"q": None}), (m.k_proj, {"k": None})]
+        if q_mod is not None and (k_mod is not None or not keys):
+            return f"{q_name}/{k_name} output", [(q_mod, {"q": None})] + [(k_mod, {"k": None})] * keys
+    return "q_proj/k_proj output", [(m.q_proj, {"q": None})] + [(m.k_proj, {"k": None})] * keys
 
 
 def _rotary_module(model):
@@ -309,16 +295,20 @@ class Capture:
     def __init__(self, model, ref_layers=(), check_tokens: int = 0):
         self.model = model
         self.config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.modules = attention_modules(model)
+        self.modules = attention_layers.attention_modules(model)
         self.n_layers = len(self.modules)
         self.layer_index = np.array([m.layer_idx for m in self.modules], dtype=np.int64)
         self._position = {int(m.layer_idx): i for i, m in enumerate(self.modules)}
+        where = families.architecture(model.config)
         self.n_heads = self.config.num_attention_heads
-        self.n_kv_heads = getattr(self.config, "num_key_value_heads", None) or self.n_heads
-        self.head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // self.n_heads
-        if hasattr(self.modules[0], "qk_head_dim"):  # MLA: q/k heads are [nope | rope], k expanded per head
-            self.head_dim = self.modules[0].qk_head_dim
+        self.n_kv_heads = attention_layers.kv_heads(self.modules, self.config, self.n_heads, where)
+        self.head_dims = np.array(
+            [attention_layers.head_size(m, self.config, self.n_heads) for m in self.modules], dtype=np.int64
+        )
+        self.head_dim = int(self.head_dims.max())  # the store's dim: smaller heads are zero-padded (pad_dims)
+        if hasattr(self.modules[0], "qk_head_dim"):  # MLA: k expanded per head
             self.n_kv_heads = self.n_heads
+        self._key_readers = attention_layers.key_readers(self.modules, where)
         self.ref_layers = {int(layer) % self.n_layers for layer in ref_layers}
         self.check_tokens = int(check_tokens)
         self.keep_logits = False
@@ -352,14 +342,26 @@ class Capture:
                         continue
                     x = x.transpose(1, 2)  # (b, H, s, d)
                 else:
-                    x = _heads_first(x, n_heads, self.head_dim, self.n_tokens)  # (b, H, s, d)
+                    x = _heads_first(x, n_heads, int(self.head_dims[layer]), self.n_tokens)  # (b, H, s, d)
                 if layer in self._post_norm:
                     x = self._post_norm[layer](x)
-                if self.layouts[layer] is not None:
-                    x = families.to_canonical(x, self.layouts[layer])
-                getattr(self, name)[layer] = x.to(device="cpu", dtype=torch.float32)
+                for reader in [layer] if name == "q" else self._key_readers[layer]:
+                    getattr(self, name)[reader] = self._stored(x, reader)
 
         return hook
+
+    def _stored(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Hooked (b, H, s, d_layer) as stored: float32 on the CPU, in the canonical layout, zero-padded to the
+        store's dim (:func:`posgen.rope_table.pad_dims`); in the model's own order before the layout is known."""
+        layout = self.layouts[layer]
+        if layout is not None:
+            x = families.to_canonical(x, layout)  # (b, H, s, d_layer)
+        x = x.to(device="cpu", dtype=torch.float32)
+        if layout is None or x.shape[-1] == self.head_dim:
+            return x
+        padded = x.new_zeros(*x.shape[:-1], self.head_dim)  # (b, H, s, d)
+        padded[..., torch.as_tensor(pad_dims(x.shape[-1], self.head_dim))] = x
+        return padded
 
     def _rotary_table(self, layer: int) -> tuple[np.ndarray, float]:
         """The model's own (inv_freq, attention_scaling) for attention layer ``layer`` (its layer type's table)."""
@@ -395,12 +397,12 @@ class Capture:
         self.layouts[layer] = layout
         self.layout_error[layer] = err
         module.posgen_layout = None if layout.backend.identity else layout.backend  # read by the capped backend
-        self.q[layer] = families.to_canonical(self.q[layer], layout)
-        self.k[layer] = families.to_canonical(self.k[layer], layout)
+        self.q[layer] = self._stored(self.q[layer], layer)
+        self.k[layer] = self._stored(self.k[layer], layer)
 
     def _on_attention(self, module, query, key, scaling, kwargs) -> None:
         layer = self._position[int(module.layer_idx)]
-        self.scaling[layer] = scaling if scaling is not None else self.head_dim**-0.5
+        self.scaling[layer] = scaling if scaling is not None else int(self.head_dims[layer]) ** -0.5
         self.sliding_window[layer] = kwargs.get("sliding_window") or 0
         self.softcap = float(kwargs.get("softcap") or 0.0)
         if self.layouts[layer] is None:
@@ -419,7 +421,7 @@ class Capture:
         if self.model.config._attn_implementation not in CAPTURING_BACKENDS:
             raise RuntimeError(f"load the model with attn_implementation={BACKEND!r} to capture it")
         for layer, m in enumerate(self.modules):
-            _, points = _pre_rope_points(m, self.n_heads, self.n_kv_heads, self.head_dim)
+            _, points = _pre_rope_points(m, self.n_heads, self.n_kv_heads, int(self.head_dims[layer]))
             for point, slicers in points:
                 self._hooks.append(point.register_forward_hook(self._hook(slicers, layer)))
         _active = self
@@ -435,7 +437,7 @@ class Capture:
 
     @property
     def capture_point(self) -> str:
-        description, _ = _pre_rope_points(self.modules[0], self.n_heads, self.n_kv_heads, self.head_dim)
+        description, _ = _pre_rope_points(self.modules[0], self.n_heads, self.n_kv_heads, int(self.head_dims[0]))
         return description + (", then the model's qk_norm" if self._post_norm else "")
 
     def rope(self) -> RopeTable:
@@ -443,14 +445,18 @@ class Capture:
         (dynamic RoPE included), with the layout each layer was found in."""
         if np.isnan(self.scaling).any() or any(layout is None for layout in self.layouts):
             raise RuntimeError("rope() needs one captured forward pass first")
-        inv_freq, amplitude = [], []
+        inv_freq, amplitude, dim_order = [], [], []
         for layer, layout in enumerate(self.layouts):
             inv, amp = self._rotary_table(layer)
-            if layout.identity and layout.rotary_dims == self.head_dim:
-                inv_freq.append(inv)  # the model's table as is
-            else:
-                inv_freq.append(layout.canonical_inv_freq(inv))
+            if not (layout.identity and layout.rotary_dims == self.head_dims[layer]):
+                inv = layout.canonical_inv_freq(inv)  # else the model's table as is
+            bands = np.zeros(self.head_dim // 2, dtype=np.float32)  # padded bands do not rotate
+            bands[: inv.size] = inv
+            inv_freq.append(bands)
             amplitude.append(amp if layout.rotary_dims else 1.0)  # NoPE: no rotation, no amplitude
+            order = np.full(self.head_dim, -1)  # -1: a padded dim
+            order[pad_dims(layout.dim_order.size, self.head_dim)] = layout.dim_order
+            dim_order.append(order)
         n_rep = self.n_heads // self.n_kv_heads
         return RopeTable(
             inv_freq=np.stack(inv_freq),
@@ -462,7 +468,8 @@ class Capture:
             rotary_dims=np.array([layout.rotary_dims for layout in self.layouts], dtype=np.int64),
             rope_layout=np.array([layout.rope_layout for layout in self.layouts], dtype=object),
             rotary_position=np.array([layout.rotary_position for layout in self.layouts], dtype=object),
-            dim_order=np.stack([layout.dim_order for layout in self.layouts]).astype(np.int64),
+            dim_order=np.stack(dim_order).astype(np.int64),
+            head_dims=self.head_dims.copy(),
         )
 
     def stacked(self, batch_index: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -486,7 +493,7 @@ def capped_distances(model, distance_cap: int, inv_freq: np.ndarray):
     """
     if model.config._attn_implementation != CAPPED_BACKEND:
         raise RuntimeError(f"load the model with attn_implementation={CAPPED_BACKEND!r} to cap distances")
-    modules = attention_modules(model)
+    modules = attention_layers.attention_modules(model)
     for layer, m in enumerate(modules):
         m.posgen_distance_cap = distance_cap
         m.posgen_inv_freq = torch.as_tensor(inv_freq[layer], dtype=torch.float32)

@@ -121,11 +121,11 @@ def _parts(model):
     return layers, attentions, decoder.norm, model.get_output_embeddings(), softcap
 
 
-def _head_shape(model) -> tuple[int, int]:
+def head_shape(model, attention) -> tuple[int, int]:
+    """(heads, head size) of one attention layer's o_proj input (the head size varies by layer in Gemma 4)."""
     text = model.config.get_text_config()
     n_heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // n_heads
-    return n_heads, head_dim
+    return n_heads, attention.o_proj.in_features // n_heads
 
 
 def head_masks(heads: list[int], n_heads: int, head_dim: int, dtype, device) -> torch.Tensor:
@@ -182,10 +182,10 @@ def sequence_loss(model, token_ids: torch.Tensor, targets: torch.Tensor) -> floa
 def ablate_naive(model, token_ids: torch.Tensor, targets: torch.Tensor) -> np.ndarray:
     """(layer, head) ablated loss, one full forward per head: the reference for :func:`ablate_sequence`."""
     _, attentions, *_ = _parts(model)
-    n_heads, head_dim = _head_shape(model)
     dtype = next(model.parameters()).dtype
-    out = np.zeros((len(attentions), n_heads))
+    out = np.zeros((len(attentions), model.config.get_text_config().num_attention_heads))
     for layer, attention in enumerate(attentions):
+        n_heads, head_dim = head_shape(model, attention)
         for head in range(n_heads):
             mask = head_masks([head], n_heads, head_dim, dtype, token_ids.device)
             with ablated(attention, mask):
@@ -227,13 +227,14 @@ def ablate_sequence(model, token_ids: torch.Tensor, targets: torch.Tensor, head_
     ``head_batch``: heads ablated together in one batch (0 = all heads of a layer at once).
     """
     layers, attentions, norm, lm_head, softcap = _parts(model)
-    n_heads, head_dim = _head_shape(model)
+    n_heads = model.config.get_text_config().num_attention_heads
     dtype = next(model.parameters()).dtype
     calls, hidden = _record_layer_inputs(model, token_ids)
     base = float(_nll(_head_logits(model, hidden, targets), token_ids, targets, softcap)[0])
     step = head_batch or n_heads
     out = np.zeros((len(layers), n_heads))
     for start_layer, attention in enumerate(attentions):
+        _, head_dim = head_shape(model, attention)
         clean_input, extra_args, kwargs = _layer_input(calls[start_layer])  # (1, T, d)
         for first in range(0, n_heads, step):
             heads = list(range(first, min(first + step, n_heads)))

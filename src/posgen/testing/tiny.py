@@ -37,6 +37,19 @@ def _mla(two: dict) -> dict:
     )
 
 
+def _linear_then_full(two: dict) -> dict:
+    """Qwen's hybrids at tiny size: a linear-attention layer, then an attention layer rotating a quarter of its dims."""
+    return dict(
+        layer_types=["linear_attention", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        **two,
+    )
+
+
 def _family_config(arch: str, common: dict):
     """The transformers config of one tiny family (2 layers unless the family needs more to show a feature)."""
     import transformers as tf
@@ -64,6 +77,27 @@ def _family_config(arch: str, common: dict):
             },
             **common,
         )
+    if arch == "gemma4":  # larger heads with proportional (partly unrotated) RoPE on full layers, shared keys
+        return tf.Gemma4TextConfig(
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            num_kv_shared_layers=2,  # layers 2 and 3 attend with the keys of layers 0 and 1
+            sliding_window=16,
+            global_head_dim=32,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=common["vocab_size"],
+            **common,
+        )
+    if arch == "olmo3":  # sliding-window layers, q/k norms over the whole projection
+        return tf.Olmo3Config(
+            num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=16, **common
+        )
+    if arch == "qwen3.5":  # linear-attention layer, then a gated attention layer with partial rotary
+        return tf.Qwen3_5TextConfig(**_linear_then_full(two))
+    if arch == "ministral3":  # YaRN with Llama 4's attention temperature
+        rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 256}
+        rope |= {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+        return tf.Ministral3Config(rope_parameters=rope | {"llama_4_scaling_beta": 0.1}, **two)
     if arch == "gemma2":
         return tf.Gemma2Config(sliding_window=16, query_pre_attn_scalar=16, attn_logit_softcapping=50.0, **two)
     simple = {
@@ -110,17 +144,11 @@ def _family_config(arch: str, common: dict):
         )
     if arch == "qwen3-next":  # a linear-attention layer before an attention layer
         return tf.Qwen3NextConfig(
-            layer_types=["linear_attention", "full_attention"],
-            rope_parameters=default_rope | {"partial_rotary_factor": 0.25},
-            linear_key_head_dim=8,
-            linear_value_head_dim=8,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
+            **_linear_then_full(two),
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=32,
             shared_expert_intermediate_size=32,
-            **two,
         )
     if arch == "glm":  # interleaved pairs in the first half of each head
         return tf.GlmConfig(rope_parameters=default_rope | {"partial_rotary_factor": 0.5}, **two)
@@ -153,7 +181,9 @@ ARCHITECTURES = (
     "qwen3",
     "gemma2",
     "gemma3",
+    "gemma4",
     "olmo2",
+    "olmo3",
     "granite",
     "gpt-neox",
     "phi3",
@@ -165,6 +195,8 @@ ARCHITECTURES = (
     "smollm3",
     "gpt-oss",
     "qwen3-next",
+    "qwen3.5",
+    "ministral3",
     "glm",
     "gptj",
     "falcon",
