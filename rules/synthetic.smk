@@ -4,6 +4,10 @@
 # analysis job per (experiment, task) where it sets jobs: task; gathered NetCDFs, a
 # summary, a per-classifier table and the verdicts per collection: `run` (what `all` builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
 
+# profiles/slurm asks a GPU for synthetic_train and synthetic_analyse by name; the generated rules below (names per
+# experiment, which set-resources cannot match) ask for it themselves unless the config runs on the CPU
+SYN_GPU = 0 if config["device"] == "cpu" else 1
+
 
 rule synthetic_tasks:
     output:
@@ -79,6 +83,7 @@ for experiment in SYN_ENSEMBLES:
         resources:
             mem_mb=2000 + 500 * len(seeds),
             runtime=60 * len(seeds),
+            gpu=SYN_GPU,
         params:
             experiment=experiment,
             classifiers=lambda w, seeds=seeds: [[w.pe, seed] for seed in seeds],
@@ -114,6 +119,7 @@ for experiment in SYN_BY_TASK:
         resources:
             mem_mb=2000,
             runtime=60 * n_classifiers,
+            gpu=SYN_GPU,
         params:
             experiment=experiment,
             classifiers=syn_task_classifiers(experiment),
@@ -145,6 +151,7 @@ for experiment in SYN_BY_TASK:
         resources:
             mem_mb=2000,
             runtime=30 * n_classifiers,
+            gpu=SYN_GPU,
         params:
             experiment=experiment,
             classifiers=syn_task_classifiers(experiment),

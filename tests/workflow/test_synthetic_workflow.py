@@ -50,7 +50,7 @@ def test_tiny_synthetic_run(synthetic_run):
     assert len(per_seed) == 8 * 2 and per_seed["converged"].dtype == bool
     assert (per_seed["train_steps"] == float(training["train_steps"].max())).all()
     assert summary["converged_seeds"].between(0, 2).all()
-    log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance/rope/seed1.log").read_text()
+    log = (synthetic_run.workdir / "logs/synthetic/train/clean/distance.log").read_text()  # clean: jobs: task
     assert "train clean/distance/rope/seed1: 100%" in log
     rows = synthetic_reproduction_rows(summary)
     nope = [

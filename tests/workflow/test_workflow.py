@@ -146,6 +146,8 @@ SYNTHETIC_UPSTREAM = {
     "synthetic_tasks",
     "synthetic_train",
     "synthetic_analyse",
+    "synthetic_train_task_clean",  # the tiny run's clean trains and analyses one job per task
+    "synthetic_analyse_task_clean",
     "synthetic_gather_run",
 }
 
@@ -203,7 +205,7 @@ def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_p
 
 def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_path):
     def edit(config):
-        config["synthetic"]["experiments"] = {"clean": {}, "faithful": {"faithful": True, "seeds": [0]}}
+        config["synthetic"]["experiments"]["faithful"] = {"faithful": True, "seeds": [0]}
         config["synthetic"]["run"] = ["clean", "faithful"]
 
     jobs = dry_run_with(tiny_workflow, tmp_path, edit)
@@ -219,7 +221,7 @@ def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_pat
 
 def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(tiny_workflow, tmp_path):
     def edit(config):
-        config["synthetic"]["experiments"] = {"clean": {}, "ens": {"seeds": [0, 1, 2], "train": {"ensemble": True}}}
+        config["synthetic"]["experiments"]["ens"] = {"seeds": [0, 1, 2], "train": {"ensemble": True}}
         config["synthetic"]["run"] = ["clean", "ens"]
 
     jobs = dry_run_with(tiny_workflow, tmp_path, edit)
@@ -229,7 +231,7 @@ def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(t
         folders = {path.rsplit("/", 2)[0] for path in out}
         assert len(folders) == 1 and len(out) == 6  # every seed's checkpoint and curves
         assert {path.rsplit("/", 2)[1] for path in out} == {"seed0", "seed1", "seed2"}
-    assert not [out for rule, out in jobs if rule == "synthetic_train"]  # clean is built already
+    assert not [out for rule, out in jobs if "train" in rule and "ens" not in rule]  # clean is built already
     analysed = [out for rule, out in jobs if rule == "synthetic_analyse"]
     assert len(analysed) == 3 * len(ensembles)  # the analysis stays per seed
     # one ensemble job for real: every seed's files, each seed's own initialisation and curves
@@ -245,33 +247,41 @@ def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(t
 
 
 def test_per_task_jobs_train_and_analyse_every_classifier_as_one_job_per_classifier_does(tiny_workflow, tmp_path):
+    """The tiny run's clean has ``jobs: task`` (as config.yaml's): an experiment of one job per classifier trains
+    and analyses the same classifiers, to the bit."""
+
     def edit(config):
-        config["synthetic"]["experiments"] = {"clean": {}, "bytask": {"jobs": "task"}}
-        config["synthetic"]["run"] = ["clean", "bytask"]
+        assert config["synthetic"]["experiments"]["clean"] == {"jobs": "task"}
+        config["synthetic"]["experiments"]["solo"] = {"jobs": "classifier", "seeds": [1]}
+        config["synthetic"]["run"] = ["clean", "solo"]
 
     jobs = dry_run_with(tiny_workflow, tmp_path, edit)
-    trained = [out for rule, out in jobs if rule == "synthetic_train_task_bytask"]
-    analysed = [out for rule, out in jobs if rule == "synthetic_analyse_task_bytask"]
-    assert len(trained) == len(analysed) == 2  # one job per task
+    assert not [rule for rule, _ in jobs if rule.endswith("_task_clean")]  # clean is built already
+    trained = [out for rule, out in jobs if rule == "synthetic_train"]
+    analysed = [out for rule, out in jobs if rule == "synthetic_analyse"]
+    assert len(trained) == len(analysed) == 2 * len(tiny_workflow_pes(tiny_workflow))  # one job per classifier
+    # the tiny run's own jobs: one per task, each with every PE and seed
     n_seeds = len(yaml.safe_load(tiny_workflow.configfile.read_text())["synthetic"]["seeds"])
-    assert {len(out) for out in trained} == {2 * len(tiny_workflow_pes(tiny_workflow)) * n_seeds}
-    assert not [rule for rule, _ in jobs if rule in ("synthetic_train", "synthetic_analyse")]
-    # for real on one task: the same classifiers and analyses as clean's jobs per classifier, to the bit
-    run = WorkflowRun(tiny_workflow.workdir, tmp_path / "config.yaml")
-    run.snakemake("--cores", "1", "results/synthetic/bytask/count/nope/seed1/probe.nc")
+    task_log = (tiny_workflow.workdir / "logs/synthetic/train/clean/count.log").read_text()
     for pe in tiny_workflow_pes(tiny_workflow):
+        assert all(f"train clean/count/{pe}/seed{seed}: 100%" in task_log for seed in range(n_seeds))
+    # for real on one task: the per-classifier jobs give clean's classifiers and analyses, to the bit
+    run = WorkflowRun(tiny_workflow.workdir, tmp_path / "config.yaml")
+    pes = tiny_workflow_pes(tiny_workflow)
+    run.snakemake("--cores", "2", *[f"results/synthetic/solo/count/{pe}/seed1/probe.nc" for pe in pes])
+    for pe in pes:
         for name in ("train.nc", "ablation.nc", "toeplitz.nc", "probe.nc"):
             one, many = (
                 xr.open_dataset(tiny_workflow.workdir / f"results/synthetic/{e}/count/{pe}/seed1/{name}")
-                for e in ("clean", "bytask")
+                for e in ("solo", "clean")
             )
             if name != "train.nc":  # the experiment is a coordinate of the analyses
                 one, many = one.squeeze("experiment", drop=True), many.squeeze("experiment", drop=True)
             assert set(one.data_vars) == set(many.data_vars)
             for var in set(one.data_vars) - {"seconds"}:  # wall-clock seconds per epoch differ
                 np.testing.assert_array_equal(one[var].values, many[var].values, err_msg=f"{pe} {name} {var}")
-    log = (tiny_workflow.workdir / "logs/synthetic/train/bytask/count.log").read_text()
-    assert "train bytask/count/nope/seed1: 100%" in log
+    log = (tiny_workflow.workdir / "logs/synthetic/train/solo/count/nope/seed1.log").read_text()
+    assert "train solo/count/nope/seed1: 100%" in log
 
 
 def tiny_workflow_pes(run) -> list[str]:

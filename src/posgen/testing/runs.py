@@ -32,6 +32,8 @@ TINY_SYNTHETIC = {
     "model": {"n_layers": 2, "n_heads": 2, "d_model": 8, "d_ff": 16},
     "train": {"epochs": 2, "batch_size": 32},
     "toeplitz_samples": 3,
+    # one training and one analysis job per task, as config.yaml's clean (a job per classifier is tested apart)
+    "experiments": {"clean": {"jobs": "task"}},
 }
 
 
