@@ -1,15 +1,23 @@
 """Integrity of posgen's files: content digests (written with the data, checked on every read), the one-line
 error of a damaged or edited file with the command that remakes it, and the lineage that tells which outputs were
-made from an older version of their inputs (``python -m posgen.integrity [DIR ...]``; docs/data-model.md,
-"Checksums and digests"). No xarray or torch here: the check runs anywhere."""
+made from an older version of their inputs, directly or through another output (``python -m posgen.integrity
+[DIR ...]``; docs/data-model.md, "Checksums and digests"). No xarray or torch here: the check runs anywhere.
+
+Lineage: every file a workflow job writes records the content digests of the files the job read, as a global
+attr in a .nc/.h5 file (:data:`INPUTS_ATTR`), beside any other file (a table, a figure, a report) as a small JSON
+record under :data:`LINEAGE_DIR` (:func:`lineage_record`). Snakemake decides by modification times; the records
+decide by content, so a copy that kept an old mtime (``cp -p``, ``rsync -a``) is still found, and a file remade with
+the same content need not remake what was made from it (``--settle-unchanged``)."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import os
 import sys
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +137,19 @@ def record_inputs(paths) -> None:
     _job_inputs[:] = [Path(p) for p in paths]
 
 
+@contextmanager
+def made_from(paths):
+    """Within the block, what the running job writes records only ``paths`` among the job's inputs: a job that writes
+    several files, each from part of what it read. Outside a workflow job nothing is recorded either way."""
+    saved = list(_job_inputs)
+    wanted = {shown(p) for p in paths if p is not None}
+    _job_inputs[:] = [p for p in saved if shown(p) in wanted]
+    try:
+        yield
+    finally:
+        _job_inputs[:] = saved
+
+
 def _file_attr(path: Path, name: str) -> str | None:
     """A global attr of an HDF5 file as text, read without its data; None where it is missing or the file is not
     readable (its reader says why, with the command that remakes it)."""
@@ -160,32 +181,143 @@ def input_digests() -> str:
     return json.dumps({shown(p): current_digest(p) for p in _job_inputs if Path(p).is_file()}, sort_keys=True)
 
 
-def stale(paths) -> list[str]:
-    """One line for each posgen file among ``paths`` (files or folders, searched for .nc/.h5) that was made from
-    another version of one of its inputs than the one there now (or from an input that is gone)."""
+# Lineage of the files that cannot hold an attr (tables, figures, reports): <LINEAGE_DIR>/<path>.json, relative to
+# the working directory (Snakemake's --directory), written by the job that writes the file.
+LINEAGE_DIR = Path(".posgen/lineage")
+HDF5 = (".nc", ".h5")
+
+
+def lineage_record(path: str | Path) -> Path | None:
+    """Where the lineage of ``path`` (not a .nc/.h5 file) is kept; None for a file outside the working directory."""
+    relative = Path(shown(path))
+    return None if relative.is_absolute() or relative.parts[:1] == ("..",) else LINEAGE_DIR / f"{relative}.json"
+
+
+def record_lineage(path: str | Path) -> None:
+    """Record, beside a table, figure or report the running job has just written, the digests of the job's
+    inputs (a .nc/.h5 file holds them itself; outside a workflow job there is nothing to record)."""
+    record = lineage_record(path)
+    if not _job_inputs or Path(path).suffix in HDF5 or record is None:
+        return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
+    tmp.write_text(input_digests())
+    os.replace(tmp, record)
+
+
+def recorded_inputs(path: Path) -> dict | None:
+    """``{input: digest}`` the job that wrote ``path`` recorded, or None where nothing was recorded."""
+    if path.suffix in HDF5:
+        text = _file_attr(path, INPUTS_ATTR)
+    else:
+        record = lineage_record(path)
+        text = record.read_text() if record is not None and record.is_file() else None
+    return None if text is None else json.loads(text)
+
+
+def _lineage(paths) -> dict[str, dict]:
+    """``{file: recorded inputs}`` of every file among ``paths`` (files or folders) that records its inputs."""
     files = []
     for path in map(Path, paths):
-        files += sorted(p for p in path.rglob("*") if p.suffix in (".nc", ".h5")) if path.is_dir() else [path]
-    lines = []
-    for path in files:
-        recorded = _file_attr(path, INPUTS_ATTR)
-        if recorded is None:
-            continue
-        for source, then in sorted(json.loads(recorded).items()):
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    records = {shown(p): recorded_inputs(p) for p in files if p.name[:1] != "."}
+    return {name: inputs for name, inputs in records.items() if inputs is not None}
+
+
+def out_of_date(paths) -> dict[str, tuple[str, str]]:
+    """``{file: (input, why)}`` for every file among ``paths`` made from another version of one of its inputs than
+    the one there now, from an input that is gone, or from a file that is itself out of date (to any depth)."""
+    records = _lineage(paths)
+    found = {}
+    for name, inputs in records.items():
+        for source, then in sorted(inputs.items()):
             now = current_digest(Path(source))
             if then is not None and now != then:
-                change = "is gone" if now is None and not Path(source).exists() else "has changed since"
-                lines.append(f"{shown(path)}: made from {source}, which {change}; remake it: {remake_command(path)}")
+                found[name] = (source, "is gone" if now is None and not Path(source).exists() else "has changed since")
+                break
+    grown = True
+    while grown:  # second-order dependants: made from a file that is out of date
+        grown = False
+        for name, inputs in records.items():
+            source = next((s for s in sorted(inputs) if s in found), None)
+            if name not in found and source is not None:
+                found[name] = (source, "is itself out of date")
+                grown = True
+    return found
+
+
+def stale(paths) -> list[str]:
+    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one command that remakes them
+    all: Snakemake forced to rerun their jobs (their mtimes may say they are up to date)."""
+    found = out_of_date(paths)
+    lines = [f"{name}: made from {source}, which {why}" for name, (source, why) in sorted(found.items())]
+    if found:
+        targets = " ".join(sorted(found))
+        lines.append(
+            f"remake them: snakemake --cores all {targets} --forcerun {targets} "
+            "(with the run's own --configfile, if it had one)"
+        )
     return lines
+
+
+def _inputs_first(records: dict[str, dict]) -> list[str]:
+    """The files of ``records`` ordered so that a file comes after every recorded file it was made from."""
+    order, done = [], set()
+    pending = sorted(records)
+    while pending:
+        ready = [n for n in pending if all(s not in records or s in done or s == n for s in records[n])]
+        ready = ready or pending[:1]  # a workflow has no cycles; never loop forever on a hand-made one
+        order += ready
+        done.update(ready)
+        pending = [n for n in pending if n not in done]
+    return order
+
+
+def settle_unchanged(paths) -> list[str]:
+    """Give every file among ``paths`` that was remade with the content its dependants were made from (their
+    recorded digests of it are its digest now) but is newer than one of them an mtime 1 ms after its newest input,
+    inputs first, so that Snakemake (which goes by mtimes) does not remake them. A file with no recorded inputs and
+    a file made from other content are left as they are. Returns the files settled."""
+    records = _lineage(paths)
+    found = out_of_date(paths)
+    readers: dict[str, list[str]] = {}  # file -> the up-to-date files made from it
+    for name, inputs in records.items():
+        for source in inputs if name not in found else ():
+            readers.setdefault(source, []).append(name)
+    settled = []
+    for name in _inputs_first(records):
+        path = Path(name)
+        if name in found or not path.is_file():
+            continue
+        mtime = path.stat().st_mtime_ns
+        if not any(Path(r).is_file() and Path(r).stat().st_mtime_ns < mtime for r in readers.get(name, [])):
+            continue  # nothing made from it looks older to Snakemake
+        newest = max((Path(s).stat().st_mtime_ns for s in records[name] if Path(s).is_file()), default=None)
+        if newest is None or newest + 1_000_000 >= mtime:
+            continue
+        os.utime(path, ns=(newest + 1_000_000, newest + 1_000_000))
+        settled.append(name)
+    return settled
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m posgen.integrity",
-        description="List the posgen files made from an older version of one of their inputs.",
+        description="List the posgen files made from an older version of one of their inputs, directly or through "
+        "another file, and the command that remakes them.",
     )
     parser.add_argument("paths", nargs="*", default=["results"], help="files or folders (default: results)")
-    lines = stale(parser.parse_args(argv).paths)
+    parser.add_argument(
+        "--settle-unchanged",
+        action="store_true",
+        help="first give every file remade with the content its dependants were made from an mtime just after "
+        "its inputs', so that Snakemake does not remake them",
+    )
+    args = parser.parse_args(argv)
+    if args.settle_unchanged:
+        settled = settle_unchanged(args.paths)
+        print(f"{len(settled)} files remade with unchanged content settled: {' '.join(settled) or '-'}")
+    lines = stale(args.paths)
     print("\n".join(lines) if lines else "every file was made from the inputs there now")
     return 1 if lines else 0
 

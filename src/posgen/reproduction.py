@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from posgen.config import VARIANT_TRAINED, init_seed
-from posgen.integrity import shown
+from posgen.integrity import made_from, shown
 from posgen.llm.bands import band_shares
 from posgen.llm.gap_origin import origin_markdown
 from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
@@ -346,7 +346,7 @@ def write_reproduction(
     table = reproduction_table(summary)
     prov = stable_provenance(**attrs)
     keep = {k: prov[k] for k in ("config_hash", "posgen_version") if k in prov}
-    with atomic_path(csv) as tmp:
+    with made_from([summary_csv]), atomic_path(csv) as tmp:
         table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     text = reproduction_markdown(table, provenance=keep)
     bands = _by_model_variant(bands_paths, band_shares)
@@ -365,7 +365,7 @@ def write_reproduction(
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))
-        with atomic_path(synthetic_csv) as tmp:
+        with made_from([synthetic_summary_csv, study_summary_csv]), atomic_path(synthetic_csv) as tmp:
             rows.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
         text += "\n" + synthetic_reproduction_markdown(rows)
         source = study_classifiers_csv or synthetic_classifiers_csv

@@ -30,6 +30,7 @@ from posgen.integrity import (
     damaged,
     digest,
     input_digests,
+    record_lineage,
     shown,
     verified_read,
 )
@@ -210,6 +211,7 @@ def atomic_path(path: str | Path):
         yield tmp
         refuse_if_terminated()  # a job asked to stop never publishes, even if its SystemExit was swallowed
         os.replace(tmp, path)
+        record_lineage(path)
     except (OSError, RuntimeError) as err:  # torch's zip writer words a full disk as a RuntimeError
         reason = None if isinstance(err, StoreError) else write_failure(err)
         if reason is None:

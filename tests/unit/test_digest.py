@@ -4,6 +4,7 @@ one line naming the file, the variable and the command that remakes it; untouche
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import h5py
@@ -12,8 +13,19 @@ import pytest
 import xarray as xr
 
 from posgen.bench.decompose import synthetic_store
-from posgen.integrity import EDITED, INPUTS_ATTR, StoreError, current_digest, digest, main, record_inputs, stale
-from posgen.store import open_dataset, write_netcdf
+from posgen.integrity import (
+    EDITED,
+    INPUTS_ATTR,
+    LINEAGE_DIR,
+    StoreError,
+    current_digest,
+    digest,
+    main,
+    record_inputs,
+    settle_unchanged,
+    stale,
+)
+from posgen.store import atomic_path, open_dataset, write_netcdf
 
 
 @pytest.fixture
@@ -98,11 +110,70 @@ def test_outputs_record_their_inputs_and_stale_ones_are_listed(tmp_path, monkeyp
     write_netcdf(table, "a.nc")  # the same data again: the same content digest, b.nc is not stale
     assert stale(["."]) == []
     write_netcdf(table + 1, "a.nc")  # a new version of a.nc
-    line = "b.nc: made from a.nc, which has changed since; remake it: snakemake --cores all b.nc"
-    assert [text.split(" (with the run")[0] for text in stale(["."])] == [line]
+    lines = ["b.nc: made from a.nc, which has changed since", "remake them: snakemake --cores all b.nc --forcerun b.nc"]
+    assert [text.split(" (with the run")[0] for text in stale(["."])] == lines
     assert main(["b.nc"]) == 1
     Path("a.nc").unlink()
     assert "which is gone" in stale(["b.nc"])[0]
+
+
+def test_tables_record_their_inputs_and_dependants_of_stale_files_are_stale_to_any_depth(
+    tmp_path, monkeypatch, job_inputs
+):
+    """a.nc -> b.nc -> c.csv -> d.md: a new a.nc leaves b, c and d out of date, and one command remakes all three."""
+    monkeypatch.chdir(tmp_path)
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.5, 0.25]))}), "a.nc")
+    job_inputs(["a.nc"])
+    write_netcdf(xr.Dataset({"r": ("head", np.array([1.0, 0.5]))}), "b.nc")
+    job_inputs(["b.nc"])
+    with atomic_path("c.csv") as tmp:
+        tmp.write_text("r\n1.0\n")
+    job_inputs(["c.csv", "a.nc"])
+    with atomic_path("d.md") as tmp:
+        tmp.write_text("# r\n")
+    job_inputs([])
+    assert json.loads((LINEAGE_DIR / "c.csv.json").read_text()) == {"b.nc": current_digest(Path("b.nc"))}
+    assert stale(["."]) == []
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.5, 0.3]))}), "a.nc")
+    assert [text.split(" (with the run")[0] for text in stale(["."])] == [
+        "b.nc: made from a.nc, which has changed since",
+        "c.csv: made from b.nc, which is itself out of date",
+        "d.md: made from a.nc, which has changed since",
+        "remake them: snakemake --cores all b.nc c.csv d.md --forcerun b.nc c.csv d.md",
+    ]
+    # a file written outside a job records nothing: it is not listed, and nothing it was made from is known
+    with atomic_path("e.csv") as tmp:
+        tmp.write_text("x\n")
+    assert not (LINEAGE_DIR / "e.csv.json").exists()
+
+
+def test_a_file_remade_with_the_same_content_is_settled_before_what_was_made_from_it(tmp_path, monkeypatch, job_inputs):
+    """r.nc -> a.nc -> b.nc -> c.csv, x.nc -> y.nc: a.nc remade with the same content gets an mtime just after
+    r.nc's (before b.nc's); x.nc remade with other content leaves y.nc out of date, and nothing is settled for it."""
+    monkeypatch.chdir(tmp_path)
+    data = xr.Dataset({"r": ("head", np.array([0.5, 0.25]))})
+    write_netcdf(data, "r.nc")
+    write_netcdf(data, "x.nc")
+    job_inputs(["r.nc"])
+    write_netcdf(data * 2, "a.nc")
+    job_inputs(["a.nc"])
+    write_netcdf(data * 3, "b.nc")
+    job_inputs(["b.nc"])
+    with atomic_path("c.csv") as tmp:
+        tmp.write_text("r\n")
+    job_inputs(["x.nc"])
+    write_netcdf(data * 4, "y.nc")
+    for second, name in enumerate(["r.nc", "x.nc", "a.nc", "b.nc", "c.csv", "y.nc"]):  # made in this order
+        os.utime(name, ns=(0, (10 + second) * 10**9))
+    job_inputs(["r.nc"])
+    write_netcdf(data * 2, "a.nc")  # remade with the same content: now newer than b.nc
+    job_inputs([])
+    write_netcdf(data + 1, "x.nc")  # remade with other content
+    assert settle_unchanged(["."]) == ["a.nc"]
+    assert Path("a.nc").stat().st_mtime_ns == 10 * 10**9 + 1_000_000  # 1 ms after r.nc
+    assert Path("b.nc").stat().st_mtime == 13 and Path("y.nc").stat().st_mtime == 15
+    assert [line.split(":")[0] for line in stale(["."])][:1] == ["y.nc"]
+    assert settle_unchanged(["."]) == []  # settled once
 
 
 def test_qk_store_content_digest_is_its_data_only(tmp_path):
