@@ -199,10 +199,14 @@ def record_lineage(path: str | Path) -> None:
     record = lineage_record(path)
     if not _job_inputs or Path(path).suffix in HDF5 or record is None:
         return
-    record.parent.mkdir(parents=True, exist_ok=True)
     tmp = record.with_name(f".{record.name}.{os.getpid()}.tmp")
-    tmp.write_text(input_digests())
-    os.replace(tmp, record)
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(input_digests())
+        os.replace(tmp, record)
+    except OSError as err:  # the file itself is written: a lineage that cannot be kept is unknown, not an error
+        tmp.unlink(missing_ok=True)
+        print(f"{shown(record)}: cannot record the lineage of {shown(path)} ({err.strerror or err})", file=sys.stderr)
 
 
 def recorded_inputs(path: Path) -> dict | None:

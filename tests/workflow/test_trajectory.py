@@ -213,7 +213,7 @@ def trajectory_run(tmp_path_factory, tiny_source):
     workdir = tmp_path_factory.mktemp("trajectory-workflow")
     commits = _fake_hub_cache(workdir / "hf-cache", tiny_source("llama"), {"step0": 1, "step10": 2})
     config = tiny_config(tiny_source("llama"))
-    config["n_samples"], config["seq_len"] = 2, 32
+    config["n_samples"], config["seq_len"], config["shards"] = 2, 32, 1  # one job per step (shards: test_workflow)
     config["perturb"].update(n_samples=2, seq_len=16, rates=[0, 0.05, 0.2], caps=[4, 8])  # caps below seq_len
     config["trajectory"] = {
         "models": [
