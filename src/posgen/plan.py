@@ -74,6 +74,14 @@ MIN_RUNTIME_MIN = 10
 # --------------------------------------------------------------------------------------------------- shapes
 
 
+def widest_head(c: dict, default: int) -> int:
+    """A config dict's q/k head size; where it varies by layer (Gemma 4's full layers: ``global_head_dim`` or a
+    ``per_layer_config`` override), the widest, which qk.h5 stores every layer at (docs/data-model.md)."""
+    sizes = [int(c.get("head_dim") or default), int(c.get("global_head_dim") or 0)]
+    sizes += [int(o.get("head_dim") or 0) for o in (c.get("per_layer_config") or {}).values() if isinstance(o, dict)]
+    return max(sizes)
+
+
 @dataclass(frozen=True)
 class Shape:
     """What the cost model reads from a model config (``config.json`` keys; parameter counts analytic)."""
@@ -120,7 +128,7 @@ class Shape:
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
-            head_dim=int(c.get("head_dim") or hidden // n_heads),
+            head_dim=widest_head(c, hidden // n_heads),
             hidden=hidden,
             intermediate=intermediate,
             vocab=vocab,

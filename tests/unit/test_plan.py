@@ -57,6 +57,16 @@ def test_shape_reads_sliding_layers():
     assert gemma3.windows(1200) == [0, 512] and gemma3.n_sliding == 15  # 5 local : 1 global, transformers' default
 
 
+def test_shape_reads_the_widest_head_of_a_model_whose_head_size_varies_by_layer():
+    """Gemma 4: sliding layers' heads are 256 wide, full layers' 512 (qk.h5 stores every layer at the widest)."""
+    import transformers
+
+    config = transformers.Gemma4TextConfig(num_hidden_layers=6, vocab_size=1000).to_dict()
+    assert config["head_dim"] == 256
+    assert plan.Shape.from_dict(config).head_dim == 512
+    assert plan.Shape.from_dict({**config, "per_layer_config": {}, "global_head_dim": None}).head_dim == 256
+
+
 def test_forward_flops_of_llama_8b():
     # 2 P_body T: P_body is the 8.03B parameters less the two 128256 x 4096 embedding matrices and the final norm
     body = 8_030_261_248 - 2 * 128256 * 4096 - 4096
