@@ -228,10 +228,11 @@ def _lineage(paths) -> dict[str, dict]:
     return {name: inputs for name, inputs in records.items() if inputs is not None}
 
 
-def out_of_date(paths) -> dict[str, tuple[str, str]]:
+def out_of_date(paths, records: dict[str, dict] | None = None) -> dict[str, tuple[str, str]]:
     """``{file: (input, why)}`` for every file among ``paths`` made from another version of one of its inputs than
-    the one there now, from an input that is gone, or from a file that is itself out of date (to any depth)."""
-    records = _lineage(paths)
+    the one there now, from an input that is gone, or from a file that is itself out of date (to any depth).
+    ``records``: their :func:`_lineage`, where the caller has read it already."""
+    records = _lineage(paths) if records is None else records
     found = {}
     for name, inputs in records.items():
         for source, then in sorted(inputs.items()):
@@ -283,7 +284,7 @@ def settle_unchanged(paths) -> list[str]:
     inputs first, so that Snakemake (which goes by mtimes) does not remake them. A file with no recorded inputs and
     a file made from other content are left as they are. Returns the files settled."""
     records = _lineage(paths)
-    found = out_of_date(paths)
+    found = out_of_date(paths, records)
     readers: dict[str, list[str]] = {}  # file -> the up-to-date files made from it
     for name, inputs in records.items():
         for source in inputs if name not in found else ():
