@@ -244,9 +244,8 @@ def _pre_rope_points(m, n_heads: int, n_kv_heads: int, head_dim: int):
 
         slicers = {"q": q_cut, "k": k_cut}
         return "qkv_proj output ([q | k | v])", [(m.qkv_proj, slicers)]
-    keys = not attention_layers.shares_keys(
-        m
-    )  # a KV-sharing layer has no key projection: its keys are an earlier layer's
+    # a KV-sharing layer has no key projection: its keys are an earlier layer's
+    keys = not attention_layers.shares_keys(m)
     for q_name, k_name in [("q_norm", "k_norm"), ("q_layernorm", "k_layernorm")]:
         q_mod, k_mod = getattr(m, q_name, None), getattr(m, k_name, None)
         if q_mod is not None and (k_mod is not None or not keys):
