@@ -1,35 +1,93 @@
 """Shared fixtures of the unit and workflow tests: tiny random checkpoints and one tiny end-to-end workflow run
-per test session (the helpers they use live in posgen.testing)."""
+per test session (the helpers they use live in posgen.testing).
+
+``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). Each module runs whole on
+one worker (its module fixtures are built once), the tests that read the tiny run share one worker (they run
+snakemake in its folder one after another), and the tiny checkpoints and the tiny run are built once for both
+workers, under a lock, in the session's common temporary folder. Without xdist the same fixtures build in the
+session's own folder."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from posgen.testing.runs import WorkflowRun, make_run, tiny_config  # noqa: E402
 from posgen.testing.tiny import make_tiny  # noqa: E402
 
+TINY_RUN = "tiny_workflow"
+RUN_FILES = "run-files.json"  # the tiny run's result files as its own job left them
+
+
+SLURM = "tests/workflow/test_slurm.py"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        reads_run = TINY_RUN in item.fixturenames and module != SLURM
+        item.add_marker(pytest.mark.xdist_group(TINY_RUN if reads_run else module))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # the two longest groups first, one per worker (xdist hands out groups in collection order)
+        first = {TINY_RUN: 0, SLURM: 1}
+        items.sort(key=lambda item: first.get(item.get_closest_marker("xdist_group").args[0], 2))
+
+
+def _built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """``name``'s folder, built by ``build`` by whichever worker asks first; the others wait for it."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # unset without xdist
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if worker else base  # xdist gives each worker a folder inside the session's
+    folder = root / name
+    with FileLock(str(folder) + ".lock"):
+        done = folder / ".built"
+        if not done.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            build(folder)
+            done.write_text(str(worker))
+    return folder
+
 
 @pytest.fixture(scope="session")
 def tiny_source(tmp_path_factory):
     """Factory: path of a tiny random checkpoint ('llama' or 'gemma3'), built once per session."""
-    made = {}
 
     def get(arch: str = "llama") -> Path:
-        if arch not in made:
-            made[arch] = make_tiny(tmp_path_factory.mktemp(f"tiny-{arch}-src"), arch)
-        return made[arch]
+        return _built_once(tmp_path_factory, f"tiny-{arch}-src", lambda path: make_tiny(path, arch))
 
     return get
 
 
 @pytest.fixture(scope="session")
-def tiny_workflow(tmp_path_factory, tiny_source) -> WorkflowRun:
-    """The whole default target list of the workflow, run once locally on the tiny Llama."""
-    run = make_run(tmp_path_factory.mktemp("tiny-workflow"), tiny_config(tiny_source("llama")))
-    run.snakemake("--cores", "2")
-    return run
+def tiny_run_config(tiny_source) -> dict:
+    """The tiny run's config (on the tiny Llama)."""
+    return tiny_config(tiny_source("llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_workflow(tmp_path_factory, tiny_run_config) -> WorkflowRun:
+    """The whole default target list of the workflow, run once locally on the tiny Llama; ``run-files.json``
+    beside it lists its result files before any test added to them."""
+
+    def build(folder: Path) -> None:
+        run = make_run(folder / "run", tiny_run_config)
+        run.snakemake("--cores", "2")
+        made = sorted(str(p.relative_to(run.workdir)) for p in (run.workdir / "results").rglob("*") if p.is_file())
+        (folder / RUN_FILES).write_text(json.dumps(made))
+
+    folder = _built_once(tmp_path_factory, "tiny-workflow", build)
+    return WorkflowRun(folder / "run", folder / "run" / "config.yaml")
+
+
+@pytest.fixture(scope="session")
+def tiny_workflow_files(tiny_workflow) -> list[str]:
+    """The tiny run's result files (relative to its folder) as the run left them."""
+    return json.loads((tiny_workflow.workdir.parent / RUN_FILES).read_text())
