@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(CORES) --dist loadgroup tests
+	$(BIN)/python -m pytest -q -n $(CORES) tests
 
 # Formatters in check mode (ruff for Python, snakefmt for the rules), pyflakes/isort rules, and Snakemake's own lint.
 lint: $(STAMP)

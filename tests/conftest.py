@@ -1,10 +1,10 @@
 """Shared fixtures of the unit and workflow tests: tiny random checkpoints and one tiny end-to-end workflow run
 per test session (the helpers they use live in posgen.testing).
 
-``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). Each module runs whole on
-one worker (its module fixtures are built once), the tests that read the tiny run share one worker (they run
-snakemake in its folder one after another), and the tiny checkpoints and the tiny run are built once for both
-workers, under a lock, in the session's common temporary folder. Without xdist the same fixtures build in the
+``make test`` runs the suite on two pytest-xdist workers (``-n 2``, scheduled by
+:func:`pytest_xdist_make_scheduler`). Each module runs whole on one worker (its module fixtures are built once),
+the modules that read the tiny run share one worker (some run snakemake in its folder), and the tiny checkpoints
+and the tiny run are built once for both workers, under a lock, in the session's common temporary folder. Without xdist the same fixtures build in the
 session's own folder."""
 
 from __future__ import annotations
@@ -23,22 +23,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from posgen.testing.runs import WorkflowRun, make_run, tiny_config  # noqa: E402
 from posgen.testing.tiny import make_tiny  # noqa: E402
 
-TINY_RUN = "tiny_workflow"
 RUN_FILES = "run-files.json"  # the tiny run's result files as its own job left them
-
-
 SLURM = "tests/workflow/test_slurm.py"
+# the modules whose tests read the tiny run (one worker runs them in turn: some run snakemake in its folder)
+TINY_RUN_MODULES = (
+    "tests/workflow/test_damaged_inputs.py",
+    "tests/workflow/test_lineage.py",
+    "tests/workflow/test_report.py",
+    "tests/workflow/test_synthetic_workflow.py",
+    "tests/workflow/test_workflow.py",
+)
+
+
+def _scope(nodeid: str) -> str:
+    """The unit a worker runs whole: the tiny run's readers together, else one module."""
+    module = nodeid.split("::", 1)[0]
+    return "tiny_workflow" if module in TINY_RUN_MODULES else module
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        reads_run = TINY_RUN in item.fixturenames and module != SLURM
-        item.add_marker(pytest.mark.xdist_group(TINY_RUN if reads_run else module))
+    strays = [
+        i.nodeid
+        for i in items
+        if "tiny_workflow" in i.fixturenames and _scope(i.nodeid) not in ("tiny_workflow", SLURM)
+    ]
+    if strays:
+        raise pytest.UsageError(f"tests/conftest.py: add the modules of {strays} to TINY_RUN_MODULES")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # the two longest groups first, one per worker (xdist hands out groups in collection order)
-        first = {TINY_RUN: 0, SLURM: 1}
-        items.sort(key=lambda item: first.get(item.get_closest_marker("xdist_group").args[0], 2))
+        # the two longest units first, one per worker (the scheduler below hands them out in collection order)
+        first = {"tiny_workflow": 0, SLURM: 1}
+        items.sort(key=lambda item: first.get(_scope(item.nodeid), 2))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection order
+    return Scheduling(config, log)
 
 
 def _built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
