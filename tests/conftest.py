@@ -25,7 +25,6 @@ from posgen.testing.tiny import make_tiny  # noqa: E402
 
 RUN_FILES = "run-files.json"  # the tiny run's result files as its own job left them
 SLURM = "tests/workflow/test_slurm.py"
-BEFORE_SLURM = ("tests/unit/test_bench_gpu.py", "tests/unit/test_api.py", "tests/unit/test_plan.py")
 # the modules whose tests read the tiny run (one worker runs them in turn: some run snakemake in its folder)
 TINY_RUN_MODULES = (
     "tests/workflow/test_damaged_inputs.py",
@@ -51,11 +50,9 @@ def pytest_collection_modifyitems(config, items):
     if strays:
         raise pytest.UsageError(f"tests/conftest.py: add the modules of {strays} to TINY_RUN_MODULES")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # The scheduler below hands units out in collection order: the tiny run first; the other worker runs
-        # about two minutes of unit tests, then the SLURM run, whose last test compares with the tiny run (so it
-        # finds it made instead of waiting for it), then both share the rest.
-        first = {unit: rank for rank, unit in enumerate(["tiny_workflow", *BEFORE_SLURM, SLURM])}
-        items.sort(key=lambda item: first.get(_scope(item.nodeid), len(first)))
+        # the two longest units first, one per worker (the scheduler below hands them out in collection order)
+        first = {"tiny_workflow": 0, SLURM: 1}
+        items.sort(key=lambda item: first.get(_scope(item.nodeid), 2))
 
 
 def pytest_xdist_make_scheduler(config, log):
