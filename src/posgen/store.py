@@ -428,6 +428,7 @@ class QKWriter:
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
         f.attrs[INPUTS_ATTR] = input_digests()
         self.written = np.zeros(n_samples, dtype=bool)
+        self.closed = False
 
     def _write_rope(self, rope: RopeTable) -> None:
         """The RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map
@@ -487,6 +488,12 @@ class QKWriter:
         return x.astype(self.qk_dtype)
 
     def close(self, ok: bool = True):
+        # once only: a close that fails while publishing (refused after a SIGTERM, windows missing) is followed
+        # by the caller's close(ok=False) on the way out, which must not touch the closed file (its error would
+        # replace the first, and a terminated job would exit 1 instead of 128 + SIGTERM)
+        if self.closed:
+            return
+        self.closed = True
         # token_id is written a row per window and is small: its digest from the file, once it is complete
         self.token_id.attrs[DIGEST_ATTR] = self.whole["token_id"] = digest(self.token_id[...])
         blocks = {name: var[...] for name, var in self.digests.items()}

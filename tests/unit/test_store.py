@@ -54,6 +54,32 @@ def test_qk_round_trip_through_xarray_with_named_dims(tmp_path):
     assert ds["q"].encoding["chunksizes"] == (1, 1, 4, 10, 8)
 
 
+def test_a_close_refused_while_publishing_is_not_followed_by_another_error(tmp_path, monkeypatch):
+    """A job asked to stop (SIGTERM) whose SystemExit was lost runs on to its close; the publish refuses it, and
+    the caller's close(ok=False) on the way out must leave that SystemExit alone (it once raised on the closed
+    file, and the job exited 1)."""
+    from posgen import termination
+
+    rng = np.random.default_rng(0)
+    path = tmp_path / "qk.h5"
+    monkeypatch.setattr(termination, "RECEIVED", [15])
+    w = _writer(path, rng, n_samples=1)
+    w.write_sample(
+        0,
+        *(rng.standard_normal(s).astype(np.float32) for s in ((3, 4, 10, 8), (3, 2, 10, 8))),
+        np.arange(10),
+        rng.standard_normal((2, 4, 10, 10)).astype(np.float32),
+    )
+    with pytest.raises(SystemExit) as stopped:
+        try:
+            w.close(ok=True)
+        except BaseException:
+            w.close(ok=False)  # as extract does
+            raise
+    assert stopped.value.code == 128 + 15
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_failed_or_incomplete_write_leaves_no_file(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "qk.h5"

@@ -285,20 +285,22 @@ def long_extraction(tiny_source, tmp_path_factory):
     return tmp
 
 
-def _run_extraction(tmp: Path, out: Path) -> subprocess.Popen:
+def _run_extraction(tmp: Path, out: Path, stderr) -> subprocess.Popen:
     """The extraction as a workflow job runs it: through workflow_scripts/_common.setup, in a subprocess."""
     out.parent.mkdir(parents=True, exist_ok=True)
     script = FAULT_SCRIPT.format(
         scripts=str(ROOT / "workflow_scripts"), out=str(out), model=str(tmp / "model"), windows=str(tmp / "windows.h5")
     )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.Popen([sys.executable, "-c", script], env=env)
+    return subprocess.Popen([sys.executable, "-c", script], env=env, stderr=stderr)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extraction, tmp_path):
+def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extraction, tmp_path, tmp_path_factory):
     out = tmp_path / "qk.h5"
-    proc = _run_extraction(long_extraction, out)
+    stderr = tmp_path_factory.mktemp("killed") / "stderr.txt"  # beside, not in, the job's folder
+    with stderr.open("w") as err:
+        proc = _run_extraction(long_extraction, out, err)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".qk.h5.*.tmp")):
         assert proc.poll() is None and time.monotonic() < deadline, "extraction ended before it could be killed"
@@ -309,8 +311,8 @@ def test_killed_extraction_leaves_no_temporary_after_the_rerun(signum, long_extr
     proc.wait(timeout=60)
     assert not out.exists()
     left = list(tmp_path.glob(".qk.h5.*.tmp"))
-    if signum == signal.SIGTERM:
-        assert proc.returncode == 128 + signal.SIGTERM and left == []  # cleaned up on the way out
+    if signum == signal.SIGTERM:  # cleaned up on the way out, and the job says why it stopped
+        assert proc.returncode == 128 + signal.SIGTERM and left == [], stderr.read_text()[-3000:]
     else:
         assert proc.returncode == -signal.SIGKILL and len(left) == 1  # nothing runs on SIGKILL
     # the rerun (another pid) sweeps the dead job's temporary before writing its own
