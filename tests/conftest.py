@@ -4,8 +4,8 @@ per test session (the helpers they use live in posgen.testing).
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2``, scheduled by
 :func:`pytest_xdist_make_scheduler`). Each module runs whole on one worker (its module fixtures are built once),
 the modules that read the tiny run share one worker (some run snakemake in its folder), and the tiny checkpoints
-and the tiny run are built once for both workers, under a lock, in the session's common temporary folder. Without xdist the same fixtures build in the
-session's own folder."""
+and the tiny run are built once for both workers, under a lock, in the session's common temporary folder. Without
+xdist the same fixtures build in the session's own folder."""
 
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
 """SLURM dispatch, proven against a real one-node SLURM cluster started on this host (tests/workflow/slurm_cluster.py).
 
 One workflow run covers the acceptance of issue 5: the tiny end-to-end workflow's GPU jobs (extraction in
-shards, perturbation) and what reads them up to ``results/summary.csv`` run with ``--profile profiles/slurm`` (snakemake-executor-plugin-slurm), a recording ``sbatch`` first in PATH logs every
-submission, and ``POSGEN_FAIL_ONCE`` makes the first ``extract`` job fail once. The tests then check that every
-non-local job went through sbatch and ran as a SLURM job, that the extraction asks for a GPU, CPUs and memory,
-that the failed job was retried, that the outputs equal the local run's (``tiny_workflow``), and that the
-cluster stops cleanly. The figures and the second family are left out: they are local rules or run as the
-local run's do, and would only double the suite's busiest minutes. Without sbatch/slurmd/munged or root, the cluster tests skip with the reason.
+shards, perturbation) and what reads them up to ``results/summary.csv`` run with ``--profile profiles/slurm``
+(snakemake-executor-plugin-slurm), a recording ``sbatch`` first in PATH logs every submission, and
+``POSGEN_FAIL_ONCE`` makes the first ``extract`` job fail once. The tests then check that every non-local job went
+through sbatch and ran as a SLURM job, that the extraction asks for a GPU, CPUs and memory, that the failed job
+was retried, that the outputs equal the local run's (``tiny_workflow``), and that the cluster stops cleanly. The
+figures and the second family are left out: they are local rules or run as the local run's do, and would only
+double the suite's busiest minutes. Without sbatch/slurmd/munged or root, the cluster tests skip with the reason.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ WORKFLOW_TIMEOUT_S = 1200  # a guard against a hung cluster, not a timing test
 
 NO_SLURM = missing_requirements()
 needs_slurm = pytest.mark.skipif(NO_SLURM is not None, reason=f"no test SLURM cluster: {NO_SLURM}")
+
+
+def cluster_targets(config: dict) -> list[str]:
+    """:data:`TARGETS` for the run's model."""
+    return [target.format(model=config["models"][0]["name"]) for target in TARGETS]
 
 
 def must_be_local(rule: str) -> bool:
@@ -307,7 +313,7 @@ def slurm_run(cluster, tiny_run_config, tmp_path_factory):
         "--latency-wait",
         "5",
         "--slurm-keep-successful-logs",
-        *[target.format(model=tiny_run_config["models"][0]["name"]) for target in TARGETS],
+        *cluster_targets(tiny_run_config),
     ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=run.workdir, env=env, capture_output=True, text=True, timeout=WORKFLOW_TIMEOUT_S)
@@ -434,14 +440,14 @@ def _compare_netcdf(a: Path, b: Path) -> None:
 
 
 @needs_slurm
-def test_outputs_equal_local_run(slurm_run, tiny_workflow, tiny_workflow_files):
+def test_outputs_equal_local_run(slurm_run, tiny_workflow, tiny_workflow_files, tiny_run_config):
     assert slurm_run.proc.returncode == 0, slurm_run.context()
     local_root, slurm_root = tiny_workflow.workdir / "results", slurm_run.run.workdir / "results"
     # the local run's files as its run left them (other tests add experiments to its folder)
     local = sorted(Path(p).relative_to("results") for p in tiny_workflow_files)
     remote = sorted(p.relative_to(slurm_root) for p in slurm_root.rglob("*") if p.is_file())
     assert remote and set(remote) <= set(local), sorted(set(remote) - set(local))
-    assert {"summary.csv", "tiny-llama/trained/perturb.nc"} <= {str(p) for p in remote}
+    assert {Path(t).relative_to("results") for t in cluster_targets(tiny_run_config)} <= set(remote)
     compared = 0
     for rel in remote:
         # trained classifiers and loss differences of ablated LLM heads depend on the job's thread count (float
