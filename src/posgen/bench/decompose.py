@@ -197,6 +197,7 @@ def main(argv=None):
     shape.add_argument("--kv-heads", type=int, default=3)
     shape.add_argument("--head-dim", type=int, default=64)
     shape.add_argument("--rope-theta", type=float, default=100000.0)
+    shape.add_argument("--sliding-window", type=int, default=0, help="tokens a query sees (0: every earlier one)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -214,6 +215,7 @@ def main(argv=None):
                 n_kv_heads=args.kv_heads,
                 head_dim=args.head_dim,
                 rope_theta=args.rope_theta,
+                sliding_window=args.sliding_window,
             )
         )
         ds = open_dataset(qk, lazy=False)

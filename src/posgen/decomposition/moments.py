@@ -78,6 +78,7 @@ class Blocks:
         # row's window start; so key block c is counted in full by query blocks c < b <= last[c] (full_lo ascends)
         self.full_lo = torch.minimum(-(-self.lo[:, -1] // block), self.b_idx)
         self.last = torch.searchsorted(self.full_lo, self.b_idx, right=True) - 1  # >= c, as full_lo[c] <= c
+        self.ends = (self.last[:-1] + 1).tolist()  # per key block c < nb - 1: the first query block past last[c]
         self.cols, self.valid = self._ragged()
 
     def _ragged(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,12 +115,16 @@ class Blocks:
         nb = self.nb
         for b in range(nb - 2, -1, -1):  # suffix sums, in place; a loop of adds beats torch.cumsum on CPU
             x.select(dim, b).add_(x.select(dim, b + 1))
-        after = x.narrow(dim, 1, nb - 1)  # key block c: the query blocks b > c
         if not self.window:
-            return after
-        ends = self.last[:-1] + 1  # (c,): the first query block past those that count c in full
-        inside = (ends < nb).to(x.dtype).view([-1 if i == dim else 1 for i in range(x.dim())])
-        return after - x.index_select(dim, ends.clamp(max=nb - 1)) * inside
+            return x.narrow(dim, 1, nb - 1)  # key block c: the query blocks b > c
+        # key block c: the suffix sum at c + 1 less that at ends[c], written into slot c in ascending c; that
+        # reads only slots above c (ends[c] > c), so no temporary of x's size
+        for c, end in enumerate(self.ends):
+            if end < nb:
+                torch.sub(x.select(dim, c + 1), x.select(dim, end), out=x.select(dim, c))
+            else:
+                x.select(dim, c).copy_(x.select(dim, c + 1))
+        return x.narrow(dim, 0, nb - 1)
 
 
 KEY_CHUNK = 256  # keys per product of _full_blocks' q-g sums, in the products' dtype; summed over chunks in float64
@@ -353,11 +358,12 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     z_abs = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_abs, w)  # (D, n, h): sum |z|^2
     z_sq = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_sq, w.conj())  # (D, n, h): sum z^2
     gg = 0.5 * (z_abs.real + z_sq.real)  # (D, n, h)
-    # sum v_p v_p' = sum_c <S_c, sum_(j in c) V_p[j] V_p'[j]^T>: the V keys' block Grams, float64 (few keys)
-    v_t = vb.view(n * nc, block, p * d).transpose(1, 2).double()  # ((n, c), (p, e), r)
-    gv = torch.bmm(v_t, v_t.transpose(1, 2))  # ((n, c), (p, e), (p', e'))
-    gv = gv.view(n, nc, p, d, p, d)  # (n, c, p, e, p', e')
-    vv = torch.einsum("nhcef,ncpeqf->nhpq", s_00.view(n, h, nc, d, d), gv)  # (n, h, p, p')
+    # sum v_p v_p' = sum_c sum_(j in c) V_p[j]^T S_c V_p'[j], float64 (few keys): V^T S_c per head first, so
+    # no (p d x p d) block Gram of the V keys per block
+    v = vb.view(n, 1, nc, block * p, d).double()  # (n, 1, c, (r, p), e)
+    y = torch.matmul(v, s_00.view(n, h, nc, d, d))  # (n, h, c, (r, p), f)
+    y = y.view(n, h, nc, block, p, d)  # (n, h, c, r, p, f)
+    vv = torch.einsum("nhcrpf,ncrqf->nhpq", y, v.view(n, nc, block, p, d))  # (n, h, p, p')
     return qq, qg, gg, qv, vv
 
 
