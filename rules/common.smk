@@ -45,6 +45,7 @@ from posgen.workflow import (  # noqa: E402
     REPRODUCTION,
     SHARD_TABLE,
     SUMMARY_TABLE,
+    GAP_ORIGIN,
     SYN_CLASSIFIER_DIR,
     SYN_DECISIVE,
     SYN_PARTS,

@@ -99,3 +99,30 @@ rule summary_table:
         "../envs/posgen.yaml"
     script:
         "../workflow_scripts/summary_table.py"
+
+
+localrules:
+    gap_origin,
+    position_study,
+
+
+# The position study's answer (README "The position study", docs/method.md section 3C): where Method A's
+# random-init gap comes from, per model and random-init seed, from the run's results/summary.csv.
+rule gap_origin:
+    input:
+        csv=rules.summary_table.output.csv,
+    output:
+        md=GAP_ORIGIN,
+    log:
+        "logs/gap_origin.log",
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        config_hash=hash_of([], per_model=False),
+    script:
+        "../workflow_scripts/gap_origin.py"
+
+
+rule position_study:
+    input:
+        rules.gap_origin.output,

@@ -127,6 +127,7 @@ EXAMPLES = "results/{model}/{variant}/examples.nc"
 BLOCK_SWAP = "results/{model}/{variant}/block_swap.nc"
 MODEL_SUMMARY = {"csv": "results/{model}/summary.csv", "nc": "results/{model}/summary.nc"}
 SUMMARY_TABLE = "results/summary.csv"
+GAP_ORIGIN = "results/gap_origin.md"  # the position study's answer (target `position_study`)
 # training trajectories (target `trajectory`): the log of a model trained by the workflow, the per-step table
 TRAINING_LOG = "results/{model}/training.nc"
 TRAJECTORY_TABLE = {"csv": "results/{model}/trajectory.csv", "nc": "results/{model}/trajectory.nc"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from posgen.llm.gap_origin import decide, origin_markdown, origin_table
+from posgen.llm.gap_origin import decide, origin_markdown, origin_table, write_origin
 
 
 @pytest.mark.parametrize(
@@ -73,3 +73,20 @@ def test_the_table_and_section_give_each_seed_its_outcome_and_the_model_theirs_w
     assert "- **m**: inconclusive" in text  # its two seeds disagree
     assert "- **n**: neither" in text
     assert "| m | random-seed1 |" in text and "**absolute position**" in text
+
+
+def test_the_position_study_file_is_the_section_with_its_provenance(tmp_path):
+    """results/gap_origin.md (target `position_study`): the same table and outcomes as reproduction.md's section,
+    its own title, the config hash it was made with; no temporary left beside it."""
+    rows = _rows("m", "trained", float("nan"), float("nan"), (0.0, -0.01, 0.01), (0.0, -0.01, 0.01), 0.05, 0.01)
+    rows += _rows("m", "random-seed0", -0.10, -0.08, (0.08, 0.07, 0.09), (0.01, 0.0, 0.02))
+    csv, md = tmp_path / "summary.csv", tmp_path / "gap_origin.md"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    write_origin(csv, md, config_hash="abc123")
+    text = md.read_text()
+    section = origin_markdown(pd.read_csv(csv))
+    assert text.startswith("# Position or prefix content?")
+    assert section.split("\n", 1)[1] in text  # everything below the section's title, unchanged
+    assert "- **m**: per-window content" in text
+    assert "config_hash abc123" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gap_origin.md", "summary.csv"]

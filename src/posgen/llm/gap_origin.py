@@ -19,9 +19,12 @@ Rule, fixed in advance (:data:`HALF`): with t = HALF x the gap,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from posgen.config import VARIANT_TRAINED
+from posgen.store import atomic_path, stable_provenance
 
 HALF = 0.5  # a construction explains the gap when it closes at least this share of it
 SINK = "with"  # every causal entry, as the paper's correlation
@@ -141,6 +144,16 @@ def origin_markdown(summary: pd.DataFrame) -> str:
     if table.empty:
         lines.append("Not tested: no run has Method A, A-drift and A-shared side by side.")
     return "\n".join(lines) + "\n"
+
+
+def write_origin(summary_csv: str | Path, md: str | Path, config_hash: str = "") -> None:
+    """results/gap_origin.md (target ``position_study``): :func:`origin_markdown` of a run's summary.csv, with the
+    config hash and posgen version it was made with."""
+    prov = stable_provenance(config_hash=config_hash)
+    text = "# " + origin_markdown(pd.read_csv(summary_csv)).removeprefix("## ")
+    text += f"\nFrom `{summary_csv}`; config_hash {prov['config_hash']}, posgen {prov['posgen_version']}.\n"
+    with atomic_path(md) as tmp:
+        Path(tmp).write_text(text)
 
 
 def main(argv=None) -> None:
