@@ -117,6 +117,49 @@ def test_each_ensemble_member_trains_as_it_would_alone(pe):
     assert all(v.untyped_storage().nbytes() > v.numel() * v.element_size() for v in state.values() if v.numel() > 4)
 
 
+@pytest.mark.parametrize("faithful", [False, True])
+def test_written_out_attention_trains_to_sdpas_bits(faithful):
+    """With dropout on a CPU a training step writes attention out (posgen.synthetic.model.written_out_attention);
+    every PE, from one seed, trained on padded batches with SDPA throughout instead: the same weights, bit for bit
+    (the same operations in the same order, the same dropout draws)."""
+    (tokens, labels), _, (n_classes, max_len) = splits()
+    x, y = tokens[:32], labels[:32]  # clean: pads masked as keys; faithful: pads attended
+    for pe in sorted(PES):
+        states = []
+        for attention in ("auto", "sdpa"):
+            model = classifier(pe, 0, n_classes, max_len, dropout=0.1, faithful=faithful).use_attention(attention)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, fused=True)
+            torch.manual_seed(1)  # the dropout draws
+            for _ in range(3):
+                loss = torch.nn.functional.cross_entropy(model(batch_tokens(x, faithful)), y)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            states.append(model.state_dict())
+        auto, sdpa = states
+        assert all(torch.equal(auto[name], sdpa[name]) for name in auto), pe
+        assert not torch.equal(auto["head.weight"], classifier(pe, 0, n_classes, max_len).state_dict()["head.weight"])
+    with pytest.raises(ValueError, match="attention: 'flash'"):
+        model.use_attention("flash")
+
+
+def test_written_out_attention_is_what_a_cpu_training_step_runs(monkeypatch):
+    """The written-out form runs exactly when dropout is on and the device is a CPU (so evaluation keeps SDPA)."""
+    import posgen.synthetic.model as model_module
+
+    calls = []
+    written = model_module.written_out_attention
+    monkeypatch.setattr(model_module, "written_out_attention", lambda *a: calls.append(a[-1]) or written(*a))
+    (tokens, _), _, (n_classes, max_len) = splits()
+    model = classifier("rope", 0, n_classes, max_len, dropout=0.1)
+    model.train()(tokens[:8])
+    assert calls == [0.1, 0.1]  # both layers
+    model.eval()(tokens[:8])
+    assert calls == [0.1, 0.1]  # evaluation: SDPA
+    classifier("rope", 0, n_classes, max_len, dropout=0.0).train()(tokens[:8])
+    assert calls == [0.1, 0.1]  # no dropout: SDPA
+
+
 def test_bfloat16_training_matches_float32_accuracy():
     """Stated margin: 5 points of test accuracy on a small count task both precisions learn (same seed, same
     data order); bfloat16 autocasts the forward pass only, weights and optimiser stay float32."""

@@ -9,7 +9,9 @@ and the ratio ours / plain time (target <= 1.3).
 
 In the same rounds: ``--members`` seeds trained one after another against the same seeds as one batched
 ensemble (``train_ensemble``; samples/s counts every member's samples; target >= 2x), and one classifier in
-bfloat16 autocast beside float32 (``--precision``).
+bfloat16 autocast beside float32 (``--precision``), and one classifier with SDPA throughout beside ours, which
+writes attention out when dropout is on on a CPU (``posgen.synthetic.model.written_out_attention``; the same bits;
+give ``--dropout 0.1``: without dropout both call SDPA).
 """
 
 from __future__ import annotations
@@ -147,8 +149,8 @@ def main(argv=None):
         _sync(device)
         return time.perf_counter() - start
 
-    def ours(precision="float32"):
-        model = fresh(0)
+    def ours(precision="float32", attention="auto"):
+        model = fresh(0).use_attention(attention)
         return timed(lambda: train(model, train_set, test_set, seed=0, desc="ours", precision=precision, **schedule))
 
     def sequential():
@@ -181,7 +183,7 @@ def main(argv=None):
         _sync(device)
         return time.perf_counter() - start
 
-    arms = {"ours": ours, "plain": plain}
+    arms = {"ours": ours, "plain": plain, "sdpa": lambda: ours(attention="sdpa")}
     if args.members:
         arms |= {"sequential": sequential, "ensemble": ensemble}
     if args.precision != "none":
@@ -206,7 +208,14 @@ def main(argv=None):
         "precision": args.precision,
         "host_load_1min": os.getloadavg()[0],
     }
-    samples = {"ours": n, "plain": n, "sequential": args.members * n, "ensemble": args.members * n, "mixed": n}
+    samples = {
+        "ours": n,
+        "plain": n,
+        "sequential": args.members * n,
+        "ensemble": args.members * n,
+        "mixed": n,
+        "sdpa": n,
+    }
     for name, seconds in times.items():
         result[f"{name}_samples_per_s"] = samples[name] / statistics.median(seconds)
     result["ratio"] = statistics.median(times["ours"]) / statistics.median(times["plain"])
@@ -214,6 +223,11 @@ def main(argv=None):
         f"ours {result['ours_samples_per_s']:.0f} samples/s, plain torch {result['plain_samples_per_s']:.0f} "
         f"samples/s: ratio {result['ratio']:.2f}x (target <= 1.3x)"
     ]
+    result["ours_over_sdpa"] = statistics.median(times["ours"]) / statistics.median(times["sdpa"])
+    lines.append(
+        f"SDPA throughout {result['sdpa_samples_per_s']:.0f} samples/s, ours {result['ours_samples_per_s']:.0f} "
+        f"samples/s: {result['ours_over_sdpa']:.2f} of the time (dropout {dropout})"
+    )
     if args.members:
         result["ensemble_speedup"] = result["ensemble_samples_per_s"] / result["sequential_samples_per_s"]
         lines.append(

@@ -43,7 +43,7 @@ class Ensemble:
             self._modules = self.models
             self._forward = lambda x: models[0](x[0])[None]  # (1, B, n_classes)
             return
-        template = copy.deepcopy(models[0]).to("meta").use_explicit_attention()  # structure, no storage
+        template = copy.deepcopy(models[0]).to("meta").use_attention("written")  # structure, no storage
         params, buffers = stack_module_state(models)  # name -> (member, ...)
         for index, member in enumerate(models):
             for name, param in member.named_parameters():

@@ -14,6 +14,8 @@ so it adds nothing to the layer's output).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -21,15 +23,25 @@ from torch import nn
 from posgen.synthetic.pe import Dims, logit_scale, make_pe
 
 
-def explicit_attention(q, k, v, mask, dropout_p: float) -> torch.Tensor:
-    """What ``F.scaled_dot_product_attention`` computes, one operation per line: every operation has a
-    ``vmap`` batching rule and a gradient for a learned bias in ``mask`` (the CPU's fused kernel has neither
-    under ``vmap``), so a batched ensemble (posgen.synthetic.train.Ensemble) runs as one."""
-    logits = q @ k.transpose(-1, -2) * logit_scale(q)  # (B, H, T, T)
+def written_out_attention(q, k, v, mask, dropout_p: float) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``'s math path (the one it runs on a CPU whenever dropout is on), one
+    operation per line and in its order, so the same bits (tests/unit/test_synthetic_train.py), without the check
+    for fully masked rows that path adds (``_safe_softmax``: three passes over the logits). No row here
+    is fully masked: every sequence has a real token. Every operation also has a ``vmap`` batching rule and a
+    gradient for a learned bias in ``mask`` (the fused kernels have neither under ``vmap``), so a batched
+    ensemble (posgen.synthetic.ensemble) runs as one."""
+    half_scale = math.sqrt(logit_scale(q))  # SDPA scales q and k by the square root each
+    logits = (q * half_scale) @ (k.transpose(-1, -2) * half_scale)  # (B, H, T, T)
     if mask is not None:
-        logits = logits + mask  # (B or 1, H or 1, T or 1, T)
+        logits.add_(mask)  # (B or 1, H or 1, T or 1, T), in place as SDPA does: no second (B, H, T, T) tensor
     weights = F.dropout(logits.softmax(-1), dropout_p)  # (B, H, T, T)
     return weights @ v  # (B, H, T, d)
+
+
+# EncoderLayer.attention: "auto" writes attention out where SDPA would run its math path anyway (dropout on a
+# CPU) and calls SDPA elsewhere (its fused kernels: a GPU, or evaluation); "written" always (a vmap ensemble);
+# "sdpa" always (the reference the written-out form is tested against).
+ATTENTION = ("auto", "written", "sdpa")
 
 
 class EncoderLayer(nn.Module):
@@ -42,7 +54,7 @@ class EncoderLayer(nn.Module):
         self.out = nn.Linear(D, D)
         self.norm_ffn = nn.LayerNorm(D)
         self.ffn = nn.Sequential(nn.Linear(D, d_ff), nn.ReLU(), nn.Linear(d_ff, D))
-        self.explicit_attention = False  # True: softmax(q k^T * scale + mask) @ v written out (Classifier)
+        self.attention = "auto"  # one of ATTENTION (Classifier.use_attention)
 
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
@@ -65,8 +77,8 @@ class EncoderLayer(nn.Module):
         else:
             mask = key_bias
         p = self.dropout if self.training else 0.0
-        if self.explicit_attention:
-            att = explicit_attention(q, k, v, mask, p)  # (B, H, T, d)
+        if self.attention == "written" or (self.attention == "auto" and p > 0 and q.device.type == "cpu"):
+            att = written_out_attention(q, k, v, mask, p)  # (B, H, T, d)
         else:
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=logit_scale(q))
         att = att.transpose(1, 2).reshape(h.shape)  # (B, T, D)
@@ -117,10 +129,12 @@ class Classifier(nn.Module):
         self.head = nn.Linear(d_model, n_classes)
         self.dropout = dropout
 
-    def use_explicit_attention(self, explicit: bool = True) -> Classifier:
-        """Attention written out (:func:`explicit_attention`) instead of the fused kernel: the same function."""
+    def use_attention(self, kind: str) -> Classifier:
+        """How every layer computes attention (one of ``ATTENTION``): the same function either way."""
+        if kind not in ATTENTION:
+            raise ValueError(f"attention: {kind!r} (expected one of {', '.join(ATTENTION)})")
         for layer in self.layers:
-            layer.explicit_attention = explicit
+            layer.attention = kind
         return self
 
     def _inputs(self, tokens: torch.Tensor):
