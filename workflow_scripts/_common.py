@@ -13,8 +13,9 @@ def _one_line_for_posgen_errors(exc_type, exc, tb):
         sys.__excepthook__(exc_type, exc, tb)
 
 
-def setup(snakemake, uses_torch: bool = False) -> None:
-    """``uses_torch``: the job runs a model or tensor code; only then is torch imported and configured."""
+def setup(snakemake, uses_torch: bool = False, large_blocks: bool = False) -> None:
+    """``uses_torch``: the job runs a model or tensor code; only then is torch imported and configured.
+    ``large_blocks``: freed blocks over 32 MB stay in the process too (a training loop's, posgen.allocator)."""
     sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
     log = open(snakemake.log[0], "w", buffering=1)
     sys.stdout = sys.stderr = log
@@ -40,7 +41,9 @@ def setup(snakemake, uses_torch: bool = False) -> None:
         torch.set_num_threads(max(1, snakemake.threads))
         from posgen.allocator import keep_freed_memory
 
-        keep_freed_memory()  # freed tensors stay in the process: no page faults on the next (posgen.allocator)
+        keep_freed_memory(
+            large_blocks
+        )  # freed tensors stay in the process: no page faults on the next (posgen.allocator)
     from posgen.testing.faults import fail_once
 
     fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/workflow/test_slurm.py)

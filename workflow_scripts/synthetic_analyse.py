@@ -1,6 +1,6 @@
 from _common import listed, setup
 
-setup(snakemake, uses_torch=True)
+setup(snakemake, uses_torch=True, large_blocks=True)
 from posgen.integrity import made_from  # noqa: E402
 from posgen.synthetic.analysis import analyse_job  # noqa: E402
 

@@ -1,6 +1,6 @@
 from _common import listed, setup
 
-setup(snakemake, uses_torch=True)
+setup(snakemake, uses_torch=True, large_blocks=True)
 from posgen.synthetic.train import train_job  # noqa: E402
 
 # params.classifiers: [pe, seed] of each output pair, in order. One train_job per PE's seeds where they train as
