@@ -9,8 +9,9 @@ size by ``layers * batch * tokens ** TOKEN_EXPONENT`` (an assumption beyond the 
   optimiser steps/s per training job at the authors' size (6 layers x 16 heads, width 256, FFN 512, batch 512,
   122 tokens), about 15 steps/s for the whole GPU with 5 jobs side by side. Device-hours assume that packing.
 * ``cpu``: MEASURED on this project's 2-core machine (2026-11-26, one thread, idle host): 0.137 s per step at
-  2 layers x 16 heads, width 128, FFN 128, batch 64, 34 tokens; about 1.2 s at 122 tokens (hence the token
-  exponent). Core-hours; a 2-core machine runs two jobs at once.
+  2 layers x 16 heads, width 128, FFN 128, batch 64, 34 tokens. The token exponent from two training jobs side
+  by side on one host (2026-11-28, dropout 0.1, freed blocks over 32 MB kept: posgen.allocator): 0.069 s per
+  step at 34 tokens, 0.52 s at 122. Core-hours; a 2-core machine runs two jobs at once.
 
 A committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``; posgen.rates)
 replaces the ``gpu`` reference with its measured seconds per step at the experiments' ``train.precision`` (its
@@ -27,7 +28,9 @@ from dataclasses import dataclass
 from posgen.experiments import classifiers, collection, resolve
 from posgen.rates import gpu_report, source
 
-TOKEN_EXPONENT = 1.7  # seconds per step ~ tokens^1.7 on the CPU (34 -> 122 tokens: 0.137 -> 1.2 s)
+# seconds per step ~ tokens^1.6 on the CPU (34 -> 122 tokens: 0.069 -> 0.52 s); 1.9 while blocks over 32 MB were
+# unmapped at every free (0.74 s at 122 tokens)
+TOKEN_EXPONENT = 1.6
 # (seconds per step, layers, batch, tokens) of each device's measured reference, and jobs sharing one device
 REFERENCE = {"gpu": (1 / 3.1, 6, 512, 122), "cpu": (0.137, 2, 64, 34)}
 JOBS_PER_DEVICE = {"gpu": 15 / 3.1, "cpu": 1.0}  # the GPU ran ~15 steps/s with 5 jobs of 3.1 steps/s each
