@@ -41,9 +41,8 @@ def setup(snakemake, uses_torch: bool = False, large_blocks: bool = False) -> No
         torch.set_num_threads(max(1, snakemake.threads))
         from posgen.allocator import keep_freed_memory
 
-        keep_freed_memory(
-            large_blocks
-        )  # freed tensors stay in the process: no page faults on the next (posgen.allocator)
+        # freed tensors stay in the process: no page faults on the next (posgen.allocator)
+        keep_freed_memory(large_blocks=large_blocks)
     from posgen.testing.faults import fail_once
 
     fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/workflow/test_slurm.py)

@@ -3,8 +3,9 @@
 What the thresholds change is read from glibc's own accounting (``mallinfo2``), which is exact within one process:
 a 16 MB block is mapped on its own and returned when freed by default, and comes from the heap and stays there
 once :func:`posgen.allocator.keep_freed_memory` has run; one of 48 MB, above glibc's largest mmap threshold (a
-classifier's attention weights at 122 tokens are 61 MB), only with ``large_blocks``. The page faults this saves vary with the host's load
-(a count comparison flaked under CI), so their size is a measurement in docs/results.md, not a test."""
+classifier's attention weights at 122 tokens are 61 MB), only with ``large_blocks``. The page faults this saves
+vary with the host's load (a count comparison flaked under CI), so their size is a measurement in
+docs/results.md, not a test."""
 
 import ctypes
 import subprocess
