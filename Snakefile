@@ -8,7 +8,6 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 from posgen.config import ConfigError, check_files
-from posgen.workflow import final_outputs
 
 # Snakemake's own reading keeps the last of duplicate keys and words a YAML error without file or line: read
 # every config file strictly first, and stop with one line (--configfile files are also checked, before
@@ -28,19 +27,15 @@ report: "report/workflow.rst"
 include: "rules/common.smk"
 include: "rules/resources.smk"
 include: "rules/models.smk"
-include: "rules/corpus.smk"
-include: "rules/extract.smk"
-include: "rules/decompose.smk"
-include: "rules/perturb.smk"
-include: "rules/head_ablation.smk"
+include: "rules/llm.smk"
+include: "rules/trajectory.smk"
 include: "rules/synthetic.smk"
 include: "rules/figures.smk"
-include: "rules/trajectory.smk"
-include: "rules/deposit_study.smk"
+include: "rules/targets.smk"
 
 
-# What `all` builds, listed in one place (posgen.workflow.final_outputs); the named targets `trajectory` and
-# `deposit_study` (rules/trajectory.smk, rules/deposit_study.smk) build the rest.
+# What `all` builds, listed in one place (posgen.workflow.targets.final_outputs); the named targets
+# (rules/targets.smk) build the rest.
 rule all:
     default_target: True
     input:

@@ -9,7 +9,7 @@ from posgen.plan import resource_names, rule_resources  # noqa: E402
 
 def _job_resources(rule, wildcards, input, attempt):
     manifest = input.get("manifest") if hasattr(input, "get") else None
-    model_dir = Path(manifest).parent if manifest else Path(MODELS_DIR) / wildcards.model
+    model_dir = Path(manifest).parent if manifest else Path(paths.MODELS_DIR) / wildcards.model
     shard = getattr(wildcards, "shard", None)
     entry = model_entry(config, wildcards.model)
     return rule_resources(rule, model_dir, entry, wildcards.variant, shard, config, attempt)

@@ -1,21 +1,16 @@
 # The second paper's family (docs/method.md section 8, posgen.synthetic): PE classifiers on the synthetic tasks in
-# named experiments (posgen.experiments), one training and one analysis job per (experiment, task, pe,
-# seed), one training job per (experiment, task, pe) where the experiment sets train.ensemble, one training and one
-# analysis job per (experiment, task) where it sets jobs: task; gathered NetCDFs, a
-# summary, a per-classifier table and the verdicts per collection: `run` (what `all` builds) and the named targets `deposit_study`, `regime_study`, `decisive_study` (rules/deposit_study.smk).
-
-# profiles/slurm asks a GPU for synthetic_train and synthetic_analyse by name; the generated rules below (names per
-# experiment, which set-resources cannot match) ask for it themselves unless the config runs on the CPU
-SYN_GPU = 0 if config["device"] == "cpu" else 1
+# named experiments (posgen.experiments), trained and analysed in the job unit of their experiment
+# (posgen.workflow.synthetic: a job per classifier, per (task, pe) as one ensemble, or per task), gathered, summed
+# up and decided per collection: `run` (what `all` builds) and the named targets' studies (rules/targets.smk).
 
 
 rule synthetic_tasks:
     output:
-        data=SYN_TASK_DATA,
+        data=paths.TASK_DATA,
     log:
-        "logs/synthetic/tasks/{dataset}.log",
+        paths.log("synthetic", "tasks", "{dataset}"),
     benchmark:
-        "benchmarks/synthetic/tasks/{dataset}.tsv"
+        paths.benchmark("synthetic", "tasks", "{dataset}")
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -23,25 +18,24 @@ rule synthetic_tasks:
         mem_mb=2000,
         runtime=10,
     params:
-        task=lambda w: SYN_DATASETS[w.dataset][0],
-        options=lambda w: SYN_DATASETS[w.dataset][1],
-        config_hash=lambda w: _hash_of_options(SYN_DATASETS[w.dataset][1]),
+        **params_of("synthetic_tasks"),
     script:
-        "../workflow_scripts/synthetic_tasks.py"
+        "../workflow_scripts/step.py"
 
 
+# experiments whose job unit is one classifier: one training and one analysis job each
 rule synthetic_train:
     input:
-        data=syn_task_data,
+        data=lambda w: SYN.task_data(w.experiment, w.task),
     output:
-        checkpoints=f"{SYN_CLASSIFIER_DIR}/model.pt",
-        curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
+        checkpoints=paths.CHECKPOINT,
+        curves=paths.CURVES,
     log:
-        "logs/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.log",
+        paths.log("synthetic", "train", "{experiment}", "{task}", "{pe}", "seed{seed}"),
     benchmark:
-        "benchmarks/synthetic/train/{experiment}/{task}/{pe}/seed{seed}.tsv"
+        paths.benchmark("synthetic", "train", "{experiment}", "{task}", "{pe}", "seed{seed}")
     wildcard_constraints:
-        experiment="|".join(re.escape(name) for name in SYN_SOLO) or "none",
+        experiment=alternatives(SYN.with_unit("classifier")),
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -49,134 +43,24 @@ rule synthetic_train:
         mem_mb=2000,
         runtime=60,
     params:
-        experiment=lambda w: w.experiment,
-        classifiers=lambda w: [[w.pe, int(w.seed)]],
-        ensemble=False,
-        options=syn_train_options,
-        device=config["device"],
-        config_hash=syn_hash(syn_train_options),
+        **params_of("synthetic_train"),
     script:
-        "../workflow_scripts/synthetic_train.py"
-
-
-# experiments with train.ensemble: one job per (task, pe) trains every seed as one batched ensemble
-for experiment in SYN_ENSEMBLES:
-    fixed = syn_fixed(experiment)
-    seeds = SYN_EXPERIMENTS[experiment]["seeds"]
-    rule_name = f"synthetic_train_ensemble_{re.sub(r'[^0-9A-Za-z_]', '_', experiment)}"
-
-    rule:
-        name:
-            rule_name
-        input:
-            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
-        output:
-            checkpoints=syn_seed_files(experiment, "model.pt"),
-            curves=syn_seed_files(experiment, "train.nc"),
-        log:
-            f"logs/synthetic/train/{experiment}/{{task}}/{{pe}}/ensemble.log",
-        benchmark:
-            f"benchmarks/synthetic/train/{experiment}/{{task}}/{{pe}}/ensemble.tsv"
-        conda:
-            "../envs/posgen.yaml"
-        threads: 1
-        resources:
-            mem_mb=2000 + 500 * len(seeds),
-            runtime=60 * len(seeds),
-            gpu=SYN_GPU,
-        params:
-            experiment=experiment,
-            classifiers=lambda w, seeds=seeds: [[w.pe, seed] for seed in seeds],
-            ensemble=True,
-            options=lambda w, fixed=fixed: syn_train_options(fixed(w)),
-            device=config["device"],
-            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options)(fixed(w)),
-        script:
-            "../workflow_scripts/synthetic_train.py"
-
-
-# experiments with jobs: task: one job per task trains (then analyses) every PE and seed in turn, in one process
-for experiment in SYN_BY_TASK:
-    fixed = syn_fixed(experiment)
-    n_classifiers = len(syn_task_classifiers(experiment))
-    name = re.sub(r"[^0-9A-Za-z_]", "_", experiment)
-
-    rule:
-        name:
-            f"synthetic_train_task_{name}"
-        input:
-            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
-        output:
-            checkpoints=syn_task_files(experiment, "model.pt"),
-            curves=syn_task_files(experiment, "train.nc"),
-        log:
-            f"logs/synthetic/train/{experiment}/{{task}}.log",
-        benchmark:
-            f"benchmarks/synthetic/train/{experiment}/{{task}}.tsv"
-        conda:
-            "../envs/posgen.yaml"
-        threads: 1
-        resources:
-            mem_mb=2000,
-            runtime=60 * n_classifiers,
-            gpu=SYN_GPU,
-        params:
-            experiment=experiment,
-            classifiers=syn_task_classifiers(experiment),
-            ensemble=SYN_EXPERIMENTS[experiment]["train"]["ensemble"],
-            options=lambda w, fixed=fixed: syn_train_options(fixed(w)),
-            device=config["device"],
-            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options)(fixed(w)),
-        script:
-            "../workflow_scripts/synthetic_train.py"
-
-    rule:
-        name:
-            f"synthetic_analyse_task_{name}"
-        input:
-            data=lambda w, fixed=fixed: syn_task_data(fixed(w)),
-            checkpoint=syn_task_files(experiment, "model.pt"),
-            curves=syn_task_files(experiment, "train.nc"),
-        output:
-            ablation=syn_task_files(experiment, "ablation.nc"),
-            toeplitz=syn_task_files(experiment, "toeplitz.nc"),
-            probe=syn_task_files(experiment, "probe.nc"),
-        log:
-            f"logs/synthetic/analyse/{experiment}/{{task}}.log",
-        benchmark:
-            f"benchmarks/synthetic/analyse/{experiment}/{{task}}.tsv"
-        conda:
-            "../envs/posgen.yaml"
-        threads: 1
-        resources:
-            mem_mb=2000,
-            runtime=30 * n_classifiers,
-            gpu=SYN_GPU,
-        params:
-            experiment=experiment,
-            classifiers=syn_task_classifiers(experiment),
-            options=lambda w, fixed=fixed: syn_analysis_options(fixed(w)),
-            device=config["device"],
-            config_hash=lambda w, fixed=fixed: syn_hash(syn_train_options, syn_analysis_options)(fixed(w)),
-        script:
-            "../workflow_scripts/synthetic_analyse.py"
+        "../workflow_scripts/step.py"
 
 
 rule synthetic_analyse:
     input:
-        data=syn_task_data,
-        checkpoint=f"{SYN_CLASSIFIER_DIR}/model.pt",
-        curves=f"{SYN_CLASSIFIER_DIR}/train.nc",
+        data=lambda w: SYN.task_data(w.experiment, w.task),
+        checkpoint=paths.CHECKPOINT,
+        curves=paths.CURVES,
     output:
-        ablation=f"{SYN_CLASSIFIER_DIR}/ablation.nc",
-        toeplitz=f"{SYN_CLASSIFIER_DIR}/toeplitz.nc",
-        probe=f"{SYN_CLASSIFIER_DIR}/probe.nc",
+        **paths.ANALYSES,
     log:
-        "logs/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.log",
+        paths.log("synthetic", "analyse", "{experiment}", "{task}", "{pe}", "seed{seed}"),
     benchmark:
-        "benchmarks/synthetic/analyse/{experiment}/{task}/{pe}/seed{seed}.tsv"
+        paths.benchmark("synthetic", "analyse", "{experiment}", "{task}", "{pe}", "seed{seed}")
     wildcard_constraints:
-        experiment="|".join(re.escape(name) for name in SYN_SOLO + SYN_ENSEMBLES) or "none",
+        experiment=alternatives(SYN.with_unit("classifier", "ensemble")),
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -184,83 +68,124 @@ rule synthetic_analyse:
         mem_mb=2000,
         runtime=30,
     params:
-        experiment=lambda w: w.experiment,
-        classifiers=lambda w: [[w.pe, int(w.seed)]],
-        options=syn_analysis_options,
-        device=config["device"],
-        config_hash=syn_hash(syn_train_options, syn_analysis_options),
+        **params_of("synthetic_analyse"),
     script:
-        "../workflow_scripts/synthetic_analyse.py"
+        "../workflow_scripts/step.py"
 
 
-for which, folder in COLLECTIONS.items():
+# Experiments whose job unit holds several classifiers: a rule of their own, since a rule's outputs are fixed when
+# the workflow is parsed. An ensemble's job trains every seed of a (task, pe); a task job trains, then analyses,
+# every PE and seed of a task in one process.
+for experiment in SYN.with_unit("ensemble", "task"):
+    data = lambda w, experiment=experiment: SYN.task_data(experiment, w.task)
+    unit_log = "{task}/{pe}/ensemble" if SYN.unit(experiment) == "ensemble" else "{task}"
 
     rule:
         name:
-            f"synthetic_gather_{which}"
+            rule_name("synthetic_train", experiment, SYN)
         input:
-            tasks=syn_task_keys(which)[1],
-            training=syn_classifier_files(which, "train.nc"),
-            ablation=syn_classifier_files(which, "ablation.nc"),
-            toeplitz=syn_classifier_files(which, "toeplitz.nc"),
-            probe=syn_classifier_files(which, "probe.nc"),
+            data=data,
         output:
-            **{part: f"{folder}/{part}.nc" for part in SYN_PARTS},
-            baselines=f"{folder}/baselines.nc",
+            checkpoints=SYN.unit_files(experiment, paths.CHECKPOINT),
+            curves=SYN.unit_files(experiment, paths.CURVES),
         log:
-            f"logs/synthetic/gather_{which}.log",
+            paths.log("synthetic", "train", experiment, unit_log),
         benchmark:
-            f"benchmarks/synthetic/gather_{which}.tsv"
+            paths.benchmark("synthetic", "train", experiment, unit_log)
         conda:
             "../envs/posgen.yaml"
         threads: 1
         resources:
-            mem_mb=2000,
-            runtime=10,
+            **unit_resources(SYN, experiment, "synthetic_train"),
+            gpu=SYN_GPU,
         params:
-            classifiers=syn_keys(which),
-            tasks=syn_task_keys(which)[0],
-            config_hash=_hash_of_options({"data": SYN_DATA, "keys": syn_keys(which)}),
+            **params_of("synthetic_train", experiment=experiment),
         script:
-            "../workflow_scripts/synthetic_gather.py"
+            "../workflow_scripts/step.py"
 
-    rule:
-        name:
-            f"synthetic_summary_{which}"
-        input:
-            **{part: f"{folder}/{part}.nc" for part in SYN_PARTS + ["baselines"]},
-        output:
-            csv=f"{folder}/summary.csv",
-            classifiers=f"{folder}/classifiers.csv",
-            deposit=f"{folder}/deposit.csv",
-        log:
-            f"logs/synthetic/summary_{which}.log",
-        benchmark:
-            f"benchmarks/synthetic/summary_{which}.tsv"
-        conda:
-            "../envs/posgen.yaml"
-        threads: 1
-        resources:
-            mem_mb=2000,
-            runtime=10,
-        params:
-            **params_of("synthetic_summary", per_model=False),
-        script:
-            "../workflow_scripts/synthetic_summary.py"
+    if SYN.unit(experiment) == "task":
 
-    rule:
-        name:
-            f"synthetic_verdicts_{which}"
-        input:
-            classifiers=f"{folder}/classifiers.csv",
-        output:
-            md=f"{folder}/verdicts.md",
-        log:
-            f"logs/synthetic/verdicts_{which}.log",
-        localrule: True
-        conda:
-            "../envs/posgen.yaml"
-        params:
-            title=f"Verdicts of the collection {which}",
-        script:
-            "../workflow_scripts/synthetic_verdicts.py"
+        rule:
+            name:
+                rule_name("synthetic_analyse", experiment, SYN)
+            input:
+                data=data,
+                checkpoint=SYN.unit_files(experiment, paths.CHECKPOINT),
+                curves=SYN.unit_files(experiment, paths.CURVES),
+            output:
+                **{part: SYN.unit_files(experiment, template) for part, template in paths.ANALYSES.items()},
+            log:
+                paths.log("synthetic", "analyse", experiment, "{task}"),
+            benchmark:
+                paths.benchmark("synthetic", "analyse", experiment, "{task}")
+            conda:
+                "../envs/posgen.yaml"
+            threads: 1
+            resources:
+                **unit_resources(SYN, experiment, "synthetic_analyse"),
+                gpu=SYN_GPU,
+            params:
+                **params_of("synthetic_analyse", experiment=experiment),
+            script:
+                "../workflow_scripts/step.py"
+
+
+# A collection's classifiers gathered, summed up and decided (`{collection}`: "" for `run`, /<name> for a study).
+rule synthetic_gather:
+    input:
+        **{part: classifier_inputs(template) for part, template in paths.ANALYSES.items()},
+        tasks=lambda w: SYN.collection_tasks(collection_of(w))[1],
+        training=classifier_inputs(paths.CURVES),
+    output:
+        **paths.COLLECTION_PARTS,
+    log:
+        paths.log("synthetic", "gather{collection}"),
+    benchmark:
+        paths.benchmark("synthetic", "gather{collection}")
+    conda:
+        "../envs/posgen.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        **params_of("synthetic_gather"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+rule synthetic_summary:
+    input:
+        **paths.COLLECTION_PARTS,
+    output:
+        **paths.COLLECTION_TABLES,
+    log:
+        paths.log("synthetic", "summary{collection}"),
+    benchmark:
+        paths.benchmark("synthetic", "summary{collection}")
+    conda:
+        "../envs/posgen.yaml"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=10,
+    params:
+        **params_of("synthetic_summary"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+rule synthetic_verdicts:
+    input:
+        classifiers=paths.COLLECTION_TABLES["classifiers"],
+    output:
+        md=paths.VERDICTS,
+    log:
+        paths.log("synthetic", "verdicts{collection}"),
+    localrule: True
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        **params_of("synthetic_verdicts"),
+    script:
+        "../workflow_scripts/step.py"

@@ -1,21 +1,20 @@
 # Training trajectories (README "Training trajectories", posgen.trajectory): every model of config
-# `trajectory.models` is a checkpoint series whose variants step<N> go through the ordinary per-variant rules
-# (extract, decompose, bands, perturb, summarize); this file adds the training of the workflow's own tiny Llama,
-# the per-step table and the trajectory figures, and the named target `trajectory`. Rule `all` never asks for
-# any of it.
+# `trajectory.models` is a checkpoint series whose variants step<N> go through the ordinary per-variant rules; this
+# file adds the training of the workflow's own tiny Llama and the per-step table (its figures: rules/figures.smk;
+# the target `trajectory`: rules/targets.smk). Rule `all` never asks for any of it.
 
 
 # Output beside the acquired models' layout: resources/models/<name>/{config,tokenizer,manifest.json,step<N>/}.
 rule train_trajectory:
     output:
-        manifest=MANIFEST,
-        training=TRAINING_LOG,
+        manifest=paths.MANIFEST,
+        training=paths.TRAINING_LOG,
     log:
-        "logs/train_trajectory/{model}.log",
+        paths.log("train_trajectory", "{model}"),
     benchmark:
-        "benchmarks/train_trajectory/{model}.tsv"
+        paths.benchmark("train_trajectory", "{model}")
     wildcard_constraints:
-        model="|".join(re.escape(m) for m in TRAIN_MODELS) or "(?!)",
+        model=alternatives(TRAIN_MODELS),
     conda:
         "../envs/posgen.yaml"
     # one thread: the model is too narrow (width 128) for a second one to pay its synchronisation on a busy CPU
@@ -25,9 +24,8 @@ rule train_trajectory:
         runtime=120,
     params:
         **params_of("train_trajectory"),
-        train=lambda wildcards: canonical(model_entry(config, wildcards.model)["train"]),
     script:
-        "../workflow_scripts/train_trajectory.py"
+        "../workflow_scripts/step.py"
 
 
 # A trained trajectory model's manifest comes from its training, never from a download.
@@ -36,14 +34,14 @@ ruleorder: train_trajectory > get_model
 
 rule trajectory_table:
     input:
-        summary=rules.summarize.output.csv,
-        bands=over_variants(BANDS),
-        perturb=over_variants(PERTURB),
-        training=training_log,
+        summary=paths.MODEL_SUMMARY["csv"],
+        bands=over_variants(paths.BANDS),
+        perturb=over_variants(paths.PERTURB),
+        training=lambda w: paths.TRAINING_LOG.format(model=w.model) if w.model in TRAIN_MODELS else [],
     output:
-        **TRAJECTORY_TABLE,
+        **paths.TRAJECTORY_TABLE,
     log:
-        "logs/trajectory_table/{model}.log",
+        paths.log("trajectory_table", "{model}"),
     conda:
         "../envs/posgen.yaml"
     threads: 1
@@ -52,52 +50,5 @@ rule trajectory_table:
         runtime=30,
     params:
         **params_of("trajectory_table"),
-        variants=lambda wildcards: variants(config, wildcards.model),
     script:
-        "../workflow_scripts/trajectory_table.py"
-
-
-for row in TRAJECTORY_FIGURES.values():
-
-    rule:
-        name:
-            f"fig_{row.name}"
-        input:
-            **trajectory_figure_inputs(row),
-        output:
-            png=report(
-                row.output("png"),
-                caption=f"../{row.caption}",
-                category=row.category,
-                subcategory="{model}",
-                labels={"figure": row.name},
-            ),
-            pdf=row.output("pdf"),
-        log:
-            row.log,
-        localrule: True
-        conda:
-            "../envs/posgen.yaml"
-        params:
-            figure=row.name,
-            variants=trajectory_figure_variants(row),
-            n_boot=None,
-            seed=None,
-            config_hash=hash_of([]),
-        script:
-            "../workflow_scripts/figure.py"
-
-
-localrules:
-    trajectory,
-
-
-rule trajectory:
-    input:
-        expand(rules.trajectory_table.output, model=TRAJECTORY_MODELS),
-        [
-            path
-            for row in TRAJECTORY_FIGURES.values()
-            for ext in ("png", "pdf")
-            for path in row.paths({"model": TRAJECTORY_MODELS}, ext)
-        ],
+        "../workflow_scripts/step.py"

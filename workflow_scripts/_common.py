@@ -48,42 +48,20 @@ def setup(snakemake, uses_torch: bool = False, large_blocks: bool = False) -> No
     fail_once(snakemake.rule)  # inert unless POSGEN_FAIL_ONCE names this rule (tests/workflow/test_slurm.py)
 
 
-def model_job(snakemake, out: str = "nc"):
-    """The job's :class:`posgen.model_job.ModelJob` from its rule (rules extract, perturb, cap, head_ablation):
-    the model folder beside its manifest, the windows, output ``out``, the wildcards and the shared params
-    (dtype, device, the model's device_map, config_hash); the shard wildcard, where the rule has one."""
-    from posgen.model_job import ModelJob
-    from posgen.workflow import parse_shard
+def run(snakemake) -> None:
+    """Run the job of ``snakemake.rule`` by its step's runner (posgen.workflow.steps), handed a
+    :class:`posgen.workflow.job.StepJob` of the rule's named files, params and wildcards."""
+    sys.path.insert(0, str(Path(snakemake.scriptdir).parent / "src"))
+    from posgen.workflow.job import StepJob, resolve
+    from posgen.workflow.steps import step_of
 
-    p, w = snakemake.params, snakemake.wildcards
-    shard = w.get("shard")
-    return ModelJob(
-        model_dir=Path(snakemake.input.manifest).parent,
-        windows=Path(snakemake.input.windows),
-        out=Path(snakemake.output[out]),
-        model=w.model,
-        variant=w.variant,
-        dtype=p.dtype,
-        device=p.device,
-        device_map=p.device_map or None,
-        samples=parse_shard(shard) if shard else None,
-        config_hash=p.config_hash,
+    step = step_of(snakemake.rule)
+    setup(snakemake, uses_torch=step.torch, large_blocks=step.large_blocks)
+    job = StepJob.of(
+        snakemake.input.items(),
+        snakemake.output.items(),
+        snakemake.params.items(),
+        snakemake.wildcards.items(),
+        threads=snakemake.threads,
     )
-
-
-def listed(paths) -> list:
-    """A rule's input or output entry as a list: one path (a str) or many."""
-    return [paths] if isinstance(paths, str) else list(paths)
-
-
-def picked(params, *names) -> dict:
-    """The rule's params ``names`` as keywords of the job's function."""
-    return {name: params[name] for name in names}
-
-
-def decomposition_options(params):
-    """The decomposition's options (``decompose_store``, the fused ``Analysis``) from the params of a rule carrying
-    the "decompose" step's config leaves (posgen.workflow.STEP_LEAVES)."""
-    from posgen.decomposition.options import DecompositionOptions
-
-    return DecompositionOptions.of(params)
+    resolve(step.runner)(job)

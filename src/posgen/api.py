@@ -28,13 +28,14 @@ from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition.options import DecompositionOptions
 from posgen.decomposition.table import decompose_dataset
-from posgen.figure_table import FIGURES, STUDY_FIGURES, TRAJECTORY_FIGURES
 from posgen.figures import registry
-from posgen.llm.capture import CAPTURING_BACKENDS, Capture, backend_for, load_capturing
+from posgen.llm.capture import CAPTURING_BACKENDS, Capture, backend_for
 from posgen.llm.extract import capture_attrs, capture_window, default_options, effective_rtol, verify_logits
 from posgen.llm.head_ablation import head_ablation, join_decomposition
+from posgen.llm.run import ModelRun
 from posgen.models import acquire, manifest_attrs
 from posgen.store import provenance, qk_dataset
+from posgen.workflow.figures import FIGURES
 
 # ablate_heads' options: leaves of the config section head_ablation (its n_samples and seq_len size the windows)
 HEAD_ABLATION_OPTIONS = ("probe_samples", "probe_period", "seed", "probes")
@@ -63,8 +64,9 @@ def load(
     cache: str | Path | None = None,
 ):
     """``(model, tokenizer, manifest)`` of ``source`` (:func:`model_folder`), loaded as the extraction loads it
-    (:func:`posgen.llm.capture.load_capturing`); ``variant``: trained, random-seed<S> or step<N>."""
-    return load_capturing(model_folder(source, cache), variant, dtype=dtype, device=device)
+    (:meth:`posgen.llm.run.ModelRun.load`); ``variant``: trained, random-seed<S> or step<N>."""
+    folder = model_folder(source, cache)
+    return ModelRun(folder, None, None, model=str(source), variant=variant, dtype=dtype, device=device).load()
 
 
 def windows(loaded, *, n_samples: int, seq_len: int, corpus: str = "embedded", seed: int | None = None):
@@ -195,12 +197,12 @@ def ablate_heads(
     return ds
 
 
-# figure name -> the roles it reads (posgen.figure_table: role -> the path template of its file)
-FIGURE_INPUTS = {name: row.inputs for name, row in {**FIGURES, **TRAJECTORY_FIGURES, **STUDY_FIGURES}.items()}
+# figure name -> the roles it reads (posgen.workflow.figures: role -> the path template of its file)
+FIGURE_INPUTS = {name: row.inputs for name, row in FIGURES.items() if row.group != "regime_study"}
 
 
 def draw(name: str, data, *, n_boot: int | None = None, seed: int | None = None):
-    """Figure ``name`` (a row of posgen.figure_table) as a matplotlib Figure, by the figure rule's own loader and
+    """Figure ``name`` (a row of posgen.workflow.figures) as a matplotlib Figure, by the figure rule's own loader and
     drawing function (:func:`posgen.figures.registry.draw`).
 
     ``data``: the dataset (or path) of the file the figure reads (:data:`FIGURE_INPUTS`), or a dict variant ->

@@ -225,3 +225,19 @@ def windows_job(
     windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source, n_heldout=heldout)
     write_windows(windows, out_path, config_hash=config_hash, model=model_name)
     return windows
+
+
+def windows_step(job) -> xr.Dataset:
+    """Rule windows' job (a :class:`posgen.workflow.job.StepJob`)."""
+    p = job.params
+    return windows_job(
+        Path(job.input["manifest"]).parent,
+        job.output["windows"],
+        source=p["source"],
+        n_samples=p["n_samples"],
+        seq_len=p["seq_len"],
+        seed=p["seed"],
+        heldout=p["heldout"],
+        model_name=job.wildcards["model"],
+        config_hash=p["config_hash"],
+    )

@@ -20,20 +20,14 @@ PE labels: ``partial-rope`` expands to one label per entry of ``rope_heads`` (``
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 
 # keys an experiment may override: merged key by key (dicts) or replaced (the rest)
 MERGED_KEYS = ("model", "train", "distance", "count")
-TASK_SIZE_KEYS = ("distance", "count")  # a task's generator sizes: an experiment's own sizes make its own data set
 REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples", "jobs")
-# the options a training job reads (its params and its config hash)
-TRAIN_KEYS = ("model", "train", "faithful", "rope_base")
-COLLECTIONS = {
-    "run": "results/synthetic",
-    "deposit_study": "results/synthetic/deposit_study",
-    "regime_study": "results/synthetic/regime_study",
-    "decisive_study": "results/synthetic/decisive_study",
-}
+# the collections: `run` (make run) and the named targets' studies (their folders: posgen.paths)
+COLLECTIONS = ("run", "deposit_study", "regime_study", "decisive_study")
 _PARTIAL = re.compile(r"partial-rope-(\d+|all)$")
 
 
@@ -100,16 +94,11 @@ def collection(synthetic: dict, which: str) -> list[str]:
     return list(synthetic[which])
 
 
-def train_options(options: dict) -> dict:
-    """The options a training job reads, keys sorted (Snakemake compares params as text)."""
-    picked = {key: options[key] for key in TRAIN_KEYS}
-    return _sorted(picked)
-
-
 def _sorted(value):
+    """``value`` with every dict's keys sorted (Snakemake compares params as text)."""
     if isinstance(value, dict):
         return {key: _sorted(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [_sorted(v) for v in value]
     return value
 
@@ -138,3 +127,181 @@ def check(synthetic: dict) -> None:
                 raise ExperimentError(
                     f"config.synthetic.experiments.{name}.rope_heads: {k} not in 0..{model['n_heads']} (n_heads)"
                 )
+
+
+# ------------------------------------------------------------------------------------------- job options
+# What a task's data job (TaskOptions), a training job (TrainOptions) and an analysis job (AnalysisOptions) read,
+# as frozen values built in one place from an experiment's resolved settings. A rule passes each option as a param
+# of its own (``params()``, plain values, as the first paper's rules pass config leaves); the job rebuilds the
+# value with ``of_params``. ``hashed()``: the nested form a job's config hash covers (posgen.workflow.synthetic).
+
+# an experiment's settings a training job reads (its config hash covers exactly these)
+MODEL_KEYS = ("n_layers", "n_heads", "d_model", "d_ff", "dropout")
+SCHEDULE_KEYS = (
+    "epochs",
+    "batch_size",
+    "lr",
+    "weight_decay",
+    "warmup_fraction",
+    "betas",
+    "ignore_index",
+    "snapshots",
+    "snapshot_samples",
+    "precision",
+    "ensemble",
+)
+SIZE_KEYS = {
+    "distance": ("n_samples", "max_side", "max_middle"),
+    "count": ("n_samples", "seq_len", "n_triggers", "max_count"),
+}
+DATA_KEYS = ("data_seed", "vocab_size", "test_fraction")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassifierShape:
+    """An encoder classifier's size (config ``synthetic.model``)."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    d_ff: int
+    dropout: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """How a classifier trains (config ``synthetic.train``): AdamW with warm-up then cosine decay
+    (docs/method.md section 8.3)."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    warmup_fraction: float
+    betas: tuple[float, float]
+    ignore_index: int | None
+    snapshots: tuple[float, ...]
+    snapshot_samples: int
+    precision: str
+    ensemble: bool
+
+    def __post_init__(self):
+        # config lists become tuples (hashable); the values stay as written, which the config hash reads
+        object.__setattr__(self, "betas", tuple(self.betas))
+        object.__setattr__(self, "snapshots", tuple(self.snapshots))
+
+    @property
+    def loss_ignore_index(self) -> int:
+        """The label left out of the loss: -100 (none) unless ``ignore_index`` names one."""
+        return -100 if self.ignore_index is None else int(self.ignore_index)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainOptions:
+    """What one training job reads: the classifier's size, its schedule, faithful mode and the RoPE base."""
+
+    model: ClassifierShape
+    train: Schedule
+    faithful: bool
+    rope_base: float
+
+    @classmethod
+    def of_experiment(cls, options: dict) -> TrainOptions:
+        """From an experiment's resolved settings (posgen.experiments.resolve)."""
+        return cls(
+            model=ClassifierShape(**{key: options["model"][key] for key in MODEL_KEYS}),
+            train=Schedule(**{key: options["train"][key] for key in SCHEDULE_KEYS}),
+            faithful=bool(options["faithful"]),
+            rope_base=options["rope_base"],
+        )
+
+    def hashed(self) -> dict:
+        """The nested form, keys sorted, the job's config hash covers."""
+        return _sorted(
+            {
+                "model": dataclasses.asdict(self.model),
+                "train": dataclasses.asdict(self.train),
+                "faithful": self.faithful,
+                "rope_base": self.rope_base,
+            }
+        )
+
+    def params(self) -> dict:
+        """Every option as a param of its own (the model's and the schedule's keys do not overlap)."""
+        nested = self.hashed()
+        return {**nested["model"], **nested["train"], "faithful": self.faithful, "rope_base": self.rope_base}
+
+    @classmethod
+    def of_params(cls, params) -> TrainOptions:
+        """From a rule's params (a mapping holding every key of :meth:`params`)."""
+        return cls(
+            model=ClassifierShape(**{key: params[key] for key in MODEL_KEYS}),
+            train=Schedule(**{key: params[key] for key in SCHEDULE_KEYS}),
+            faithful=bool(params["faithful"]),
+            rope_base=params["rope_base"],
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AnalysisOptions:
+    """What one analysis job reads: the test samples of the single-head ablation (None: every one) and of the
+    Toeplitz view of the logits."""
+
+    ablation_samples: int | None
+    toeplitz_samples: int
+
+    @classmethod
+    def of_experiment(cls, options: dict) -> AnalysisOptions:
+        return cls(ablation_samples=options["ablation_samples"], toeplitz_samples=options["toeplitz_samples"])
+
+    of_params = of_experiment
+
+    def hashed(self) -> dict:
+        return _sorted(dataclasses.asdict(self))
+
+    params = hashed
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """What one task data job reads: the task, its generator sizes, the vocabulary, the test share and the seed."""
+
+    task: str
+    data_seed: int
+    vocab_size: int
+    test_fraction: float
+    sizes: tuple[tuple[str, int], ...]  # (key, value) of SIZE_KEYS[task], keys sorted
+
+    @classmethod
+    def of_experiment(cls, options: dict, task: str) -> TaskOptions:
+        """Task ``task`` of an experiment's resolved settings (its own sizes, where it sets them)."""
+        if task not in SIZE_KEYS:
+            raise ValueError(f"task {task!r}: not one of {', '.join(SIZE_KEYS)}")
+        sizes = tuple((key, options[task][key]) for key in sorted(SIZE_KEYS[task]))
+        return cls(task, *(options[key] for key in DATA_KEYS), sizes=sizes)
+
+    @property
+    def size(self) -> dict:
+        return dict(self.sizes)
+
+    def section(self) -> dict:
+        """The settings as the ``synthetic`` section holds them, what :func:`posgen.synthetic.tasks.make_task`
+        reads."""
+        return {"vocab_size": self.vocab_size, "test_fraction": self.test_fraction, self.task: self.size}
+
+    def params(self) -> dict:
+        """Every option as a param of its own: the task, the data settings and the sizes of both tasks (None for
+        the keys this task lacks), so that every data job's rule has the same params."""
+        every = sorted({key for keys in SIZE_KEYS.values() for key in keys})
+        return {
+            "task": self.task,
+            **{key: getattr(self, key) for key in DATA_KEYS},
+            **dict.fromkeys(every),
+            **self.size,
+        }
+
+    @classmethod
+    def of_params(cls, params) -> TaskOptions:
+        task = params["task"]
+        sizes = tuple((key, params[key]) for key in sorted(SIZE_KEYS[task]))
+        return cls(task, *(params[key] for key in DATA_KEYS), sizes=sizes)

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from posgen.paths import RESULTS
+
 
 class StoreError(OSError):
     """A posgen file that cannot be read (missing, truncated, failing its checksum or its digest), as one line
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
         description="List the posgen files made from an older version of one of their inputs, directly or through "
         "another file, and the command that remakes them.",
     )
-    parser.add_argument("paths", nargs="*", default=["results"], help="files or folders (default: results)")
+    parser.add_argument("paths", nargs="*", default=[RESULTS], help=f"files or folders (default: {RESULTS})")
     parser.add_argument(
         "--settle-unchanged",
         action="store_true",

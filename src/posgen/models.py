@@ -445,3 +445,15 @@ def _dispatch(model):
 def input_device(model) -> torch.device:
     """Where a model's inputs go: the device of its first parameter (the embeddings under ``device_map``)."""
     return next(model.parameters()).device
+
+
+def get_model_step(job) -> None:
+    """Rule get_model's job (a :class:`posgen.workflow.job.StepJob`): the models entry's source acquired beside
+    its manifest; a checkpoint series (trajectory.models) one step<N> folder per revision."""
+    entry = job.params["entry"]
+    options = dict(trust_remote_code=entry["trust_remote_code"], allow_pickle=entry["allow_pickle"])
+    dest = Path(job.output["manifest"]).parent
+    if entry.get("revisions"):
+        acquire_series(entry["source"], entry["revisions"], dest, **options)
+    else:
+        acquire(entry["source"], dest, **options)

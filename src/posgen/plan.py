@@ -47,21 +47,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posgen.config import schema_default, schema_defaults
+from posgen.numerics import TOKEN_BLOCK
+from posgen.paths import MODELS_DIR
 from posgen.rates import Rates, device_rates, gpu_report
 from posgen.shapes import SHAPES
-from posgen.workflow import (
-    GPU_RULES,
-    MODEL_JOB_RULES,
-    MODELS_DIR,
-    parse_shard,
-    planned_rules,
-    rule_shards,
-    rule_windows,
-    step_variants,
-)
+from posgen.workflow.sharding import parse_shard, rule_shards, rule_windows
+from posgen.workflow.steps import GPU_RULES, MODEL_JOB_RULES, planned_rules, step_variants
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-RAGGED_COLUMNS = 32  # masked_moments' token block: the explicit key columns per query row
 CG_STEPS = 20  # Method B's conjugate gradients per sink (15-25 measured)
 CG_PASSES = 40  # passes over the unknowns per step (posgen.decomposition.design.AdditiveDesign.normal)
 CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
@@ -199,7 +192,7 @@ def _n_delta(n_tokens: int, window: int) -> int:
 def moments_flops(shape: Shape, n_tokens: int, n_distances: int, window: int = 0) -> float:
     """masked_moments of one (window, layer), float64: Gram matrices and key-side products, ragged columns."""
     H, Hkv, d, T = shape.n_heads, shape.n_kv_heads, shape.head_dim, n_tokens
-    C = RAGGED_COLUMNS * (3 if window else 1)
+    C = TOKEN_BLOCK * (3 if window else 1)
     k = 3 + n_distances  # key sets [x | f | phi] and every g_D
     return (26 * H + 2 * Hkv) * T * d * d + 2 * H * T * C * d * k + 2 * H * T * C * k * k
 
@@ -307,7 +300,7 @@ def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
     T, H, d = n_tokens, shape.n_heads, shape.head_dim
     method_b = 12 * H * 3 * T * 8  # the conjugate gradients' vectors and the FFT sums
     h = H // shape.n_kv_heads
-    grams = 3 * (T // RAGGED_COLUMNS + 1) * h * (2 * d) ** 2 * 8  # one KV head's query Grams and sums
+    grams = 3 * (T // TOKEN_BLOCK + 1) * h * (2 * d) ** 2 * 8  # one KV head's query Grams and sums
     operands = (H + shape.n_kv_heads) * T * d * 8 * 8  # rotated q/k, keys [x | f | phi | g] in float64
     block = 2**28 if device == "gpu" else 2**20
     return method_b + grams + operands + 8 * block * 4

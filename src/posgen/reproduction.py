@@ -24,6 +24,7 @@ from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
+from posgen.workflow.job import listed
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -374,3 +375,25 @@ def write_reproduction(
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table
+
+
+def reproduction_step(job) -> None:
+    """Rule reproduction's job (a :class:`posgen.workflow.job.StepJob`); the deposit study's summary and
+    per-classifier table where a run has built them."""
+    i, o = job.input, job.output
+    study = listed(i.get("study_summary", []))
+    write_reproduction(
+        i["summary"],
+        o["csv"],
+        o["md"],
+        i["synthetic_summary"],
+        o["synthetic_csv"],
+        study_summary_csv=study[0] if study else None,
+        synthetic_classifiers_csv=i["synthetic_classifiers"],
+        study_classifiers_csv=study[1] if study else None,
+        bands_paths=listed(i["bands"]),
+        perturb_paths=listed(i["perturb"]),
+        cap_paths=listed(i["cap"]),
+        block_swap_paths=listed(i["block_swap"]),
+        config_hash=job.params["config_hash"],
+    )

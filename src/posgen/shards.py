@@ -75,3 +75,8 @@ def gather(paths, out_path: str | Path) -> xr.Dataset:
         p.close()
     write_netcdf(out, out_path)
     return out
+
+
+def gather_step(job) -> None:
+    """Rule gather's job (a :class:`posgen.workflow.job.StepJob`): the shards' table merged into one."""
+    gather(job.input["shards"], job.output["table"])

@@ -18,8 +18,8 @@ from posgen.decomposition import decompose_store
 from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.extract import default_options, extract
 from posgen.llm.fused import Analysis
-from posgen.model_job import ModelJob
 from posgen.store import open_dataset
+from posgen.testing.tiny import tiny_job
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -55,7 +55,7 @@ def test_readme_example_gives_the_workflows_numbers(tmp_path, monkeypatch, capsy
         decomposition_path=tmp_path / "fused" / "decomposition.nc",
         bands_path=tmp_path / "fused" / "bands.nc",
     )
-    job = ModelJob(model_dir, tmp_path / "windows.h5", tmp_path / "qk.h5", "smollm2-135m", "trained", "float32", "cpu")
+    job = tiny_job(model_dir, tmp_path / "windows.h5", tmp_path / "qk.h5", model="smollm2-135m")
     extract(job, **default_options(), analysis=analysis)
     decompose_store(tmp_path / "qk.h5", tmp_path / "store.nc", DecompositionOptions(**decomposition), progress=False)
 
@@ -116,7 +116,7 @@ def test_ablate_heads_is_the_head_ablation_job_and_draws(tiny_source, tmp_path):
 
     write_windows(windows.copy(), tmp_path / "windows.h5")
     decomposition.to_netcdf(tmp_path / "decomposition.nc", engine="h5netcdf")
-    job = ModelJob(folder, tmp_path / "windows.h5", tmp_path / "head_ablation.nc", "tiny", "trained", "float32", "cpu")
+    job = tiny_job(folder, tmp_path / "windows.h5", tmp_path / "head_ablation.nc")
     # every job option of the section (random_init chooses the workflow's variants, not a job's work)
     job_keys = set(schema_defaults("head_ablation")) - {"random_init"}
     options = {**schema_defaults("head_ablation", job_keys), "n_samples": 2, "seq_len": 16, "probe_period": 4}

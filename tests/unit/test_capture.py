@@ -8,9 +8,9 @@ from posgen import rope
 from posgen.corpus import cut_windows, load_text
 from posgen.llm.capture import BACKEND, Capture
 from posgen.llm.extract import SelfCheckError, default_options, extract, verify_logits
-from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, read_rope, write_netcdf
+from posgen.testing.tiny import tiny_job
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma3"])
@@ -24,14 +24,12 @@ def extracted(request, tiny_source, tmp_path_factory):
     out = {}
     for variant in ["trained", "random-seed0"]:
         extract(
-            ModelJob(
+            tiny_job(
                 model_dir,
                 tmp / "windows.h5",
                 tmp / f"{variant}.h5",
                 model=arch,
                 variant=variant,
-                dtype="float32",
-                device="cpu",
             ),
             **default_options(ref_samples=[0, 2], ref_layers=[0, -1]),
         )
@@ -113,14 +111,12 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
     assert not np.allclose(out["trained"]["q"].values, out["random-seed0"]["q"].values)
     np.testing.assert_array_equal(out["trained"]["token_id"].values, out["random-seed0"]["token_id"].values)
     extract(
-        ModelJob(
+        tiny_job(
             model_dir,
             tmp / "windows.h5",
             tmp / "again.h5",
             model=arch,
             variant="random-seed0",
-            dtype="float32",
-            device="cpu",
         ),
         **default_options(),
     )
@@ -149,14 +145,12 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
     monkeypatch.setattr("posgen.llm.extract.verify_logits", broken)
     with pytest.raises(SelfCheckError):
         extract(
-            ModelJob(
+            tiny_job(
                 model_dir,
                 tmp / "windows.h5",
                 tmp / "broken.h5",
                 model=arch,
                 variant="trained",
-                dtype="float32",
-                device="cpu",
             ),
             **default_options(),
         )

@@ -5,7 +5,7 @@ import yaml
 
 from posgen.config import ConfigError, config_hash, job_hash, leaf, load, schema_defaults, validate
 from posgen.testing.runs import ROOT
-from posgen.workflow import STEP_LEAVES, leaves, step_leaves
+from posgen.workflow.steps import STEPS, leaves, step_leaves
 
 BASE = yaml.safe_load((ROOT / "config.yaml").read_text())
 
@@ -132,11 +132,11 @@ def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defau
     from posgen.llm.extract import OPTIONS, extract
 
     config = validate(copy.deepcopy(BASE))
-    for step in STEP_LEAVES:
+    for step in STEPS:
         for path in step_leaves(step, config).values():
             leaf(config, path)  # every leaf a step reads exists once the schema's defaults are filled in
-    assert set(step_leaves("extract", config)) >= set(STEP_LEAVES["decompose"])  # the fused path
-    assert set(OPTIONS) <= set(STEP_LEAVES["extract"])
+    assert set(step_leaves("extract", config)) >= set(STEPS["decompose"].leaves)  # the fused path
+    assert set(OPTIONS) <= set(STEPS["extract"].leaves)
     required = {n for n, p in inspect.signature(extract).parameters.items() if p.default is inspect.Parameter.empty}
     assert set(OPTIONS) <= required
     assert schema_defaults("decomposition", ["bound_samples"]) == {"bound_samples": 2}

@@ -565,22 +565,20 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
     """A tiny Gemma 3 (sliding window 16 on layers 0 and 1, layer 2 global) through extraction and decomposition."""
     from posgen.corpus import cut_windows, load_text
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
     from posgen.models import acquire, load_model
     from posgen.store import open_dataset, write_netcdf
+    from posgen.testing.tiny import tiny_job
 
     acquire(f"local:{tiny_source('gemma3')}", tmp_path / "model")
     _, tokenizer, _ = load_model(tmp_path / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 40, 0, "embedded"), tmp_path / "windows.h5")
     extract(
-        ModelJob(
+        tiny_job(
             tmp_path / "model",
             tmp_path / "windows.h5",
             tmp_path / "qk.h5",
             model="g",
             variant="trained",
-            dtype="float32",
-            device="cpu",
         ),
         **default_options(),
     )

@@ -14,10 +14,9 @@ from posgen.decomposition import decompose_store
 from posgen.decomposition.options import DecompositionOptions
 from posgen.llm import families
 from posgen.llm.extract import TransparencyError, default_options, extract
-from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
-from posgen.testing.tiny import corpus_tokenizer, make_tiny
+from posgen.testing.tiny import corpus_tokenizer, make_tiny, tiny_job
 
 # arch: (rope_layout per attention layer, rotary_dims per layer, model layer index of each)
 SUPPORTED = {
@@ -81,7 +80,13 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     model_dir = _model(workspace, arch)
     qk = tmp / arch / "qk.h5"
     report = extract(
-        ModelJob(model_dir, tmp / "windows.h5", qk, model=arch, variant="trained", dtype="float32", device="cpu"),
+        tiny_job(
+            model_dir,
+            tmp / "windows.h5",
+            qk,
+            model=arch,
+            variant="trained",
+        ),
         **default_options(check_tokens=0),
     )
     ds = open_dataset(qk, lazy=False)
@@ -160,14 +165,12 @@ def test_unsupported_family_is_refused_in_one_line_before_extraction(workspace, 
     model_dir = _model(workspace, arch)
     with pytest.raises(families.UnsupportedModelError) as err:
         extract(
-            ModelJob(
+            tiny_job(
                 model_dir,
                 tmp / "windows.h5",
                 tmp / arch / "qk.h5",
                 model=arch,
                 variant="trained",
-                dtype="float32",
-                device="cpu",
             ),
             **default_options(),
         )
@@ -191,14 +194,12 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
     monkeypatch.setattr("posgen.llm.capture._eager_forward", drops_sinks)
     with pytest.raises(TransparencyError, match=r"^transparency check failed for GptOssForCausalLM: .* by \d"):
         extract(
-            ModelJob(
+            tiny_job(
                 model_dir,
                 tmp / "windows.h5",
                 tmp / "broken.h5",
                 model="gpt-oss",
                 variant="trained",
-                dtype="float32",
-                device="cpu",
             ),
             **default_options(),
         )

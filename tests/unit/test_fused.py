@@ -12,12 +12,12 @@ from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.bands import band_stats
 from posgen.llm.extract import default_options, extract
 from posgen.llm.fused import Analysis
-from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 from posgen.testing.qk_store import toy_rope, write_qk_store
-from posgen.workflow import parse_shard, shard_names, shard_of, shard_ranges
+from posgen.testing.tiny import tiny_job
+from posgen.workflow.sharding import parse_shard, shard_names, shard_of, shard_ranges
 
 DECOMPOSITION = {
     "dummy_distances": [0, 8, 100],
@@ -55,8 +55,8 @@ def both_paths(request, tiny_source, tmp_path_factory):
     _, tokenizer, _ = load_model(tmp / "model")
     windows = cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded", n_heldout=N_HELDOUT)
     write_netcdf(windows, tmp / "windows.h5")
-    common = {"model": arch, "variant": "trained", "dtype": "float32", "device": "cpu"}
-    extract(ModelJob(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
+    common = {"model": arch}
+    extract(tiny_job(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
     decompose_store(
         tmp / "store" / "qk.h5",
         tmp / "store" / "decomposition.nc",
@@ -73,7 +73,7 @@ def both_paths(request, tiny_source, tmp_path_factory):
             bands_path=out / "bands.nc",
         )
         extract(
-            ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
+            tiny_job(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
             **default_options(),
             keep_qk=1,
             analysis=analysis,
@@ -122,8 +122,8 @@ def test_the_held_out_mean_key_is_the_mean_over_the_held_out_windows(both_paths)
     ids = windows["heldout_token_id"].values  # (heldout, token)
     held = xr.Dataset({"token_id": (("sample", "token"), ids)}, coords={"sample": np.arange(len(ids))})
     write_netcdf(held, tmp / "held.h5")
-    common = {"model": "m", "variant": "trained", "dtype": "float32", "device": "cpu"}
-    extract(ModelJob(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), **default_options())
+    common = {"model": "m"}
+    extract(tiny_job(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), **default_options())
     keys = open_dataset(tmp / "held" / "qk.h5", lazy=False)["k"].values  # (sample, layer, kv_head, T, d)
     np.testing.assert_allclose(store["k_heldout_mean"].values, keys.mean(0), rtol=1e-5, atol=1e-6)
     for shard in shards:
@@ -179,9 +179,9 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
     acquire(f"local:{tiny_source('llama')}", tmp_path / "model")
     _, tokenizer, _ = load_model(tmp_path / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 320, 0, "embedded"), tmp_path / "windows.h5")
-    common = {"model": "llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    common = {"model": "llama"}
     options = default_options(ref_layers=[], check_tokens=64)
-    report = extract(ModelJob(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", **common), **options)
+    report = extract(tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", **common), **options)
     assert report["self_check_max_rel_error"] < 1e-4
     with open_dataset(tmp_path / "qk.h5", lazy=False) as ds:
         assert ds.sizes["token"] == 320 and ds.sizes["ref_layer"] == 0
@@ -193,7 +193,7 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
         bands_path=tmp_path / "bands.nc",
     )
     extract(
-        ModelJob(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "fused-qk.h5", **common),
+        tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "fused-qk.h5", **common),
         **options,
         keep_qk=0,
         analysis=analysis,
@@ -205,14 +205,14 @@ def test_the_first_token_control_changes_the_first_key_and_is_recorded(both_path
     """first_token mean-embedding (a models entry's key) passes the self-check (the model's own logits come from the same
     controlled pass), is recorded in qk.h5 and in the decomposition it feeds, and changes the first key."""
     tmp, _ = both_paths
-    common = {"model": "m", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    common = {"model": "m"}
     out = tmp / "control"
     analysis = Analysis(
         OPTIONS,
         decomposition_path=out / "decomposition.nc",
         bands_path=out / "bands.nc",
     )
-    job = ModelJob(tmp / "model", tmp / "windows.h5", out / "qk.h5", **common)
+    job = tiny_job(tmp / "model", tmp / "windows.h5", out / "qk.h5", **common)
     report = extract(job, **default_options(), first_token="mean-embedding", analysis=analysis)
     assert report["self_check_max_rel_error"] < 1e-4
     control = open_dataset(out / "qk.h5", lazy=False)

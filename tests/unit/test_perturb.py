@@ -11,10 +11,10 @@ from posgen.llm.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distance
 from posgen.llm.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.llm.method_a import Terms, matched_pairs, method_a_terms
 from posgen.llm.perturb import cap_job, perturb_job, run_caps, run_perturbations
-from posgen.model_job import ModelJob
 from posgen.models import acquire, load_model
 from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
+from posgen.testing.tiny import tiny_job
 
 T = 40
 
@@ -377,14 +377,12 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
 
     def job(out, samples=None):
         windows = tmp_path / "windows.h5"
-        return ModelJob(
+        return tiny_job(
             model_dir,
             windows,
             out,
             model="tiny",
             variant="random-seed0",
-            dtype="float32",
-            device="cpu",
             samples=samples,
             config_hash="abc",
         )

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from posgen import plan, workflow
+from posgen import plan
 from posgen.config import load
 from posgen.shapes import SHAPES, parameter_count, shape_config
 from posgen.testing.runs import ROOT
+from posgen.workflow import sharding, steps
 
 SMOLLM2 = plan.Shape.from_dict(SHAPES["smollm2-135m"])
 LLAMA8B = plan.Shape.from_dict(SHAPES["llama-3.1-8b"])
@@ -79,7 +80,7 @@ def test_forward_flops_of_llama_8b():
 def test_job_resources_are_sane_and_monotone(tiny_source):
     cfg = small_config()
     tiny = plan.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
-    for rule in workflow.MODEL_JOB_RULES:
+    for rule in steps.MODEL_JOB_RULES:
         for device in ("cpu", "gpu"):
             small = plan.job_resources(rule, tiny, cfg, 4, 1, device)
             big = plan.job_resources(rule, SMOLLM2, cfg, 4, 1, device)
@@ -95,7 +96,7 @@ def test_job_resources_are_sane_and_monotone(tiny_source):
     four = plan.job_resources("extract", LLAMA8B, paper, 4, 1, "gpu")
     assert 16_000 < one["gpu_mem_mb"] < 80_000, one
     assert four["gpu_mem_mb"] == one["gpu_mem_mb"]  # one window at a time
-    for rule in workflow.MODEL_JOB_RULES:  # the estimate; the runtime ask has a 10-minute floor
+    for rule in steps.MODEL_JOB_RULES:  # the estimate; the runtime ask has a 10-minute floor
         for device in ("cpu", "gpu"):
             four = plan.job_cost(rule, LLAMA8B, paper, (0, 4), device).seconds
             assert four > plan.job_cost(rule, LLAMA8B, paper, (0, 1), device).seconds, (rule, device)
@@ -130,8 +131,8 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
 
     from posgen.corpus import write_windows
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
     from posgen.models import acquire
+    from posgen.testing.tiny import tiny_job
 
     model_dir = tmp_path / "model"
     acquire(f"local:{tiny_source('llama')}", model_dir)
@@ -142,7 +143,13 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     coords = {"sample": np.arange(n), "token": np.arange(T)}
     write_windows(xr.Dataset({"token_id": (("sample", "token"), ids)}, coords=coords), windows)
     out = tmp_path / "qk.h5"
-    job = ModelJob(model_dir, windows, out, model="tiny", variant="trained", dtype="float32", device="cpu")
+    job = tiny_job(
+        model_dir,
+        windows,
+        out,
+        model="tiny",
+        variant="trained",
+    )
     extract(job, **default_options(transparency_tokens=16, check_tokens=16))
     cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
     cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
@@ -170,8 +177,8 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         **plan.job_resources("head_ablation", SMOLLM2, cfg, 2, 1, "gpu"),
         "gpu": 2,
     }
-    assert workflow.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
-    assert workflow.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
+    assert sharding.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
+    assert sharding.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
     assert "gpu" not in plan.resource_names("bands")

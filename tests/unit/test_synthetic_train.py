@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from posgen.schedule import warmup_cosine
 from posgen.synthetic.ensemble import Ensemble
 from posgen.synthetic.model import Classifier, batch_tokens
 from posgen.synthetic.pe import PES
@@ -17,7 +18,6 @@ from posgen.synthetic.train import (
     accuracy,
     batch_plan,
     load_split,
-    lr_factor,
     train,
     train_ensemble,
     used_lengths,
@@ -69,7 +69,7 @@ def test_a_step_reads_nothing_back_to_the_host(pe, members, monkeypatch):
     ensemble = Ensemble(models)
     ensemble.train()
     optimizer = torch.optim.AdamW(ensemble.params.values(), lr=1e-3, fused=True)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, 10, 2))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, 10, 2))
     x = torch.stack([tokens[:16]] * members)  # (E, B, T)
     y = torch.stack([labels[:16]] * members)
 
@@ -204,6 +204,6 @@ def test_steps_and_epochs_count_as_before():
         **TRAINING,
     )
     assert len(curves["train_loss"]) == 2 and sorted(curves["snapshots"]) == [0, 3, 10**6]
-    assert curves["lr_factor"][-1] == lr_factor(
+    assert curves["lr_factor"][-1] == warmup_cosine(
         2 * math.ceil(len(train_set[1]) / 32) - 1, 2 * math.ceil(len(train_set[1]) / 32), 1
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from posgen.claims import Outcome, exceeds, overall, t_interval
+from posgen.experiments import TaskOptions, TrainOptions
 from posgen.integrity import StoreError
 from posgen.store import open_dataset
 from posgen.synthetic.bayes import distance_bayes_accuracy, position_free_bayes
@@ -269,19 +270,22 @@ TINY_OPTIONS = {
         "snapshots": [0.5],
         "snapshot_samples": 8,
         "precision": "float32",
+        "ensemble": False,
     },
     "faithful": False,
     "rope_base": 10000.0,
 }
+TINY_TASK = TaskOptions.of_experiment(TINY_OPTIONS, "distance")
+TINY_TRAIN = TrainOptions.of_experiment(TINY_OPTIONS)
 
 
 def test_a_training_job_gives_identical_weights_twice(tmp_path):
     data = tmp_path / "distance.nc"
-    write_task("distance", TINY_OPTIONS, 0, data)
+    write_task(TINY_TASK, data)
     states = []
     for run in range(2):
         paths = {3: (tmp_path / f"{run}.pt", tmp_path / f"{run}.nc")}
-        (curves,) = train_job(data, paths, pe="rope", options=TINY_OPTIONS)
+        (curves,) = train_job(data, paths, pe="rope", options=TINY_TRAIN)
         assert curves.attrs["threads"] == torch.get_num_threads() and curves.attrs["train_steps"] == 12
         states.append(torch.load(tmp_path / f"{run}.pt", weights_only=True)["state_dict"])
     for name, value in states[0].items():
@@ -294,9 +298,9 @@ def test_a_training_job_gives_identical_weights_twice(tmp_path):
 def two_seeds(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkpoints")
     data = root / "distance.nc"
-    write_task("distance", TINY_OPTIONS, 0, data)
+    write_task(TINY_TASK, data)
     paths = {seed: (root / f"seed{seed}.pt", root / f"seed{seed}.nc") for seed in (0, 1)}
-    train_job(data, paths, pe="alibi", options=TINY_OPTIONS, experiment="clean")
+    train_job(data, paths, pe="alibi", options=TINY_TRAIN, experiment="clean")
     return root
 
 

@@ -29,21 +29,19 @@ from posgen.testing.runs import make_run
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
+    from posgen.testing.tiny import tiny_job
 
     tmp = tmp_path_factory.mktemp("reliability")
     acquire(f"local:{tiny_source('llama')}", tmp / "model")
     _, tokenizer, _ = load_model(tmp / "model")
     write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
     extract(
-        ModelJob(
+        tiny_job(
             tmp / "model",
             tmp / "windows.h5",
             tmp / "qk.h5",
             model="tiny",
             variant="trained",
-            dtype="float32",
-            device="cpu",
         ),
         **default_options(),
     )

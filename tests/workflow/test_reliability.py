@@ -245,12 +245,12 @@ setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))],
                       rule="extract"), uses_torch=True)
 import posgen.llm.extract
 from posgen.llm.extract import default_options, extract
-from posgen.model_job import ModelJob
+from posgen.testing.tiny import tiny_job
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
 _tqdm = posgen.llm.extract.tqdm
 posgen.llm.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
-extract(ModelJob({model!r}, {windows!r}, out, model="tiny", variant="trained", dtype="float32", device="cpu"), **default_options())
+extract(tiny_job({model!r}, {windows!r}, out), **default_options())
 """
 
 
@@ -259,14 +259,18 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     import torch
 
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
+    from posgen.testing.tiny import tiny_job
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         extract(
-            ModelJob(
-                tmp / "model", tmp / "windows.h5", out, model="tiny", variant="trained", dtype="float32", device="cpu"
+            tiny_job(
+                tmp / "model",
+                tmp / "windows.h5",
+                out,
+                model="tiny",
+                variant="trained",
             ),
             **default_options(),
         )

@@ -16,7 +16,7 @@ import yaml
 from PIL import Image
 
 from posgen.config import variants as config_variants
-from posgen.figure_table import FIGURES
+from posgen.workflow.figures import of_group
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WINDOW = (1400, 1000)
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="chromium is
 def expected_figures(config: dict, name: str | None = None) -> list[str]:
     """The PNGs of every figure of the table (or of figure ``name``) for ``config``'s models and variants."""
     values = {"model": [m["name"] for m in config["models"]], "variant": config_variants(config)}
-    return [path for row in FIGURES.values() if name in (None, row.name) for path in row.paths(values)]
+    return [path for row in of_group("all") if name in (None, row.name) for path in row.paths(values)]
 
 
 def report_json(html: str, var: str) -> dict:
@@ -132,7 +132,7 @@ def test_report_lists_every_figure_with_caption(report):
     assert "results/reproduction.csv" in results
     filed = {p for sub in categories.values() for paths in sub.values() for p in paths}
     assert set(expected) <= filed  # each figure sits in a category of the menu
-    for row in FIGURES.values():  # the one its table row names
+    for row in of_group("all"):  # the one its table row names
         in_category = {p for paths in categories[row.category].values() for p in paths}
         assert set(expected_figures(config, row.name)) <= in_category, row.name
     for path in expected:

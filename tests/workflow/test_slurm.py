@@ -30,7 +30,7 @@ from slurm_cluster import PARTITION, SlurmCluster, missing_requirements
 from posgen.testing.faults import ENV as FAIL_ONCE_ENV
 from posgen.testing.faults import InjectedFailure, fail_once
 from posgen.testing.runs import ROOT, SNAKEMAKE, make_run
-from posgen.workflow import GPU_RULES
+from posgen.workflow.steps import GPU_RULES
 
 PROFILE = ROOT / "profiles" / "slurm"
 FAIL_RULE = "extract"
@@ -167,7 +167,7 @@ def test_profile_names_real_gpu_rules_and_keeps_acquisition_local(tmp_path):
 def test_paper_config_plans_gpu_jobs_under_slurm_profile(tmp_path):
     from posgen.config import load, model_entry, variants
     from posgen.plan import rule_resources
-    from posgen.workflow import shard_ranges
+    from posgen.workflow.sharding import shard_ranges
 
     paper = load(ROOT / "config.paper.yaml")
     repos = {m["source"].split("@")[0] for m in paper["models"]}

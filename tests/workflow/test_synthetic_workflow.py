@@ -78,8 +78,8 @@ def test_tiny_synthetic_data_matches_its_task_file(synthetic_run):
 
 
 def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
-    from posgen.figure_table import FIGURES as TABLE
-    from posgen.figures.registry import SPECS
+    from posgen.figures.registry import draw
+    from posgen.workflow.figures import FIGURES as TABLE
 
     n_tasks, n_pes = 2, len(TINY_SYNTHETIC["pes"])
     panels = {
@@ -89,11 +89,10 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
         "synthetic_toeplitz": n_tasks,
         "synthetic_probe": n_tasks,
     }
-    assert {name for name in TABLE if name.startswith("synthetic_")} == set(panels)
+    assert {name for name, row in TABLE.items() if name.startswith("synthetic_") and row.group == "all"} == set(panels)
     for name, n_panels in panels.items():
         inputs = {role: [synthetic_run.workdir / path] for role, path in TABLE[name].inputs.items()}
-        data = SPECS[name].loader(inputs, [])
-        fig = SPECS[name].func(data, n_boot=100) if TABLE[name].bootstrap else SPECS[name].func(data)
+        fig = draw(name, inputs, n_boot=100)
         assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == n_panels, name
         # the workflow drew the same figure through its fig_<name> rule
         assert (synthetic_run.workdir / TABLE[name].output("png")).stat().st_size > 5000

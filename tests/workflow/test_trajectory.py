@@ -20,9 +20,10 @@ from posgen.config import ConfigError, init_seed, validate, variant_order, varia
 from posgen.corpus import load_text
 from posgen.llm.bands import low_frequency_share
 from posgen.models import load_model
+from posgen.schedule import warmup_cosine
 from posgen.testing.runs import make_run, tiny_config
-from posgen.trajectory import heatmap_variants
-from posgen.trajectory.train import learning_rate, train_trajectory
+from posgen.trajectory.train import train_trajectory
+from posgen.workflow.figures import heatmap_variants
 
 # small enough to train in a few seconds on one core
 TINY_TRAIN = {
@@ -98,12 +99,13 @@ def test_trajectory_config_errors(tmp_path, entry, rates, message):
 
 
 def test_learning_rate_schedule():
-    peak, warmup, total = 1e-3, 4, 20
-    assert learning_rate(0, peak, warmup, total) == pytest.approx(peak / 4)
-    assert learning_rate(3, peak, warmup, total) == pytest.approx(peak)
-    assert learning_rate(4, peak, warmup, total) == pytest.approx(peak)  # cosine starts at the peak
-    assert learning_rate(12, peak, warmup, total) == pytest.approx(peak / 2)  # halfway through the decay
-    assert learning_rate(20, peak, warmup, total) == pytest.approx(0.0, abs=1e-15)
+    warmup, total = 4, 20
+    assert warmup_cosine(0, total, warmup) == pytest.approx(1 / 4)
+    assert warmup_cosine(3, total, warmup) == pytest.approx(1)
+    assert warmup_cosine(4, total, warmup) == pytest.approx(1)  # cosine starts at the peak
+    assert warmup_cosine(12, total, warmup) == pytest.approx(1 / 2)  # halfway through the decay
+    assert warmup_cosine(20, total, warmup) == pytest.approx(0.0, abs=1e-15)
+    assert warmup_cosine(25, total, warmup) == pytest.approx(0.0, abs=1e-15)  # past the end: no rise again
 
 
 def test_low_frequency_share():

@@ -48,16 +48,16 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     from posgen.llm.bands import band_stats
     from posgen.llm.extract import default_options, extract
     from posgen.llm.perturb import cap_job, perturb_job
-    from posgen.model_job import ModelJob
+    from posgen.testing.tiny import tiny_job
 
     config = load(tiny_workflow.configfile)
     assert config["shards"] == 2 and config["extract"]["analysis"] == "fused"
     work, results = tiny_workflow.workdir, tiny_workflow.workdir / "results" / "tiny-llama"
     model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
     dec, per = config["decomposition"], config["perturb"]
-    common = {"model": "tiny-llama", "variant": "trained", "dtype": "float32", "device": "cpu"}
+    common = {"model": "tiny-llama"}
     extract(
-        ModelJob(model, windows, tmp_path / "qk.h5", **common), **default_options(ref_samples=[0], ref_layers=[0, -1])
+        tiny_job(model, windows, tmp_path / "qk.h5", **common), **default_options(ref_samples=[0], ref_layers=[0, -1])
     )
     want = {
         "decomposition.nc": decompose_store(
@@ -70,14 +70,14 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     }
     options = {"n_samples": per["n_samples"], "seq_len": per["seq_len"], "dummy_distance": dec["dummy_distance"]}
     want["perturb.nc"] = perturb_job(
-        ModelJob(model, windows, tmp_path / "perturb.nc", **common),
+        tiny_job(model, windows, tmp_path / "perturb.nc", **common),
         rates=per["rates"],
         seed=per["seed"],
         jitter=per["jitter"],
         **options,
     )
     want["cap.nc"] = cap_job(
-        ModelJob(model, windows, tmp_path / "cap.nc", **common), distance_caps=per["caps"], **options
+        tiny_job(model, windows, tmp_path / "cap.nc", **common), distance_caps=per["caps"], **options
     )
     for name, expected in want.items():
         got = open_dataset(results / "trained" / name, lazy=False)
@@ -148,7 +148,7 @@ SYNTHETIC_UPSTREAM = {
     "synthetic_analyse",
     "synthetic_train_task_clean",  # the tiny run's clean trains and analyses one job per task
     "synthetic_analyse_task_clean",
-    "synthetic_gather_run",
+    "synthetic_gather",
 }
 
 
@@ -216,7 +216,7 @@ def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_pat
     # besides them: the gathered files, the summary, the figures and tables that read them
     others = {rule for rule, _ in jobs if rule not in ("synthetic_train", "synthetic_analyse")}
     assert others & (UPSTREAM | {"synthetic_tasks"}) == set(), sorted(others)
-    assert {"synthetic_gather_run", "synthetic_summary_run", "reproduction"} <= others
+    assert {"synthetic_gather", "synthetic_summary", "reproduction"} <= others
 
 
 def test_an_ensemble_experiment_trains_each_task_and_pe_once_for_all_its_seeds(tiny_workflow, tmp_path):
@@ -300,7 +300,7 @@ def test_the_embedded_test_config_plans_every_target_without_heavy_packages(tmp_
     `deposit_study` with torch, transformers, xarray, h5py and h5netcdf unimportable; `all` makes every path of
     posgen.workflow.final_outputs."""
     from posgen.config import load
-    from posgen.workflow import final_outputs
+    from posgen.workflow.targets import final_outputs
 
     stubs = tmp_path / "stubs"
     stubs.mkdir()

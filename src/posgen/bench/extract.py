@@ -29,7 +29,7 @@ from posgen.llm.capture import Capture, load_capturing
 from posgen.llm.extract import default_options, extract, verify_logits
 from posgen.llm.families import plain_backend
 from posgen.llm.fused import Analysis
-from posgen.model_job import ModelJob
+from posgen.llm.run import ModelRun
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
 
@@ -110,7 +110,7 @@ def main(argv=None):
         windows_path = Path(tmp) / "windows.h5"
 
         def job(out):
-            return ModelJob(
+            return ModelRun(
                 model_dir, windows_path, out, model="bench", variant="trained", dtype="float32", device="cpu"
             )
 

@@ -97,10 +97,10 @@ def _stage_extract(
     import torch
 
     from posgen.llm.extract import default_options, extract
-    from posgen.model_job import ModelJob
+    from posgen.llm.run import ModelRun
 
     torch.set_num_threads(threads)
-    job = ModelJob(model_dir, windows, out, model="bench", variant=VARIANT, dtype=dtype, device=device)
+    job = ModelRun(model_dir, windows, out, model="bench", variant=VARIANT, dtype=dtype, device=device)
     report = extract(job, **default_options(ref_layers=ref_layers))
     seconds = report["seconds_per_window"]
     return {
@@ -136,7 +136,7 @@ def _stage_fused(
     from posgen.bench.steps import StepTimer
     from posgen.llm.extract import default_options, extract
     from posgen.llm.fused import Analysis
-    from posgen.model_job import ModelJob
+    from posgen.llm.run import ModelRun
 
     torch.set_num_threads(threads)
     out = Path(out)
@@ -145,7 +145,7 @@ def _stage_fused(
     analysis = Analysis(options, decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc")
     with StepTimer(sync=lambda: _synchronize(device)) as timer:
         report = extract(
-            ModelJob(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
+            ModelRun(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
             **default_options(ref_layers=ref_layers),
             keep_qk=0,
             analysis=analysis,

@@ -29,6 +29,7 @@ from torch import nn
 
 from posgen.config import SCHEMA, validate
 from posgen.device import resolve_device
+from posgen.experiments import TrainOptions
 from posgen.synthetic.model import build
 from posgen.synthetic.pe import Rotary
 from posgen.synthetic.tasks import TEST, TRAIN, make_task
@@ -133,7 +134,7 @@ def main(argv=None):
     train_set, test_set = load_split(data, TRAIN, device), load_split(data, TEST, device)
     t = options["train"]
     test_set = tuple(x[: t["batch_size"]] for x in test_set)
-    cfg = model_config(options, data, args.pe)
+    cfg = model_config(TrainOptions.of_experiment(options), data, args.pe)
     n = len(train_set[1])
     dropout = 0.0 if args.dropout is None else args.dropout
     schedule = one_epoch(t)
@@ -266,7 +267,7 @@ def training_rates(
     train_set = tuple(x[:n_train] for x in load_split(data, TRAIN, dev, options["faithful"]))
     warm_set = tuple(x[: 2 * t["batch_size"]] for x in train_set)
     test_set = tuple(x[: t["batch_size"]] for x in load_split(data, TEST, dev, options["faithful"]))
-    cfg = model_config(options, data, pe)
+    cfg = model_config(TrainOptions.of_experiment(options), data, pe)
     schedule = one_epoch(t)
 
     def rate(n_members: int, precision: str) -> float:

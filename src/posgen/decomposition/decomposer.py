@@ -28,6 +28,7 @@ from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, 
 from posgen.decomposition.operands import DRIFT_SET, SHARED_SET, UnitOperands, unit_operands
 from posgen.device import resolve_device
 from posgen.layer_types import used_dummy_distance
+from posgen.numerics import TOKEN_BLOCK
 from posgen.rope_table import LayerRope
 from posgen.stats import pearson_from_sums
 
@@ -57,7 +58,7 @@ class Decomposer:
         device: str = "cpu",
         lstsq_tol: float = LSTSQ_TOL,
         block_elems: int | None = None,
-        block: int = 32,
+        block: int = TOKEN_BLOCK,
         precision: str = "float32",
         bound_rows: int = 0,
     ):

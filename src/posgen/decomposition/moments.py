@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from posgen.decomposition.mask import window_prefix
+from posgen.numerics import TOKEN_BLOCK
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def masked_moments(
     keys: torch.Tensor,
     q0_keys: torch.Tensor,
     window: int,
-    block: int = 32,
+    block: int = TOKEN_BLOCK,
     g_sets: int | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> MaskedMoments:

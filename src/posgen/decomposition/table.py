@@ -179,3 +179,11 @@ def decompose_store(
     ds.close()
     write_netcdf(out, out_path)
     return out
+
+
+def decompose_step(job) -> None:
+    """Rule decompose's job (the store path; a :class:`posgen.workflow.job.StepJob`)."""
+    p = job.params
+    decompose_store(
+        job.input["qk"], job.output["decomposition"], DecompositionOptions.of(p), config_hash=p["config_hash"]
+    )

@@ -4,6 +4,6 @@ axis helpers, the shared loaders); one drawing module per family above it (``llm
 study's, ``trajectory``: training trajectories); ``registry`` on top (figure name -> loader and drawing function,
 and ``render``, which the figure rules run).
 
-Light on purpose: importing this package imports no matplotlib (posgen.figure_table, read at workflow parse time,
+Light on purpose: importing this package imports no matplotlib (posgen.workflow.figures, read at workflow parse time,
 sits beside it); import the modules themselves.
 """

@@ -199,9 +199,19 @@ def by_pe(ds: xr.Dataset) -> xr.Dataset:
     return xr.concat(parts, "pe")
 
 
-def load_gathered(role: str):
-    """Loader of a figure drawn from one gathered file (inputs: role -> [path])."""
-    return lambda inputs, variants: by_pe(open_result(inputs[role][0]))
+def load_training(inputs, variants):
+    """The gathered training.nc, PE by PE."""
+    return by_pe(open_result(inputs["training"][0]))
+
+
+def load_ablation(inputs, variants):
+    """The gathered ablation.nc, PE by PE."""
+    return by_pe(open_result(inputs["ablation"][0]))
+
+
+def load_toeplitz(inputs, variants):
+    """The gathered toeplitz.nc, PE by PE."""
+    return by_pe(open_result(inputs["toeplitz"][0]))
 
 
 def load_probe(inputs, variants) -> pd.DataFrame:

@@ -133,3 +133,8 @@ def band_shares(path) -> dict[str, float]:
         shares[f"low_share_{side}"] = float(np.nanmean(low_frequency_share(var, theta)))
     bands.close()
     return shares
+
+
+def bands_step(job) -> None:
+    """Rule bands' job (the store path; a :class:`posgen.workflow.job.StepJob`)."""
+    band_stats(job.input["qk"], job.output["bands"], config_hash=job.params["config_hash"])

@@ -190,3 +190,9 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def block_swap_step(job):
+    """Rule block_swap's job (a :class:`posgen.workflow.job.StepJob`)."""
+    i = job.input
+    return block_swap_job(i["qk"], i["decomposition"], job.output["block_swap"], job.params["config_hash"])

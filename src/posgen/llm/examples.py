@@ -176,3 +176,17 @@ def examples_job(qk_path, decomposition_path, out_path, options: dict | None = N
     ds.attrs.update(provenance(**attrs))
     write_netcdf(ds, out_path)
     return ds
+
+
+def examples_step(job):
+    """Rule examples' job (a :class:`posgen.workflow.job.StepJob`)."""
+    p, w = job.params, job.wildcards
+    return examples_job(
+        job.input["qk"],
+        job.input["decomposition"],
+        job.output["examples"],
+        options={key: p[key] for key in ("sample", "map_tokens", "pool_pairs", "seed")},
+        model=w["model"],
+        variant=w["variant"],
+        config_hash=p["config_hash"],
+    )

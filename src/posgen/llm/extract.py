@@ -18,6 +18,7 @@ replaced by the mean over the vocabulary (:mod:`posgen.llm.first_token`, the fir
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import time
 
@@ -28,10 +29,10 @@ from tqdm.auto import tqdm
 from posgen import rope
 from posgen.config import schema_defaults
 from posgen.corpus import read_windows
-from posgen.llm.capture import Capture, load_capturing
+from posgen.llm.capture import Capture
 from posgen.llm.first_token import first_token_replaced
 from posgen.llm.fused import Analysis
-from posgen.model_job import ModelJob
+from posgen.llm.run import ModelRun
 from posgen.models import manifest_attrs
 from posgen.rope_table import RopeTable
 from posgen.store import QKWriter, carried_attrs
@@ -194,6 +195,13 @@ def reference_layers(ref_samples, ref_layers, n_windows: int, n_layers: int, win
     return sorted({l % n_layers for l in ref_layers})
 
 
+def qk_attrs(run, model, capture: Capture, manifest: dict, windows, **checks) -> dict:
+    """qk.h5's attrs: the model and how it was captured, the windows, the checks' settings and outcomes, the job's
+    config hash."""
+    named = capture_attrs(model, capture, manifest, model_name=run.model, variant=run.variant, dtype=run.dtype)
+    return {**named, **windows_attrs(windows), **checks, "config_hash": run.config_hash}
+
+
 def windows_attrs(windows) -> dict:
     """What qk.h5 carries of the windows file: the corpus and the window draw."""
     return {
@@ -238,8 +246,27 @@ def open_writer(out_path, capture, params, attrs: dict, kept, n_tokens: int, ref
     )
 
 
+def transparency_attrs(model, capture: Capture, token_ids: np.ndarray, n_tokens: int, rtol: float) -> dict:
+    """:func:`transparency_check` on the first ``n_tokens`` of ``token_ids`` (0: all), also the pass on which each
+    layer's RoPE layout is detected; qk.h5's attrs of its outcome."""
+    n_check = min(n_tokens or len(token_ids), len(token_ids))
+    device = next(model.parameters()).device
+    first = torch.from_numpy(np.asarray(token_ids[:n_check]))[None].to(device)
+    error, own = transparency_check(model, capture, first, rtol)
+    return {"transparency_rel_error": error, "transparency_tokens": n_check, "transparency_reference": own}
+
+
+def captured_windows(model, capture: Capture, token_id: np.ndarray, shard, positions, check_samples, label: str):
+    """One forward pass per window of ``shard`` inside a running ``capture``, in order: (global index, q, k, the
+    time its pass started); the model's own logits are kept on ``check_samples`` for the self-check."""
+    for sample in tqdm(shard.tolist(), desc=f"extract {label}", unit="window"):
+        t0 = time.perf_counter()
+        q, k = capture_window(model, capture, token_id[sample], positions, keep_logits=sample in check_samples)
+        yield sample, q, k, t0
+
+
 def extract(
-    job: ModelJob,
+    run: ModelRun,
     *,
     ref_samples,
     ref_layers,
@@ -253,86 +280,92 @@ def extract(
     keep_qk: int | None = None,
     analysis: Analysis | None = None,
 ) -> dict:
-    """Write ``qk.h5`` (``job.out``) for one model variant (the shard ``job.samples`` of its windows); returns
+    """Write ``qk.h5`` (``run.out``) for one model variant (the shard ``run.samples`` of its windows); returns
     timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's);
     each is described in the module docstring.
     """
-    windows_path, out_path, dtype = job.windows, job.out, job.dtype
-    model, _, manifest = load_capturing(
-        job.model_dir, job.variant, dtype=dtype, device=job.device, device_map=job.device_map
-    )
-    windows = read_windows(windows_path)
-    n_windows, n_tokens = windows["token_id"].shape
-    start, stop = job.window_range(n_windows, windows_path)
+    model, _, manifest = run.load()
+    windows = read_windows(run.windows)
     token_id = windows["token_id"].values
+    n_windows, n_tokens = token_id.shape
+    start, stop = run.window_range(n_windows, run.windows)
     shard = np.arange(start, stop)  # global window indices
     kept = shard[shard < keep_qk] if keep_qk is not None else shard
     check_tokens = min(check_tokens or n_tokens, n_tokens)
     capture = Capture(model, ref_layers, check_tokens=check_tokens)
-    ref_layers = reference_layers(ref_samples, ref_layers, n_windows, capture.n_layers, windows_path)
-    # every shard self-checks its first window, so that no job goes unchecked
-    check_samples = set(ref_samples) | {start}
-    rtol = effective_rtol(check_rtol, dtype)
-    device_obj = next(model.parameters()).device
-    positions = torch.arange(n_tokens, device=device_obj)[None]
+    ref_layers = reference_layers(ref_samples, ref_layers, n_windows, capture.n_layers, run.windows)
+    rtol = effective_rtol(check_rtol, run.dtype)
+    device = next(model.parameters()).device
+    positions = torch.arange(n_tokens, device=device)[None]
     writer, worst, seconds, layer_errors = None, 0.0, [], {}
     try:
         with torch.inference_mode(), capture, first_token_replaced(model, first_token):
-            # also the pass on which each layer's RoPE layout is detected
-            n_check = min(transparency_tokens or n_tokens, n_tokens)
-            first = torch.from_numpy(token_id[start, :n_check])[None].to(device_obj)
-            transparency, own_attention = transparency_check(
-                model, capture, first, effective_rtol(transparency_rtol, dtype)
+            checked = transparency_attrs(
+                model, capture, token_id[start], transparency_tokens, effective_rtol(transparency_rtol, run.dtype)
             )
             heldout_ids = windows["heldout_token_id"].values if "heldout_token_id" in windows else token_id[:0]
-            heldout_k = heldout_mean_keys(model, capture, heldout_ids, positions, job.label)
-            for sample in tqdm(shard.tolist(), desc=f"extract {job.label}", unit="window"):
-                t0 = time.perf_counter()
-                q, k = capture_window(model, capture, token_id[sample], positions, keep_logits=sample in check_samples)
-                if writer is None:
-                    params = capture.rope()
-                    attrs = {
-                        **capture_attrs(
-                            model, capture, manifest, model_name=job.model, variant=job.variant, dtype=dtype
-                        ),
-                        **windows_attrs(windows),
-                        "check_rtol": rtol,
-                        "self_check_tokens": check_tokens,
-                        "transparency_rel_error": transparency,
-                        "transparency_tokens": n_check,
-                        "transparency_reference": own_attention,
-                        "config_hash": job.config_hash,
-                        "first_token": first_token,
-                    }
-                    # the fused path checks the reference logits in memory and does not store them: H T^2
-                    # floats per reference layer, 58 of the 106 GB a paper run would keep
-                    refs = (list(ref_samples) if analysis is None else [], ref_layers)
-                    writer = open_writer(
-                        out_path, capture, params, attrs, kept, n_tokens, refs, (compression, qk_dtype)
-                    )
-                    if heldout_k is not None:
-                        writer.write_heldout_mean(heldout_k, len(heldout_ids))
-                    if analysis is not None:
-                        analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_k, len(heldout_ids))
+            heldout_k = heldout_mean_keys(model, capture, heldout_ids, positions, run.label)
+            # every shard self-checks its first window, so that no job goes unchecked
+            passes = captured_windows(model, capture, token_id, shard, positions, set(ref_samples) | {start}, run.label)
+            first_pass = next(passes)  # the RoPE table is read after a whole window's pass (dynamic RoPE)
+            params = capture.rope()
+            checks = dict(check_rtol=rtol, self_check_tokens=check_tokens, first_token=first_token, **checked)
+            attrs = qk_attrs(run, model, capture, manifest, windows, **checks)
+            # the fused path checks the reference logits in memory and does not store them: H T^2 floats per
+            # reference layer, 58 of the 106 GB a paper run would keep
+            refs = (list(ref_samples) if analysis is None else [], ref_layers)
+            writer = open_writer(run.out, capture, params, attrs, kept, n_tokens, refs, (compression, qk_dtype))
+            if heldout_k is not None:
+                writer.write_heldout_mean(heldout_k, len(heldout_ids))
+            if analysis is not None:
+                analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_k, len(heldout_ids))
+            for sample, q, k, t0 in itertools.chain([first_pass], passes):
                 error, logits_ref = check_window(capture, q, k, params, rtol, layer_errors, ref_layers)
                 worst = max(worst, error)
                 if writer.holds(sample):
                     writer.write_sample(sample, q, k, token_id[sample], logits_ref)
                 if analysis is not None:
                     analysis.add(sample, q, k)
-                if device_obj.type == "cuda":
+                if device.type == "cuda":
                     torch.cuda.empty_cache()  # release activations between windows: 8B models run near the limit
                 seconds.append(time.perf_counter() - t0)
             writer.file.attrs["self_check_max_rel_error"] = worst
             writer.write_layer_errors(np.array([layer_errors.get(i, np.nan) for i in range(capture.n_layers)]))
         if analysis is not None:
-            analysis.write({**carried_attrs(attrs), "source": str(windows_path), "self_check_max_rel_error": worst})
+            analysis.write({**carried_attrs(attrs), "source": str(run.windows), "self_check_max_rel_error": worst})
         writer.close(ok=True)
     except BaseException:
         if writer is not None:
             writer.close(ok=False)
         raise
-    report = dict(self_check_max_rel_error=worst, transparency_rel_error=transparency, seconds_per_window=seconds)
-    report["n_samples"] = len(shard)
+    report = dict(self_check_max_rel_error=worst, transparency_rel_error=checked["transparency_rel_error"])
+    report.update(seconds_per_window=seconds, n_samples=len(shard))
     print(json.dumps(report))
     return report
+
+
+def extract_step(job) -> dict:
+    """Rule extract's job (a :class:`posgen.workflow.job.StepJob`): the fused path (extract.analysis: fused)
+    also writes the shard's decomposition.nc and bands.nc and keeps q/k of the first keep_qk windows only; the
+    store path keeps every window's."""
+    from posgen.decomposition.options import DecompositionOptions
+
+    p, out = job.params, job.output
+    fused = p["analysis"] == "fused"
+    analysis = (
+        Analysis(
+            DecompositionOptions.of(p),
+            decomposition_path=out["decomposition"],
+            bands_path=out["bands"],
+            config_hash=p["config_hash"],
+        )
+        if fused
+        else None
+    )
+    return extract(
+        ModelRun.of_job(job, out="qk"),
+        **{name: p[name] for name in OPTIONS},
+        first_token=p["first_token"],
+        keep_qk=p["keep_qk"] if fused and p["keep_qk"] != "all" else None,
+        analysis=analysis,
+    )

@@ -169,3 +169,8 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def gap_origin_step(job) -> None:
+    """Rule gap_origin's job (a :class:`posgen.workflow.job.StepJob`)."""
+    write_origin(job.input["csv"], job.output["md"], config_hash=job.params["config_hash"])

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from posgen.model_job import ModelJob
+from posgen.llm.run import ModelRun
 from posgen.stats import deposit_index, spearman, top_gap
 
 PROBES = ("windows", "repeat")
@@ -366,7 +366,7 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
 
 
 def head_ablation_job(
-    job: ModelJob,
+    run: ModelRun,
     decomposition_path: str | Path,
     *,
     n_samples: int,
@@ -376,19 +376,15 @@ def head_ablation_job(
     seed: int,
     probes: tuple[str, ...] = PROBES,
 ) -> xr.Dataset:
-    """Write ``head_ablation.nc`` (``job.out``) of one model variant, beside the heads' numbers of its gathered
-    ``decomposition.nc``. One job over all its windows: ``job.samples`` must be None (not sharded)."""
-    from posgen.corpus import read_windows
-    from posgen.models import load_model, manifest_attrs
-    from posgen.store import open_dataset, provenance, write_netcdf
+    """Write ``head_ablation.nc`` (``run.out``) of one model variant, beside the heads' numbers of its gathered
+    ``decomposition.nc``. One job over all its windows: ``run.samples`` must be None (not sharded)."""
+    from posgen.store import open_dataset
 
-    if job.samples is not None:
-        raise ValueError(f"head_ablation: one job over every window, not a shard ({job.samples})")
+    if run.samples is not None:
+        raise ValueError(f"head_ablation: one job over every window, not a shard ({run.samples})")
     start = time.perf_counter()
-    windows = read_windows(job.windows, n_samples, seq_len, section="head_ablation")["token_id"].values
-    model, tokenizer, manifest = load_model(
-        job.model_dir, job.variant, dtype=job.dtype, device=job.device, device_map=job.device_map
-    )
+    windows, _ = run.token_windows(n_samples, seq_len, section="head_ablation")
+    model, tokenizer, manifest = run.load(capturing=False)
     ds = head_ablation(
         model,
         tokenizer,
@@ -397,19 +393,16 @@ def head_ablation_job(
         probe_period=probe_period,
         seed=seed,
         probes=probes,
-        desc=f"heads {job.label}",
+        desc=f"heads {run.label}",
     )
     with open_dataset(decomposition_path, lazy=False) as decomposition:
         ds = join_decomposition(ds, decomposition)
-    ds.attrs = provenance(
-        **ds.attrs,
-        **manifest_attrs(manifest, model=job.model, variant=job.variant),
-        dtype=job.dtype,
-        device=str(model.device),
-        windows_n_samples=int(n_samples),
-        windows_seq_len=int(seq_len),
-        runtime_s=round(time.perf_counter() - start, 2),
-        config_hash=job.config_hash,
+    return run.write(ds, model, manifest, start, windows_n_samples=int(n_samples), windows_seq_len=int(seq_len))
+
+
+def head_ablation_step(job) -> xr.Dataset:
+    """Rule head_ablation's job (a :class:`posgen.workflow.job.StepJob`)."""
+    names = ("n_samples", "seq_len", "probe_samples", "probe_period", "seed", "probes")
+    return head_ablation_job(
+        ModelRun.of_job(job), job.input["decomposition"], **{name: job.params[name] for name in names}
     )
-    write_netcdf(ds, job.out)
-    return ds

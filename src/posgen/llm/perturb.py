@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from posgen.llm import capture
 from posgen.llm.draws import KINDS, draw_perturbation, rng_for, word_starts
 from posgen.llm.method_a import Terms, fg_change
-from posgen.model_job import ModelJob
+from posgen.llm.run import ModelRun
 
 # --------------------------------------------------------------------------------------------------------
 # Experiments
@@ -218,40 +218,22 @@ def run_caps(
 
 
 # --------------------------------------------------------------------------------------------------------
-# Jobs (one model variant each; called by workflow_scripts/perturb.py and cap.py)
+# Jobs (one model variant each, or one shard of its windows)
 
 
-def _run_job(experiment, job: ModelJob, *, n_samples: int, seq_len: int, backend=None) -> xr.Dataset:
-    """Read the windows (the shard ``job.samples`` of them; None: all), load the model with a capturing
-    ``backend`` (None: the one its config needs), run ``experiment(model, tokenizer, token_ids, sample_ids)``,
-    write its dataset with provenance to ``job.out``."""
-    from posgen.corpus import read_windows
-    from posgen.models import manifest_attrs
-    from posgen.store import provenance, write_netcdf
-
+def _run_job(experiment, run: ModelRun, *, n_samples: int, seq_len: int, backend=None) -> xr.Dataset:
+    """Load the model with a capturing ``backend`` (None: the one its config needs), run ``experiment(model,
+    tokenizer, token_ids, sample_ids)`` on the shard of the first ``n_samples`` windows (``seq_len`` tokens each),
+    write its dataset with provenance to ``run.out``."""
     start = time.perf_counter()
-    windows = read_windows(job.windows, n_samples, seq_len, section="perturb")
-    start_, stop = job.window_range(n_samples, "perturb.n_samples")
-    token_ids = windows["token_id"].values[start_:stop].astype(np.int64)
-    model, tokenizer, manifest = capture.load_capturing(
-        job.model_dir, job.variant, dtype=job.dtype, device=job.device, backend=backend, device_map=job.device_map
-    )
-    ds = experiment(model, tokenizer, token_ids, np.arange(start_, stop))
-    ds.attrs = provenance(
-        **ds.attrs,
-        **manifest_attrs(manifest, model=job.model, variant=job.variant),
-        dtype=job.dtype,
-        device=str(model.device),
-        attn_implementation=model.config._attn_implementation,
-        runtime_s=round(time.perf_counter() - start, 2),
-        config_hash=job.config_hash,
-    )
-    write_netcdf(ds, job.out)
-    return ds
+    token_ids, sample_ids = run.token_windows(n_samples, seq_len, section="perturb")
+    model, tokenizer, manifest = run.load(backend=backend)
+    ds = experiment(model, tokenizer, token_ids, sample_ids)
+    return run.write(ds, model, manifest, start, attn_implementation=model.config._attn_implementation)
 
 
 def perturb_job(
-    job: ModelJob,
+    run: ModelRun,
     *,
     n_samples: int,
     seq_len: int,
@@ -260,7 +242,7 @@ def perturb_job(
     dummy_distance: int,
     jitter: int,
 ) -> xr.Dataset:
-    """Write ``perturb.nc`` of one model variant, or of its shard ``job.samples`` (docs/data-model.md)."""
+    """Write ``perturb.nc`` of one model variant, or of its shard ``run.samples`` (docs/data-model.md)."""
 
     def experiment(model, tokenizer, token_ids, sample_ids):
         strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
@@ -277,22 +259,34 @@ def perturb_job(
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
 
-    return _run_job(experiment, job, n_samples=n_samples, seq_len=seq_len)
+    return _run_job(experiment, run, n_samples=n_samples, seq_len=seq_len)
 
 
 def cap_job(
-    job: ModelJob,
+    run: ModelRun,
     *,
     n_samples: int,
     seq_len: int,
     distance_caps: list[int],
     dummy_distance: int,
 ) -> xr.Dataset:
-    """Write ``cap.nc`` of one model variant, or of its shard ``job.samples`` (docs/data-model.md)."""
+    """Write ``cap.nc`` of one model variant, or of its shard ``run.samples`` (docs/data-model.md)."""
 
     def experiment(model, _tokenizer, token_ids, sample_ids):
         return run_caps(
             model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance, sample_ids=sample_ids
         )
 
-    return _run_job(experiment, job, n_samples=n_samples, seq_len=seq_len, backend=capture.CAPPED_BACKEND)
+    return _run_job(experiment, run, n_samples=n_samples, seq_len=seq_len, backend=capture.CAPPED_BACKEND)
+
+
+def perturb_step(job) -> xr.Dataset:
+    """Rule perturb's job (a :class:`posgen.workflow.job.StepJob`)."""
+    names = ("n_samples", "seq_len", "rates", "seed", "jitter", "dummy_distance")
+    return perturb_job(ModelRun.of_job(job), **{name: job.params[name] for name in names})
+
+
+def cap_step(job) -> xr.Dataset:
+    """Rule cap's job."""
+    names = ("n_samples", "seq_len", "distance_caps", "dummy_distance")
+    return cap_job(ModelRun.of_job(job), **{name: job.params[name] for name in names})

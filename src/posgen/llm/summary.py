@@ -336,3 +336,21 @@ def concat_tables(csv_paths, csv_path) -> pd.DataFrame:
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, index=False)
     return table
+
+
+def summarize_step(job) -> pd.DataFrame:
+    """Rule summarize's job (a :class:`posgen.workflow.job.StepJob`): one model's summary over its variants."""
+    p = job.params
+    return summarize(
+        job.input["decomposition"],
+        job.output["csv"],
+        {job.wildcards["model"]: job.output["nc"]},
+        n_boot=p["n_boot"],
+        seed=p["seed"],
+        config_hash=p["config_hash"],
+    )
+
+
+def summary_table_step(job) -> pd.DataFrame:
+    """Rule summary_table's job: the per-model tables in one."""
+    return concat_tables(job.input["csv"], job.output["csv"])

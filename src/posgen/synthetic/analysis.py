@@ -13,6 +13,8 @@ import numpy as np
 import xarray as xr
 
 from posgen.device import resolve_device
+from posgen.experiments import AnalysisOptions
+from posgen.integrity import made_from
 from posgen.stats import deposit_statistics
 from posgen.store import open_dataset, provenance, write_netcdf
 from posgen.synthetic.ablation import leave_one_in_accuracy, single_head_accuracy
@@ -22,6 +24,7 @@ from posgen.synthetic.probe import position_probes
 from posgen.synthetic.tasks import TEST, TRAIN, n_trigger_ids
 from posgen.synthetic.toeplitz import toeplitz_view
 from posgen.synthetic.train import CHECKPOINT_KEYS, load_classifier, load_split
+from posgen.workflow.job import listed
 
 KEY_DIMS = ("experiment", "task", "pe", "seed")
 
@@ -78,7 +81,7 @@ def analyse_job(
     out_paths: dict,
     *,
     key: tuple,
-    options: dict,
+    options: AnalysisOptions,
     device="auto",
     config_hash: str = "",
 ) -> dict:
@@ -92,10 +95,10 @@ def analyse_job(
     expect = dict(zip(CHECKPOINT_KEYS, key, strict=True))
     model = load_classifier(checkpoint_path, dev, expect=expect, digest=recorded)
     faithful = model.dims.faithful
-    tokens, labels = load_split(data, TEST, dev, faithful, options["ablation_samples"])
-    test = np.flatnonzero(np.asarray(data["split"].values) == TEST)[: options["toeplitz_samples"]]
+    tokens, labels = load_split(data, TEST, dev, faithful, options.ablation_samples)
+    test = np.flatnonzero(np.asarray(data["split"].values) == TEST)[: options.toeplitz_samples]
     lengths = np.asarray(data["length"].values)[test]
-    toe_tokens = load_split(data, TEST, dev, faithful, options["toeplitz_samples"])[0]
+    toe_tokens = load_split(data, TEST, dev, faithful, options.toeplitz_samples)[0]
     trigger_ids = n_trigger_ids(data)
     coords = {"layer": np.arange(model.dims.n_layers), "head": np.arange(model.dims.n_heads)}
     parts = {
@@ -228,3 +231,39 @@ def gather_baselines(task_paths: list, keys: list, out_path, **attrs) -> xr.Data
     )
     out.attrs = provenance(**attrs)
     return _write(out, out_path)
+
+
+def analyse_step(job) -> None:
+    """A synthetic analysis rule's job (a :class:`posgen.workflow.job.StepJob`): params.classifiers lists [pe,
+    seed] of each checkpoint, in order (a task job analyses many in turn); each classifier's files record only its
+    own inputs."""
+    p, i, o = job.params, job.input, job.output
+    files = zip(
+        *(listed(x) for x in (i["checkpoint"], i["curves"], o["ablation"], o["toeplitz"], o["probe"])), strict=True
+    )
+    options = AnalysisOptions.of_params(p)
+    for (pe, seed), (checkpoint, curves, ablation, toeplitz, probe) in zip(p["classifiers"], files, strict=True):
+        with made_from([i["data"], checkpoint, curves]):
+            analyse_job(
+                i["data"],
+                checkpoint,
+                curves,
+                {"ablation": ablation, "toeplitz": toeplitz, "probe": probe},
+                key=(p["experiment"], job.wildcards["task"], pe, int(seed)),
+                options=options,
+                device=p["device"],
+                config_hash=p["config_hash"],
+            )
+
+
+def gather_step(job) -> None:
+    """Rule synthetic_gather's job: a collection's per-classifier files gathered, each gathered file recording only
+    the files it was gathered from."""
+    i, o, p = job.input, job.output, job.params
+    for part in ("ablation", "toeplitz", "probe"):
+        with made_from(listed(i[part])):
+            gather(listed(i[part]), o[part], config_hash=p["config_hash"])
+    with made_from(listed(i["training"])):
+        gather_training(listed(i["training"]), p["classifiers"], o["training"], config_hash=p["config_hash"])
+    with made_from(listed(i["tasks"])):
+        gather_baselines(listed(i["tasks"]), p["tasks"], o["baselines"], config_hash=p["config_hash"])

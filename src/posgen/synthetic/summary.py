@@ -213,3 +213,11 @@ def write_summary(inputs: dict, csv_path, classifiers_path, deposit_path, *, con
     with atomic_path(deposit_path) as tmp:
         deposit_table(data["ablation"]).assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     return table
+
+
+def summary_step(job) -> pd.DataFrame:
+    """Rule synthetic_summary's job (a :class:`posgen.workflow.job.StepJob`)."""
+    o = job.output
+    return write_summary(
+        dict(job.input), o["csv"], o["classifiers"], o["deposit"], config_hash=job.params["config_hash"]
+    )

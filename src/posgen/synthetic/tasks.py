@@ -17,6 +17,7 @@ import json
 import numpy as np
 import xarray as xr
 
+from posgen.experiments import TaskOptions
 from posgen.store import provenance, write_netcdf
 
 PAD = 0
@@ -110,9 +111,9 @@ def make_task(task: str, options: dict, seed: int) -> xr.Dataset:
     return xr.Dataset(variables, attrs=attrs)
 
 
-def write_task(task: str, options: dict, seed: int, path, config_hash: str = "") -> xr.Dataset:
+def write_task(options: TaskOptions, path, config_hash: str = "") -> xr.Dataset:
     """Generate the task and write it to ``path`` (NetCDF), recording the job's config hash."""
-    ds = make_task(task, options, seed)
+    ds = make_task(options.task, options.section(), options.data_seed)
     ds.attrs["config_hash"] = config_hash
     write_netcdf(ds, path)
     return ds
@@ -124,3 +125,8 @@ def n_trigger_ids(data: xr.Dataset) -> int:
     if data.attrs["task"] == "distance":
         return 2
     return int(json.loads(data.attrs["sizes"])["n_triggers"])
+
+
+def tasks_step(job) -> xr.Dataset:
+    """Rule synthetic_tasks' job (a :class:`posgen.workflow.job.StepJob`)."""
+    return write_task(TaskOptions.of_params(job.params), job.output["data"], job.params["config_hash"])

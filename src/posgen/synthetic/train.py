@@ -6,6 +6,7 @@ and the final test accuracy.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import time
@@ -17,13 +18,15 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.device import resolve_device
-from posgen.experiments import parse_pe
+from posgen.experiments import TrainOptions, parse_pe
 from posgen.integrity import content_digest, damaged, digest
+from posgen.schedule import warmup_cosine
 from posgen.store import atomic_path, open_dataset, provenance, require_space, write_netcdf
 from posgen.synthetic.ablation import single_head_accuracy
 from posgen.synthetic.ensemble import Ensemble, matmul_precision
 from posgen.synthetic.model import Classifier, batch_tokens, build
 from posgen.synthetic.tasks import TEST, TRAIN
+from posgen.workflow.job import listed
 
 
 def load_split(data: xr.Dataset, split: int, device, faithful: bool = False, limit: int | None = None):
@@ -109,13 +112,6 @@ def layer_drops(model: Classifier, tokens, labels, layers, batch_size: int = 102
     return base, base - ablated
 
 
-def lr_factor(step: int, total: int, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
-
-
 def used_lengths(tokens: torch.Tensor) -> np.ndarray:
     """Per sample, one past its last real token (sample,): read to the host once, before training."""
     columns = torch.arange(1, tokens.shape[1] + 1, device=tokens.device)  # (T,)
@@ -182,7 +178,7 @@ def train_ensemble(
     optimizer = torch.optim.AdamW(
         ensemble.params.values(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True
     )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, total, warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, total, warmup))
     orders = [torch.Generator().manual_seed(seed) for seed in seeds]  # shuffling; dropout: the global generator
     curves = [{"train_loss": [], "train_accuracy": [], "test_accuracy": [], "lr_factor": []} for _ in models]
     snapshots, pending = [{} for _ in models], sorted(set(snapshot_steps))
@@ -218,7 +214,7 @@ def train_ensemble(
                 curve["train_loss"].append(epoch_loss[index])
                 curve["train_accuracy"].append(epoch_correct[index] / n)
                 curve["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
-                curve["lr_factor"].append(lr_factor(step - 1, total, warmup))  # the rate of the epoch's last step
+                curve["lr_factor"].append(warmup_cosine(step - 1, total, warmup))  # the rate of the epoch's last step
             bar.set_postfix(loss=f"{curves[0]['train_loss'][-1]:.3f}", test=f"{curves[0]['test_accuracy'][-1]:.3f}")
     for pending_step in pending:  # steps at or past the end: the trained models
         take_snapshot(pending_step)
@@ -231,24 +227,24 @@ def train_ensemble(
     return curves
 
 
-def model_config(options: dict, data: xr.Dataset, pe: str) -> dict:
-    """Classifier keyword arguments from an experiment's options, the task's data set and a PE label
+def model_config(options: TrainOptions, data: xr.Dataset, pe: str) -> dict:
+    """Classifier keyword arguments from an experiment's training options, the task's data set and a PE label
     (``partial-rope-2``: partial RoPE on 2 heads; posgen.experiments)."""
-    m = options["model"]
-    name, rope_heads = parse_pe(pe, m["n_heads"])
+    m = options.model
+    name, rope_heads = parse_pe(pe, m.n_heads)
     return dict(
         vocab_size=int(data.attrs["vocab_size"]),
         n_classes=int(data.attrs["n_classes"]),
         max_len=int(data.sizes["token"]),
         pe=name,
-        n_layers=m["n_layers"],
-        n_heads=m["n_heads"],
-        d_model=m["d_model"],
-        d_ff=m["d_ff"],
-        dropout=m["dropout"],
-        faithful=options["faithful"],
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        d_model=m.d_model,
+        d_ff=m.d_ff,
+        dropout=m.dropout,
+        faithful=options.faithful,
         rope_heads=rope_heads,
-        rope_base=float(options["rope_base"]),
+        rope_base=float(options.rope_base),
     )
 
 
@@ -262,7 +258,7 @@ def train_job(
     outputs: dict,
     *,
     pe: str,
-    options: dict,
+    options: TrainOptions,
     experiment: str = "",
     device: str = "auto",
     config_hash: str = "",
@@ -276,79 +272,82 @@ def train_job(
     data = open_dataset(task_path, lazy=False)
     task = data.attrs["task"]
     config = model_config(options, data, pe)
-    faithful = options["faithful"]
-    train_set, test_set = load_split(data, TRAIN, dev, faithful), load_split(data, TEST, dev, faithful)
-    t = options["train"]
-    ignore_index = -100 if t["ignore_index"] is None else t["ignore_index"]
+    train_set, test_set = load_split(data, TRAIN, dev, options.faithful), load_split(data, TEST, dev, options.faithful)
+    t = options.train
     seeds = sorted(outputs)
     models, grads = [], []
     for seed in seeds:
         torch.manual_seed(seed)
         models.append(build(config).to(dev))
-        grads.append(init_gradients(models[-1], *train_set, t["batch_size"], ignore_index))  # (layer, head, side)
-    probe_set = (test_set[0][: t["snapshot_samples"]], test_set[1][: t["snapshot_samples"]])
-    total = t["epochs"] * math.ceil(len(train_set[1]) / t["batch_size"])
-    steps = snapshot_steps(t["snapshots"], total)
+        grads.append(init_gradients(models[-1], *train_set, t.batch_size, t.loss_ignore_index))  # (layer, head, side)
+    probe_set = (test_set[0][: t.snapshot_samples], test_set[1][: t.snapshot_samples])
+    total = t.epochs * math.ceil(len(train_set[1]) / t.batch_size)
+    steps = snapshot_steps(t.snapshots, total)
     label = f"{experiment}/{task}/{pe}/seed{','.join(map(str, seeds))}"
     all_curves = train_ensemble(
         models,
         seeds,
         train_set,
         test_set,
-        epochs=t["epochs"],
-        batch_size=t["batch_size"],
-        lr=t["lr"],
-        weight_decay=t["weight_decay"],
-        warmup_fraction=t["warmup_fraction"],
-        betas=t["betas"],
-        ignore_index=ignore_index,
+        epochs=t.epochs,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        weight_decay=t.weight_decay,
+        warmup_fraction=t.warmup_fraction,
+        betas=t.betas,
+        ignore_index=t.loss_ignore_index,
         snapshot_steps=steps,
         snapshot=lambda members: [layer_drops(m, *probe_set, layers=[0]) for m in members],
         desc=f"train {label}",
-        precision=t["precision"],
+        precision=t.precision,
     )
-    written = []
-    for seed, model, grad, curves in zip(seeds, models, grads, all_curves, strict=True):
-        checkpoint_path, curves_path = outputs[seed]
-        state = {name: value.clone() for name, value in model.state_dict().items()}  # not the ensemble's stacks
-        identity = dict(zip(CHECKPOINT_KEYS, (experiment, task, pe, seed), strict=True))
-        save_checkpoint(checkpoint_path, {"config": config, "state_dict": state, **identity})
-        final = scores(predict(model, test_set[0]), test_set[1])
-        ds = curves_dataset(curves, steps, grad, config)
-        ds["checkpoint_digest"] = np.int64(state_digest(state))  # under train.nc's own digest
-        ds["checkpoint_digest"].attrs["description"] = (
-            "content digest of model.pt's state dict (its tensors' digests by name)"
+    key = {"experiment": experiment, "task": task, "pe": pe}
+    run = {"config": config, "train": dataclasses.asdict(t), "device": str(dev), "total": total, "steps": steps}
+    run["n_train"] = len(train_set[1])
+    return [
+        _write_classifier(outputs[seed], model, grad, curves, test_set, {**key, "seed": seed}, run, config_hash)
+        for seed, model, grad, curves in zip(seeds, models, grads, all_curves, strict=True)
+    ]
+
+
+def _write_classifier(files, model, grad, curves, test_set, key: dict, run: dict, config_hash: str) -> xr.Dataset:
+    """One trained classifier's checkpoint and curves NetCDF (``files``), named by ``key`` (experiment, task, pe,
+    seed), with what its training ``run`` was (model config, schedule, device, steps)."""
+    checkpoint_path, curves_path = files
+    state = {name: value.clone() for name, value in model.state_dict().items()}  # not the ensemble's stacks
+    save_checkpoint(checkpoint_path, {"config": run["config"], "state_dict": state, **key})
+    final = scores(predict(model, test_set[0]), test_set[1])
+    ds = curves_dataset(curves, run["steps"], grad, run["config"])
+    ds["checkpoint_digest"] = np.int64(state_digest(state))  # under train.nc's own digest
+    ds["checkpoint_digest"].attrs["description"] = (
+        "content digest of model.pt's state dict (its tensors' digests by name)"
+    )
+    ds.attrs.update(
+        provenance(
+            **key,
+            model_config=run["config"],
+            train=run["train"],
+            device=run["device"],
+            train_seconds=curves["seconds"],
+            samples_per_second=curves["samples_per_second"],
+            ensemble_members=curves["members"],
+            test_accuracy=final["accuracy"],
+            test_mae=final["mae"],
+            test_within_one=final["within_one"],
+            test_accuracy_label0_masked=final["accuracy_label0_masked"],
+            train_steps=run["total"],
+            threads=torch.get_num_threads(),
+            n_train=run["n_train"],
+            n_test=len(test_set[1]),
+            config_hash=config_hash,
         )
-        ds.attrs.update(
-            provenance(
-                experiment=experiment,
-                task=task,
-                pe=pe,
-                seed=seed,
-                model_config=config,
-                train=t,
-                device=str(dev),
-                train_seconds=curves["seconds"],
-                samples_per_second=curves["samples_per_second"],
-                ensemble_members=curves["members"],
-                test_accuracy=final["accuracy"],
-                test_mae=final["mae"],
-                test_within_one=final["within_one"],
-                test_accuracy_label0_masked=final["accuracy_label0_masked"],
-                train_steps=total,
-                threads=torch.get_num_threads(),
-                n_train=len(train_set[1]),
-                n_test=len(test_set[1]),
-                config_hash=config_hash,
-            )
-        )
-        write_netcdf(ds, curves_path)
-        print(
-            f"{experiment}/{task}/{pe}/seed{seed}: test accuracy {final['accuracy']:.4f}, MAE {final['mae']:.3f} "
-            f"({curves['seconds']:.1f} s for {curves['members']} member(s), {curves['samples_per_second']:.0f} samples/s)"
-        )
-        written.append(ds)
-    return written
+    )
+    write_netcdf(ds, curves_path)
+    print(
+        f"{'/'.join(str(v) for v in key.values())}: test accuracy {final['accuracy']:.4f}, MAE {final['mae']:.3f} "
+        f"({curves['seconds']:.1f} s for {curves['members']} member(s), {curves['samples_per_second']:.0f} samples/s)"
+    )
+    return ds
 
 
 def curves_dataset(curves: dict, steps: list[int], grads: np.ndarray, config: dict) -> xr.Dataset:
@@ -421,3 +420,26 @@ def load_classifier(checkpoint_path, device="cpu", expect: dict | None = None, d
     model = build(config).to(device)
     model.load_state_dict(weights)
     return model.eval()
+
+
+def train_step(job) -> None:
+    """A synthetic training rule's job (a :class:`posgen.workflow.job.StepJob`): params.classifiers lists [pe, seed]
+    of each output pair, in order; one :func:`train_job` per PE's seeds where they train as one ensemble
+    (``train.ensemble``), else one per classifier, each as it would train alone."""
+    p = job.params
+    options = TrainOptions.of_params(p)
+    outputs = list(zip(listed(job.output["checkpoints"]), listed(job.output["curves"]), strict=True))
+    runs = {}
+    for (pe, seed), files in zip(p["classifiers"], outputs, strict=True):
+        key = pe if options.train.ensemble else (pe, seed)
+        runs.setdefault(key, (pe, {}))[1][int(seed)] = files
+    for pe, files_by_seed in runs.values():
+        train_job(
+            job.input["data"],
+            files_by_seed,
+            pe=pe,
+            options=options,
+            experiment=p["experiment"],
+            device=p["device"],
+            config_hash=p["config_hash"],
+        )

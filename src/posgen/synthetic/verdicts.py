@@ -420,3 +420,8 @@ def write_verdicts(classifiers_csv, md_path, title: str = "") -> pd.DataFrame:
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text(text)
     return table
+
+
+def verdicts_step(job) -> pd.DataFrame:
+    """Rule synthetic_verdicts's job (a :class:`posgen.workflow.job.StepJob`)."""
+    return write_verdicts(job.input["classifiers"], job.output["md"], job.params["title"])

@@ -180,3 +180,22 @@ def trajectory_job(
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, index=False, float_format="%.6g")
     return ds
+
+
+def trajectory_table_step(job):
+    """Rule trajectory_table's job (a :class:`posgen.workflow.job.StepJob`)."""
+    p, i = job.params, job.input
+    return trajectory_job(
+        i["summary"],
+        i["bands"],
+        i["perturb"],
+        p["variants"],
+        job.output["csv"],
+        job.output["nc"],
+        sensitivity_rates=p["sensitivity_rates"],
+        training_path=i.get("training") or None,
+        n_boot=p["n_boot"],
+        seed=p["seed"],
+        model=job.wildcards["model"],
+        config_hash=p["config_hash"],
+    )

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from posgen.config import TRAIN_SOURCE
 from posgen.models import staged_folder, write_manifest
+from posgen.schedule import warmup_cosine
 
 ARCHITECTURE = "LlamaForCausalLM"
 
@@ -83,14 +84,6 @@ def split_text(text: str, heldout_fraction: float) -> tuple[str, str]:
     brk = text.find("\n\n", cut)
     cut = brk if brk >= 0 else cut
     return text[:cut], text[cut:]
-
-
-def learning_rate(step: int, peak: float, warmup: int, total: int) -> float:
-    """Linear warm-up from 0 to ``peak`` over ``warmup`` steps, then cosine decay to 0 at ``total``."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
 def heldout_windows(ids: np.ndarray, n: int, seq_len: int) -> torch.Tensor:
@@ -199,7 +192,7 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
         starts = torch.randint(0, n_starts, (batch_size,), generator=batches)  # (batch,)
         offsets = torch.arange(seq_len)  # (token,)
         batch = data[starts[:, None] + offsets[None, :]]  # (batch, token)
-        lr = learning_rate(step, train["lr"], train["warmup_steps"], total)
+        lr = train["lr"] * warmup_cosine(step, total, train["warmup_steps"])
         for group in optimizer.param_groups:
             group["lr"] = lr
         loss = model(input_ids=batch, labels=batch).loss
@@ -253,3 +246,16 @@ def train_job(source: str, dest: str | Path, log_path: str | Path, *, train: dic
     log.attrs.update(provenance(config_hash=config_hash, model=model, corpus_source=source))
     write_netcdf(log, log_path)
     return log
+
+
+def train_step(job) -> xr.Dataset:
+    """Rule train_trajectory's job (a :class:`posgen.workflow.job.StepJob`)."""
+    p = job.params
+    return train_job(
+        p["source"],
+        Path(job.output["manifest"]).parent,
+        job.output["training"],
+        train=p["train"],
+        model=job.wildcards["model"],
+        config_hash=p["config_hash"],
+    )

@@ -1,0 +1,40 @@
+# The named targets (README): each builds what posgen.workflow.targets lists for it. Rule `all` (the Snakefile)
+# builds none of them.
+localrules:
+    position_study,
+    trajectory,
+    deposit_study,
+    regime_study,
+    decisive_study,
+
+
+# The position study's answer (README "The position study"), from the run's summary.
+rule position_study:
+    input:
+        targets(config, "position_study"),
+
+
+# The checkpoint series of config `trajectory.models`: per-step tables and figures.
+rule trajectory:
+    input:
+        targets(config, "trajectory"),
+
+
+# The deposit study (README "The deposit study", docs/method.md section 8.8): also rewrites results/reproduction.md
+# with a verdict per claim from the study.
+rule deposit_study:
+    input:
+        targets(config, "deposit_study"),
+
+
+# The regime study (README "The regime study", docs/method.md section 8.10): brackets toward the paper's training
+# budget and task size on a CPU; its verdicts per regime and its figure.
+rule regime_study:
+    input:
+        targets(config, "regime_study"),
+
+
+# The decisive subset of the deposit study at the authors' size (config.paper.yaml), for GPU nodes.
+rule decisive_study:
+    input:
+        targets(config, "decisive_study"),

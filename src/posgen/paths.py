@@ -1,0 +1,131 @@
+"""Every path template of the workflow, once: model folders, windows, shards, per-variant and per-model tables, the
+second paper's classifiers and collections, figures, logs and benchmarks (docs/data-model.md).
+
+A template's wildcards are Snakemake's: ``{model}``, ``{variant}``, ``{shard}``, ``{table}`` for the first paper;
+``{experiment}``, ``{task}``, ``{pe}``, ``{seed}``, ``{dataset}``, ``{collection}`` for the second; ``{figure}`` for
+figures. Standard library only (the Snakefile imports it while parsing).
+"""
+
+from __future__ import annotations
+
+RESULTS = "results"
+MODELS_DIR = "resources/models"
+MANIFEST = f"{MODELS_DIR}/{{model}}/manifest.json"
+
+# ---------------------------------------------------------------------------------------------- the first paper
+
+MODEL_DIR = f"{RESULTS}/{{model}}"
+WINDOWS = f"{MODEL_DIR}/windows.h5"
+VARIANT_DIR = f"{MODEL_DIR}/{{variant}}"
+# a model job's shard of windows (config `shards`); rule gather merges its tables along `sample`
+SHARD_DIR = f"{VARIANT_DIR}/shards/{{shard}}"
+QK = f"{SHARD_DIR}/qk.h5"
+SHARD_TABLE = f"{SHARD_DIR}/{{table}}.nc"
+TABLE = f"{VARIANT_DIR}/{{table}}.nc"
+
+
+def shard_table(table: str) -> str:
+    """One shard's ``table`` (decomposition, bands, perturb, cap), before rule gather."""
+    return SHARD_TABLE.replace("{table}", table)
+
+
+def variant_table(table: str) -> str:
+    """A (model, variant)'s ``table``: gathered from its shards, or written whole by one job."""
+    return TABLE.replace("{table}", table)
+
+
+DECOMPOSITION = variant_table("decomposition")
+BANDS = variant_table("bands")
+PERTURB = variant_table("perturb")
+CAP = variant_table("cap")
+HEAD_ABLATION = variant_table("head_ablation")
+EXAMPLES = variant_table("examples")
+BLOCK_SWAP = variant_table("block_swap")
+MODEL_SUMMARY = {"csv": f"{MODEL_DIR}/summary.csv", "nc": f"{MODEL_DIR}/summary.nc"}
+SUMMARY_TABLE = f"{RESULTS}/summary.csv"
+GAP_ORIGIN = f"{RESULTS}/gap_origin.md"  # the position study's answer (target `position_study`)
+REPRODUCTION = {
+    "csv": f"{RESULTS}/reproduction.csv",
+    "md": f"{RESULTS}/reproduction.md",
+    "synthetic_csv": f"{RESULTS}/reproduction_synthetic.csv",
+}
+# training trajectories (target `trajectory`): the log of a model trained by the workflow, the per-step table
+TRAINING_LOG = f"{MODEL_DIR}/training.nc"
+TRAJECTORY_TABLE = {"csv": f"{MODEL_DIR}/trajectory.csv", "nc": f"{MODEL_DIR}/trajectory.nc"}
+
+# --------------------------------------------------------------------------------------------- the second paper
+
+SYNTHETIC = f"{RESULTS}/synthetic"
+TASK_DATA = f"{SYNTHETIC}/tasks/{{dataset}}.nc"
+CLASSIFIER_DIR = f"{SYNTHETIC}/{{experiment}}/{{task}}/{{pe}}/seed{{seed}}"
+# a classifier's files: checkpoint and learning curves (training), its three analyses (analysis)
+CHECKPOINT = f"{CLASSIFIER_DIR}/model.pt"
+CURVES = f"{CLASSIFIER_DIR}/train.nc"
+ANALYSES = {part: f"{CLASSIFIER_DIR}/{part}.nc" for part in ("ablation", "toeplitz", "probe")}
+# A collection's gathered files: collection `run` directly under results/synthetic/, every other one in a folder of
+# its name. The `{collection}` wildcard is the folder's suffix: "" for `run`, "/<name>" for the others.
+COLLECTION = f"{SYNTHETIC}{{collection}}"
+GATHERED_PARTS = ("training", "ablation", "toeplitz", "probe", "baselines")
+COLLECTION_PARTS = {part: f"{COLLECTION}/{part}.nc" for part in GATHERED_PARTS}
+COLLECTION_TABLES = {
+    "csv": f"{COLLECTION}/summary.csv",
+    "classifiers": f"{COLLECTION}/classifiers.csv",
+    "deposit": f"{COLLECTION}/deposit.csv",
+}
+VERDICTS = f"{COLLECTION}/verdicts.md"
+
+
+def collection_suffix(which: str) -> str:
+    """The ``{collection}`` wildcard's value of collection ``which``."""
+    return "" if which == "run" else f"/{which}"
+
+
+def collection_name(suffix: str) -> str:
+    """The collection whose ``{collection}`` wildcard is ``suffix``."""
+    return suffix.removeprefix("/") or "run"
+
+
+def in_collection(template: str, which: str) -> str:
+    """``template`` (one of COLLECTION_*) for collection ``which``."""
+    return template.replace("{collection}", collection_suffix(which))
+
+
+def classifier_file(template: str, experiment: str, task: str, pe: str, seed) -> str:
+    """``template`` (a CLASSIFIER_DIR file) of one classifier."""
+    return template.format(experiment=experiment, task=task, pe=pe, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------------ figures
+
+# Scopes: which wildcards a figure's outputs carry (one figure per (model, variant), per model, or one in all).
+FIGURE_STEMS = {
+    "per_variant": f"{MODEL_DIR}/figures/{{figure}}_{{variant}}",
+    "per_model": f"{MODEL_DIR}/figures/{{figure}}",
+    "global": f"{RESULTS}/figures/{{figure}}",
+}
+FIGURE_FORMATS = ("png", "pdf")
+
+
+def figure_file(scope: str, ext: str) -> str:
+    """The template of a ``scope`` figure's ``ext`` file (png or pdf)."""
+    return f"{FIGURE_STEMS[scope]}.{ext}"
+
+
+# --------------------------------------------------------------------------------------- logs and benchmarks
+
+
+def log(*parts: str) -> str:
+    """``logs/<parts joined by />.log``, e.g. ``log("extract", "{model}", "{variant}", "{shard}")``."""
+    return "logs/" + "/".join(parts) + ".log"
+
+
+def benchmark(*parts: str) -> str:
+    """``benchmarks/<parts joined by />.tsv``: a job's runtime and memory (Snakemake's benchmark)."""
+    return "benchmarks/" + "/".join(parts) + ".tsv"
+
+
+FIGURE_LOGS = {
+    "per_variant": log("figures", "{model}", "{figure}_{variant}"),
+    "per_model": log("figures", "{model}", "{figure}"),
+    "global": log("figures", "{figure}"),
+}

@@ -1,0 +1,69 @@
+"""What each target builds from a validated config: rule ``all`` (``make run``) and the named study targets
+(rules/targets.smk: ``input: targets(config, name)``). Standard library only."""
+
+from __future__ import annotations
+
+import itertools
+
+from posgen import paths
+from posgen.config import trajectory_models
+from posgen.workflow.figures import figure_outputs, of_group
+from posgen.workflow.sharding import shards_of
+from posgen.workflow.steps import step_variants
+
+COLLECTION_OUTPUTS = (*paths.COLLECTION_PARTS.values(), *paths.COLLECTION_TABLES.values(), paths.VERDICTS)
+STUDY_TABLES = ("csv", "classifiers", "deposit")
+
+
+def expand(template: str, **values) -> list[str]:
+    """``template`` formatted with every combination of ``values`` (lists), as Snakemake's expand."""
+    keys = list(values)
+    return [template.format(**dict(zip(keys, combo))) for combo in itertools.product(*values.values())]
+
+
+def collection_outputs(which: str, tables=None) -> list[str]:
+    """The gathered parts, the tables and the verdicts of collection ``which`` (``tables``: only those of
+    paths.COLLECTION_TABLES, and the verdicts)."""
+    if tables is None:
+        chosen = COLLECTION_OUTPUTS
+    else:
+        chosen = (*(paths.COLLECTION_TABLES[t] for t in tables), paths.VERDICTS)
+    return [paths.in_collection(template, which) for template in chosen]
+
+
+def final_outputs(config: dict) -> list[str]:
+    """What rule `all` builds: every model variant's q/k shards, gathered tables, perturbation, capping and head
+    ablation, the summaries, the second paper's `synthetic.run` collection, every figure of group `all` and the
+    reproduction tables. The checkpoint series and the studies have targets of their own."""
+    models = [m["name"] for m in config["models"]]
+    each = {"model": models, "variant": step_variants(config)}
+    out = expand(paths.QK, **each, shard=shards_of("extract", config))
+    for template in (paths.DECOMPOSITION, paths.BANDS):
+        out += expand(template, **each)
+    out += expand(paths.MODEL_SUMMARY["nc"], model=models) + [paths.SUMMARY_TABLE]
+    for step, template in (("perturb", paths.PERTURB), ("cap", paths.CAP), ("head_ablation", paths.HEAD_ABLATION)):
+        out += expand(template, model=models, variant=step_variants(config, step))
+    out += collection_outputs("run")
+    for row in of_group("all"):
+        out += figure_outputs(row, each)
+    return out + list(paths.REPRODUCTION.values())
+
+
+def targets(config: dict, name: str) -> list[str]:
+    """What the named target ``name`` builds (README: the studies and the trajectories)."""
+    if name == "trajectory":
+        models = trajectory_models(config)
+        tables = [path for template in paths.TRAJECTORY_TABLE.values() for path in expand(template, model=models)]
+        return tables + [path for row in of_group("trajectory") for path in figure_outputs(row, {"model": models})]
+    if name == "position_study":
+        return [paths.GAP_ORIGIN]
+    if name == "deposit_study":
+        figures = [path for row in of_group("deposit_study") for path in figure_outputs(row, {})]
+        tables = [paths.in_collection(paths.COLLECTION_TABLES[t], name) for t in ("csv", "deposit")]
+        return tables + figures + list(paths.REPRODUCTION.values())
+    if name == "regime_study":
+        figures = [path for row in of_group("regime_study") for path in figure_outputs(row, {})]
+        return collection_outputs(name, STUDY_TABLES) + figures
+    if name == "decisive_study":
+        return collection_outputs(name, STUDY_TABLES)
+    raise KeyError(f"target {name!r}: not a named target (trajectory, position_study, deposit_study, ...)")
