@@ -13,7 +13,10 @@ import contextlib
 
 import torch
 
-FIRST_TOKEN = ("model", "mean-embedding")  # a models entry's first_token: the model's own first token, or the control
+from posgen.rules import value
+
+CONTROL = value("FIRST_TOKEN")  # the first-token control (docstring: what it is at random init)
+FIRST_TOKEN = ("model", CONTROL)  # a models entry's first_token: the model's own first token, or the control
 CHUNK = 8192  # vocabulary rows embedded at a time for the mean (Gemma's 262k rows at once would be ~0.7 GB)
 
 

@@ -24,10 +24,12 @@ from pathlib import Path
 import pandas as pd
 
 from posgen.config import VARIANT_TRAINED
+from posgen.rules import value
 from posgen.store import atomic_path, stable_provenance
 
-HALF = 0.5  # a construction explains the gap when it closes at least this share of it
-SINK = "with"  # every causal entry, as the paper's correlation
+HALF = value("HALF")  # a construction explains the gap when it closes at least this share of it
+SINK = value("SINK")  # every causal entry, as the paper's correlation
+FLOOR_K = value("FLOOR_K")  # power: undecided while the corrected shared share is this many floors from its line
 OUTCOMES = ("absolute position", "per-window content", "neither", "inconclusive", "not testable here")
 
 

@@ -21,6 +21,7 @@ import xarray as xr
 from posgen.config import VARIANT_TRAINED, variant_order
 from posgen.integrity import shown
 from posgen.layer_types import LAYER_TYPES
+from posgen.rules import value
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
@@ -63,7 +64,7 @@ COLUMNS = [
     *SHARE_COLUMNS,
 ]
 ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
-HEAD_R = 0.8  # heads_below: the share of (layer, head) whose mean r over samples is below this
+HEAD_R = value("HEAD_R")  # heads_below: the share of (layer, head) whose mean r over samples is below this
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:

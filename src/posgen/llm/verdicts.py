@@ -22,9 +22,10 @@ from posgen.claims import Claim, Outcome, exceeds
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.llm.summary import HEAD_R
+from posgen.rules import value
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
-CONSTRUCTIONS = ("A", "B")  # the paper's constructions of f + g: only these decide a verdict
+CONSTRUCTIONS = value("CONSTRUCTIONS")  # the paper's constructions of f + g: only these decide a verdict
 # diagnostics shown beside them, never counted: what each can and cannot show
 DIAGNOSTICS = {
     "A-drift": "a mean key that follows each window's own smooth key trajectory (docs/method.md section 3C): how "
@@ -35,19 +36,23 @@ DIAGNOSTICS = {
     "window, estimated from held-out windows (docs/method.md section 3C): how much of Method A's random-init gap "
     "absolute position closes, as against a window's own prefix content. Its f also depends on absolute position j",
 }
-SINK = "with"  # every causal entry, as the paper's correlation
-NEAR = 0.05  # "r near 0.959": mean and pooled r both within 0.05 of it
-LACK = 0.05  # "random-init models lack the split": mean r below the trained model's by more than 0.05 (CI < 0)
-LEARNED = 0.10  # "the pattern is learned": key token variance in the low-frequency half 10 points above random init
+SINK = value("SINK")  # every causal entry, as the paper's correlation
+NEAR = value("NEAR")  # "r near 0.959": mean and pooled r both within 0.05 of it
+LACK = value("LACK")  # "random-init models lack the split": mean r below the trained model's by more than 0.05 (CI < 0)
+LEARNED = value(
+    "LEARNED"
+)  # "the pattern is learned": key token variance in the low-frequency half 10 points above random init
 # perplexity on the kept targets (token and position id unchanged: only their context moved), as the moved
 # tokens are unpredictable by construction and would dominate the ratio over every target
-MINIMAL = 1.10  # "minimal effect" of a 5 % perturbation: kept-target perplexity at most 1.10 x unperturbed
-CLEAR = 1.20  # "degrades clearly" at 20 %: kept-target perplexity at least 1.20 x unperturbed
-RATES = (0.05, 0.2)  # the rates of the perturbation claim
-SWEEP = 0.02  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
-LAYER_MIN = 0.85  # "consistent across layers": every layer's mean r at least this
-HEADS_BELOW = 0.10  # "... and heads": at most this share of heads with mean r below posgen.llm.summary.HEAD_R
-G_KEPT = 0.95  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
+MINIMAL = value("MINIMAL")  # "minimal effect" of a 5 % perturbation: kept-target perplexity at most 1.10 x unperturbed
+CLEAR = value("CLEAR")  # "degrades clearly" at 20 %: kept-target perplexity at least 1.20 x unperturbed
+RATES = value("RATES")  # the rates of the perturbation claim
+SWEEP = value("SWEEP")  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
+LAYER_MIN = value("LAYER_MIN")  # "consistent across layers": every layer's mean r at least this
+HEADS_BELOW = value(
+    "HEADS_BELOW"
+)  # "... and heads": at most this share of heads with mean r below posgen.llm.summary.HEAD_R
+G_KEPT = value("G_KEPT")  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-LR_FLOOR = 0.1  # epochs whose closing learning rate is at least a tenth of the peak
-WINDOW = 3  # the last three of them
-MAX_SLOPE = 0.01  # at most 1 point of training accuracy per tenth of the budget
+from posgen.rules import value
+
+LR_FLOOR = value("LR_FLOOR")  # epochs whose closing learning rate is at least a tenth of the peak
+WINDOW = value("PLATEAU_WINDOW")  # the last three of them
+MAX_SLOPE = value("MAX_SLOPE")  # at most 1 point of training accuracy per tenth of the budget
+HELDOUT_SE = value("HELDOUT_SE")  # a held-out rise must also exceed this many binomial SE of the test set
+FIT_FRACTION = value("FIT_FRACTION")  # fitted: training accuracy this share of the way from the floor to 100 %
+LEARN_FRACTION = value("LEARN_FRACTION")  # learned: test accuracy this share of the way from the floor to 100 %
 
 
 def plateau_slope(train_accuracy, lr_factor) -> float:

@@ -23,14 +23,20 @@ import numpy as np
 import pandas as pd
 
 from posgen.claims import Claim, Decision, Outcome, combine, exceeds, overall, t_interval, verdict_markdown
+from posgen.rules import value
 from posgen.stats import CRITERION_TOP
 from posgen.store import atomic_path
 
 ROPE = "rope+sinusoidal"  # the authors' "rope"
 AUTHORS_PES = ("nope", "sinusoidal", "learned", "t5", "alibi", ROPE, "decoupled")  # the PEs the paper compares
-FAIL_MARGIN = 0.05  # "fails": at most 5 points above the exact position-free Bayes accuracy
-SUFFICE = 0.05  # "suffice": within 5 points of full RoPE
-DISPLACED = 0.5  # "displaced": the input probe's R^2 after layer 2 below half its R^2 on the input
+FAIL_MARGIN = value("FAIL_MARGIN")  # "fails": at most 5 points above the exact position-free Bayes accuracy
+SUFFICE = value("SUFFICE")  # "suffice": within 5 points of full RoPE
+TIE_SE = value("TIE_SE")  # the tie margin: at least this many binomial SE of the test set
+LEAK_SE = value("LEAK_SE")  # NoPE's sanity check: a leak above its ceiling by more than this many SE
+MIN_SEEDS = value("MIN_SEEDS")  # deciding seeds a reproduced / not reproduced rests on
+MIN_PER_CLASS = value("MIN_PER_CLASS")  # training sequences per class below which a distance cell is not testable
+ALIBI_HIDES = value("ALIBI_HIDES")  # the shallowest head's bias at the longest distance hides a trigger below -this
+DISPLACED = value("DISPLACED")  # "displaced": the input probe's R^2 after layer 2 below half its R^2 on the input
 PAPER_LONGEST_DISTANCE = 71  # the paper's distance task: middle ~ U{1..70}
 PAPER_REGIME = "6 layers x 16 heads, width 256, 13,700 steps at lr 1e-4, 70,000 train sequences, distance <= 71"
 
