@@ -42,8 +42,8 @@ class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
     ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
-    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
-    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
+    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`), and so is every D of
+    the sweep: min(D, window - 1) on a sliding-window layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
     error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
     :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts in
     float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
@@ -234,7 +234,8 @@ class Decomposer:
         :data:`SUMS` of f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
         """
         i_dummy = ops.distances.index(ops.dummy_distance)
-        i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
+        T = ops.q.shape[1]  # a sliding-window layer's sweep at min(D, window - 1) (docs/method.md section 4)
+        i_sweep = [ops.distances.index(used_dummy_distance(D, ops.window, T)) for D in self.dummy_distances]
         out = {"A": self._fg_statistics(ops, moments["A"], i_dummy, i_sweep)}
         for method in ("A-drift", "A-shared"):  # their g terms: the dummy D only
             out[method] = self._fg_statistics(ops, moments[method], 0, [])
