@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ISSUE_50 = "issue-50"  # the commit of an entry of this issue is named in the follow-up commit that records it
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -78,7 +76,7 @@ SECOND_RUN = "6e59f89 2026-11-23 14:07"  # the second paper's accuracies and lay
 DEPOSIT_STUDY = "a628d3c 2026-11-25 16:10"  # the deposit study: per-seed accuracies, drops, probe R^2
 H200_TABLE = "e8b0d76 2026-11-27 05:51"  # docs/gpu/regime_study-classifiers.csv and its section
 PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 71
-NOW = f"{ISSUE_50} 2026-11-28 07:00"
+ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
 
 
 def _rule(name, paper, judges, *history) -> Rule:
@@ -107,7 +105,7 @@ RULES = {
             "first",
             "what a claim on the trained model is decided on",
             Entry("point estimate", "25a4df1 2026-11-25 14:19", FIRST_RUN, "every number the claims judge"),
-            Entry("95 % window-bootstrap interval", NOW, FIRST_RUN, "straddling the threshold: inconclusive"),
+            Entry("95 % window-bootstrap interval", ISSUE_50, FIRST_RUN, "straddling the threshold: inconclusive"),
         ),
         _rule(
             "NEAR",
@@ -134,7 +132,7 @@ RULES = {
             "claims against random-init controls: decided over seeds, one seed is inconclusive",
             Entry("every seed, point", "25a4df1 2026-11-25 14:19", FIRST_RUN, "one random-init seed"),
             Entry("t interval over seeds, 'learned' only", "81c6afc 2026-11-27 08:23", FIRST_RUN, ""),
-            Entry("t interval over seeds, every such claim", NOW, FIRST_RUN, "the low-frequency claim too"),
+            Entry("t interval over seeds, every such claim", ISSUE_50, FIRST_RUN, "the low-frequency claim too"),
         ),
         _rule(
             "RATES",
@@ -167,7 +165,7 @@ RULES = {
             "first",
             "the dummy distances of the sweep on a sliding-window layer",
             Entry("D as given", "800bbbc 2026-11-23 15:19", GEMMA_LAYERS, "Gemma's raw sweep 0.612 at D = 1000"),
-            Entry("min(D, window - 1)", NOW, GEMMA_LAYERS, "as the split row"),
+            Entry("min(D, window - 1)", "570828a 2026-11-28 06:39", GEMMA_LAYERS, "as the split row"),
         ),
         _rule(
             "LAYER_MIN",
@@ -210,14 +208,14 @@ RULES = {
             "first",
             "gap origin: the quantity that decides 'absolute position'",
             Entry("A-shared's closure", "3b9f4a0 2026-11-27 02:14", ISSUE_24, ""),
-            Entry("noise-corrected shared share", NOW, VERDICT_ROWS, "shared share less its held-out floor"),
+            Entry("noise-corrected shared share", ISSUE_50, VERDICT_ROWS, "shared share less its held-out floor"),
         ),
         _rule(
             "FLOOR_K",
             "first",
             "gap origin's power: inconclusive (held-out floor) when the corrected shared share is within this many "
             "floors of its decision line",
-            Entry(1.0, NOW, VERDICT_ROWS, "the floors (-0.02, default run -0.09) were printed"),
+            Entry(1.0, ISSUE_50, VERDICT_ROWS, "the floors (-0.02, default run -0.09) were printed"),
         ),
         # --------------------------------------------------------------------------- the second paper
         _rule(
@@ -267,7 +265,7 @@ RULES = {
             "second",
             "the convergence gate's curve",
             Entry("training accuracy", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the cells it gates"),
-            Entry("held-out accuracy; 'did not fit' below FIT_FRACTION", NOW, H200_TABLE, "issue 50 item 3"),
+            Entry("held-out accuracy; 'did not fit' below FIT_FRACTION", ISSUE_50, H200_TABLE, "issue 50 item 3"),
         ),
         _rule(
             "LR_FLOOR",
@@ -292,13 +290,13 @@ RULES = {
             "second",
             "the held-out gate: still learning only when the rise over the window also exceeds this many binomial "
             "SE of the test set (the test curve's noise)",
-            Entry(2, NOW, "", "no held-out slope has been printed"),
+            Entry(2, ISSUE_50, "", "no held-out slope has been printed"),
         ),
         _rule(
             "FIT_FRACTION",
             "second",
             "'did not fit': final training accuracy below the floor plus this share of the way to 100 %",
-            Entry(0.5, NOW, H200_TABLE, "training accuracies printed in the H200 table"),
+            Entry(0.5, ISSUE_50, H200_TABLE, "training accuracies printed in the H200 table"),
         ),
         _rule(
             "LEARN_FRACTION",
@@ -306,42 +304,42 @@ RULES = {
             "a positive control (and a deposit seed) learned the task: test accuracy at least the floor plus this "
             "share of the way to 100 % (midpoint of the Bayes ceiling and 100 % on distance)",
             Entry("Bayes + FAIL_MARGIN", "e8b0d76 2026-11-27 05:51", H200_TABLE, "the ALiBi control", read_first=True),
-            Entry(0.5, NOW, H200_TABLE, "controls at 13.7 / 15.7 % no longer count as learned"),
+            Entry(0.5, ISSUE_50, H200_TABLE, "controls at 13.7 / 15.7 % no longer count as learned"),
         ),
         _rule(
             "MIN_SEEDS",
             "second",
             "seeds that must decide before a regime's verdict is reproduced or not reproduced",
             Entry(2, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "claims.exceeds: one seed is inconclusive"),
-            Entry(3, NOW, H200_TABLE, "two gated seeds ask for a second run or more seeds"),
+            Entry(3, ISSUE_50, H200_TABLE, "two gated seeds ask for a second run or more seeds"),
         ),
         _rule(
             "MIN_PER_CLASS",
             "second",
             "training sequences per class (distance task, at the longest distance) below which a regime is not "
             "testable (data per class)",
-            Entry(100, NOW, PER_CLASS, "a tenth of the paper's 1,000 per class; 30 at distance 71 was printed"),
+            Entry(100, ISSUE_50, PER_CLASS, "a tenth of the paper's 1,000 per class; 30 at distance 71 was printed"),
         ),
         _rule(
             "PAPER_LONGEST_DISTANCE",
             "second",
             "'ALiBi fails' testable only at the paper's longest distance",
             Entry(71, "35e5564 2026-11-26 20:48", SECOND_RUN, "ALiBi 94.7 % at the default distance"),
-            Entry(None, NOW, H200_TABLE, "retired: ALIBI_HIDES decides by the bias, not the distance"),
+            Entry(None, ISSUE_50, H200_TABLE, "retired: ALIBI_HIDES decides by the bias, not the distance"),
         ),
         _rule(
             "ALIBI_HIDES",
             "second",
             "'ALiBi fails' testable where the shallowest head's bias at the longest distance is at most minus this "
             "(ln 100: a far trigger weighted a hundredfold below a near one)",
-            Entry(4.6, NOW, H200_TABLE, "biases -0.28 (clean) / -27.9 (faithful) at 71 were printed"),
+            Entry(4.6, ISSUE_50, H200_TABLE, "biases -0.28 (clean) / -27.9 (faithful) at 71 were printed"),
         ),
         _rule(
             "DEPOSIT_RULE",
             "second",
             "how the deposit claim is decided",
             Entry("every converged seed; none of the controls", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, ""),
-            Entry("measured half first, learned seeds only; open stays inconclusive", NOW, H200_TABLE, ""),
+            Entry("measured half first, learned seeds only; open stays inconclusive", ISSUE_50, H200_TABLE, ""),
         ),
     )
 }
