@@ -42,11 +42,11 @@ class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
     ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
-    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`), and so is every D of
-    the sweep: min(D, window - 1) on a sliding-window layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
-    error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
-    :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts in
-    float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
+    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`), and so is
+    every D of the sweep: min(D, window - 1) on a sliding-window layer. ``block_elems`` sizes the row blocks of the
+    pass over every entry for the error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token
+    blocks of :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts
+    in float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
     bound (0: all; method.md section 5).
     """
 
