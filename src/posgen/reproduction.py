@@ -24,7 +24,8 @@ from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
-from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
+from posgen.synthetic.regime import size_and_budget
+from posgen.synthetic.verdicts import verdicts, verdicts_markdown
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -198,8 +199,8 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
         "position-free baselines (majority class, best length-only rule, best trigger-count rule, and the exact "
         "Bayes accuracy of a position-free classifier, its ceiling; docs/method.md section 8.2), and the layer-0 "
         "single-head ablation (top and second drop in points; deposit index = top / sum of positive drops, '-' "
-        "when the top drop is under 5 points). 'conv.': seeds whose training accuracy had stopped rising while "
-        "the learning rate was high (docs/method.md section 8.3); an unconverged cell decides no verdict. Paper "
+        "when the top drop is under 5 points). 'conv.': seeds that fit their training data and whose held-out "
+        "accuracy had stopped rising while the learning rate was high (the gate, docs/method.md section 8.3). Paper "
         "numbers from secondary notes, at 6x16, width 256, 13,700 steps, lr 1e-4, distance <= 71; their 'rope' "
         "is our rope+sinusoidal; our decoupled is the MLA-style PE on our backbone, not their MLA model. 'w/o 0': "
         "the accuracy over samples whose label is not 0, what the authors' evaluation reports (it differs on the "
@@ -389,7 +390,8 @@ def write_reproduction(
         text += "\n" + synthetic_reproduction_markdown(rows)
         source = study_classifiers_csv or synthetic_classifiers_csv
         if source is not None:
-            text += "\n" + verdicts_markdown(verdicts(pd.read_csv(source)), str(source))
+            classifiers = pd.read_csv(source)
+            text += "\n" + verdicts_markdown(verdicts(classifiers), str(source), classifiers)
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table

@@ -93,7 +93,7 @@ READ = [
     ("posgen.synthetic.verdicts", "TIE_SE", "TIE_SE"),
     ("posgen.synthetic.verdicts", "LEAK_SE", "LEAK_SE"),
     ("posgen.synthetic.verdicts", "MIN_SEEDS", "MIN_SEEDS"),
-    ("posgen.synthetic.verdicts", "MIN_PER_CLASS", "MIN_PER_CLASS"),
+    ("posgen.synthetic.regime", "MIN_PER_CLASS", "MIN_PER_CLASS"),
     ("posgen.synthetic.verdicts", "ALIBI_HIDES", "ALIBI_HIDES"),
 ]
 
