@@ -21,6 +21,7 @@ from posgen.decomposition.drift import (
     drift_moments,
     position_basis,
     position_share,
+    scaled_share,
     shared_share,
 )
 from posgen.decomposition.mask import SINKS
@@ -147,7 +148,8 @@ class Decomposer:
         if not ops.has_shared:  # no held-out trajectory: no Method A-shared (the stacks above are fresh tensors)
             for name in ("r", "r_f", "r_g", *SUMS):
                 out[name][:, METHODS.index("A-shared")] = float("nan")
-            out["k_shared_share"] = torch.full_like(out["k_shared_share"], float("nan"))
+            for name in ("k_shared_share", "k_scaled_share"):
+                out[name] = torch.full_like(out[name], float("nan"))
         if with_bound:
             out.update(self.error_and_bound(ops))
         else:
@@ -271,8 +273,9 @@ class Decomposer:
 
     def position_shares(self, ops: UnitOperands) -> dict[str, torch.Tensor]:
         """The position shares of q and k per head (method.md section 3C): ``<v>_position_share (H, basis, sink)``
-        for v in :data:`VECTORS`, each query head carrying its KV head's key share; and ``k_shared_share (H,
-        sink)``, the part of the key's variance that Method A-shared's s(j) explains."""
+        for v in :data:`VECTORS`, each query head carrying its KV head's key share; ``k_shared_share (H, sink)``, the
+        part of the key's variance that Method A-shared's s(j) explains, and ``k_scaled_share``, with one fitted
+        amplitude of s(j) per window and KV head."""
         smooth = self.basis(ops.q.shape[1])
         bases = torch.stack([smooth[sink] for sink in SINKS])  # (sink, T, M)
         vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
@@ -284,6 +287,8 @@ class Decomposer:
             out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
         shared = torch.stack([shared_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
         out["k_shared_share"] = shared[ops.kv]
+        scaled = torch.stack([scaled_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
+        out["k_scaled_share"] = scaled[ops.kv]
         return out
 
     def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:  # Method A's moments

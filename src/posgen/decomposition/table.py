@@ -94,6 +94,7 @@ class DecompositionTable:
             **{name: base + ("method", "sink") for name in SUMS},
             **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
             "k_shared_share": base + ("sink",),
+            "k_scaled_share": base + ("sink",),
         }
         data = {name: (dims[name], self.arrays[name]) for name in dims}
         data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)

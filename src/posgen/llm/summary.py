@@ -30,6 +30,7 @@ VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key (docs/meth
 BASES = ("linear", "smooth")
 # the key's share that Method A-shared's s(j) explains (docs/method.md section 3C), beside the position shares
 SHARE_COLUMNS = [f"{v}_position_share_{basis}" for v in VECTORS for basis in BASES] + ["k_shared_share"]
+SHARE_COLUMNS += ["k_scaled_share"]  # the same with one fitted amplitude per window and KV head (a diagnostic)
 COLUMNS = [
     "model",
     "variant",
@@ -212,11 +213,9 @@ def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> lis
         for vector in VECTORS
         for basis in BASES
     }
-    shares["k_shared_share"] = (
-        _nanmean(ds["k_shared_share"].transpose("sample", "layer", "head", "sink").values, (0, 1, 2))
-        if "k_shared_share" in ds
-        else np.full(len(sinks), np.nan)  # written before Method A-shared
-    )
+    for name in ("k_shared_share", "k_scaled_share"):  # NaN in a file written before A-shared / the amplitude
+        values = ds[name].transpose("sample", "layer", "head", "sink").values if name in ds else None
+        shares[name] = np.full(len(sinks), np.nan) if values is None else _nanmean(values, (0, 1, 2))
     distance = _distance_text(ds)
     # consistency: the lowest layer's mean r and the share of heads (mean over samples) below HEAD_R, and the
     # sweep's spread, each with its interval over windows (the first paper's verdicts decide on the intervals)
