@@ -91,21 +91,39 @@ RULES = {
             "SINK",
             "first",
             "which entries the first paper's correlations count: 'with' = every causal entry, as the paper",
-            Entry("with", "25a4df1 2026-11-25 14:19", FIRST_RUN, "the first run's r (sink 'without')"),
+            Entry(
+                "with",
+                "25a4df1 2026-11-25 14:19",
+                FIRST_RUN,
+                "SmolLM2 r, sink 'without'",
+                "'with' counts every causal entry, as the paper",
+            ),
         ),
         _rule(
             "CONSTRUCTIONS",
             "first",
             "the constructions of f + g that decide a verdict; the others are diagnostics",
             Entry(("A", "B", "A-drift"), "25a4df1 2026-11-25 14:19", FIRST_RUN, "Method A and B r"),
-            Entry(("A", "B"), "d2e398c 2026-11-26 20:50", ISSUE_24, "A-drift demoted after its gap was printed"),
+            Entry(
+                ("A", "B"),
+                "d2e398c 2026-11-26 20:50",
+                ISSUE_24,
+                "A-drift's gap beside A's",
+                "A-drift demoted to a diagnostic after its gap was printed",
+            ),
         ),
         _rule(
             "DECISION",
             "first",
             "what a claim on the trained model is decided on",
             Entry("point estimate", "25a4df1 2026-11-25 14:19", FIRST_RUN, "every number the claims judge"),
-            Entry("95 % window-bootstrap interval", ISSUE_50, FIRST_RUN, "straddling the threshold: inconclusive"),
+            Entry(
+                "95 % window-bootstrap interval",
+                ISSUE_50,
+                FIRST_RUN,
+                "every number the claims judge",
+                "inconclusive when the interval straddles the threshold",
+            ),
         ),
         _rule(
             "NEAR",
@@ -123,16 +141,24 @@ RULES = {
             "LEARNED",
             "first",
             "'the low-frequency pattern is learned': trained low-frequency share this far above random init",
-            Entry(0.10, "25a4df1 2026-11-25 14:19", TRAJECTORY, "keys only"),
-            Entry(0.10, "63288ee 2026-11-27 02:32", ISSUE_24, "queries added (0.60 / 0.57 vs 0.50 printed)"),
+            Entry(0.10, "25a4df1 2026-11-25 14:19", TRAJECTORY, "the low-frequency share", "keys only"),
+            Entry(0.10, "63288ee 2026-11-27 02:32", ISSUE_24, "queries 0.60 / 0.57 vs 0.50", "queries added"),
         ),
         _rule(
             "SEEDS_FIRST",
             "first",
             "claims against random-init controls: decided over seeds, one seed is inconclusive",
-            Entry("every seed, point", "25a4df1 2026-11-25 14:19", FIRST_RUN, "one random-init seed"),
-            Entry("t interval over seeds, 'learned' only", "81c6afc 2026-11-27 08:23", FIRST_RUN, ""),
-            Entry("t interval over seeds, every such claim", ISSUE_50, FIRST_RUN, "the low-frequency claim too"),
+            Entry("every seed, point", "25a4df1 2026-11-25 14:19", FIRST_RUN, "the random-init gap, one seed"),
+            Entry(
+                "t interval over seeds, 'learned' only", "81c6afc 2026-11-27 08:23", FIRST_RUN, "the random-init gap"
+            ),
+            Entry(
+                "t interval over seeds, every such claim",
+                ISSUE_50,
+                FIRST_RUN,
+                "the random-init gap",
+                "the low-frequency claim too",
+            ),
         ),
         _rule(
             "RATES",
@@ -144,15 +170,27 @@ RULES = {
             "MINIMAL",
             "first",
             "'minimal effect' at 5 %: perplexity ratio at most this",
-            Entry(1.10, "25a4df1 2026-11-25 14:19", FIRST_RUN, "every-target ratio 1.467 at 5 %"),
-            Entry(1.10, "63288ee 2026-11-27 02:32", FIRST_RUN, "on kept targets, after the every-target ratio failed"),
+            Entry(1.10, "25a4df1 2026-11-25 14:19", FIRST_RUN, "every-target ratio 1.467 at 5 %", "on every target"),
+            Entry(
+                1.10,
+                "63288ee 2026-11-27 02:32",
+                FIRST_RUN,
+                "every-target ratios",
+                "moved to kept targets after the every-target ratio failed it",
+            ),
         ),
         _rule(
             "CLEAR",
             "first",
             "'degrades clearly' at 20 %: perplexity ratio at least this",
-            Entry(1.20, "25a4df1 2026-11-25 14:19", FIRST_RUN, "every-target ratio 4.698 at 20 %"),
-            Entry(1.20, "63288ee 2026-11-27 02:32", FIRST_RUN, "on kept targets, after the every-target ratio failed"),
+            Entry(1.20, "25a4df1 2026-11-25 14:19", FIRST_RUN, "every-target ratio 4.698 at 20 %", "on every target"),
+            Entry(
+                1.20,
+                "63288ee 2026-11-27 02:32",
+                FIRST_RUN,
+                "every-target ratios",
+                "moved to kept targets after the every-target ratio failed it",
+            ),
         ),
         _rule(
             "SWEEP",
@@ -164,8 +202,14 @@ RULES = {
             "SWEEP_SLIDING",
             "first",
             "the dummy distances of the sweep on a sliding-window layer",
-            Entry("D as given", "800bbbc 2026-11-23 15:19", GEMMA_LAYERS, "Gemma's raw sweep 0.612 at D = 1000"),
-            Entry("min(D, window - 1)", "570828a 2026-11-28 06:39", GEMMA_LAYERS, "as the split row"),
+            Entry("D as given", "800bbbc 2026-11-23 15:19", GEMMA_LAYERS, "Gemma's raw sweep, 0.612 at D = 1000"),
+            Entry(
+                "min(D, window - 1)",
+                "570828a 2026-11-28 06:39",
+                GEMMA_LAYERS,
+                "Gemma's raw sweep, 0.612 at D = 1000",
+                "as the split row",
+            ),
         ),
         _rule(
             "LAYER_MIN",
@@ -177,13 +221,25 @@ RULES = {
             "HEAD_R",
             "first",
             "'... and heads': a head counts as below when its mean r over windows is under this",
-            Entry(0.8, "63288ee 2026-11-27 02:32", VERDICT_ROWS, "same session, 1.5 h before the first printing"),
+            Entry(
+                0.8,
+                "63288ee 2026-11-27 02:32",
+                VERDICT_ROWS,
+                "heads below 0.8",
+                "same session, 1.5 h before the first printing",
+            ),
         ),
         _rule(
             "HEADS_BELOW",
             "first",
             "'... and heads': at most this share of heads below HEAD_R",
-            Entry(0.10, "63288ee 2026-11-27 02:32", VERDICT_ROWS, "same session, 1.5 h before the first printing"),
+            Entry(
+                0.10,
+                "63288ee 2026-11-27 02:32",
+                VERDICT_ROWS,
+                "heads below 0.8",
+                "same session, 1.5 h before the first printing",
+            ),
         ),
         _rule(
             "G_KEPT",
@@ -195,46 +251,76 @@ RULES = {
             "FIRST_TOKEN",
             "first",
             "the first-token control: what replaces the input embedding at position 0",
-            Entry("mean-embedding", "63288ee 2026-11-27 02:32", VERDICT_ROWS, "kept in issue 50 (docs/method.md 3C)"),
+            Entry(
+                "mean-embedding",
+                "63288ee 2026-11-27 02:32",
+                VERDICT_ROWS,
+                "the first-token control's shares",
+                "kept in issue 50: docs/method.md 3C says why",
+            ),
         ),
         _rule(
             "HALF",
             "first",
             "gap origin: a construction explains the gap when it closes at least this share of it",
-            Entry(0.5, "3b9f4a0 2026-11-27 02:14", ISSUE_24, "A-drift's closure was printed; A-shared's was not"),
+            Entry(
+                0.5,
+                "3b9f4a0 2026-11-27 02:14",
+                ISSUE_24,
+                "A-drift's closure of the gap",
+                "A-shared's closure was not yet printed",
+            ),
         ),
         _rule(
             "GAP_SHARED",
             "first",
             "gap origin: the quantity that decides 'absolute position'",
-            Entry("A-shared's closure", "3b9f4a0 2026-11-27 02:14", ISSUE_24, ""),
-            Entry("noise-corrected shared share", ISSUE_50, VERDICT_ROWS, "shared share less its held-out floor"),
+            Entry("A-shared's closure", "3b9f4a0 2026-11-27 02:14", ISSUE_24, "A-drift's closure"),
+            Entry(
+                "noise-corrected shared share",
+                ISSUE_50,
+                VERDICT_ROWS,
+                "the shared shares",
+                "the shared share less its held-out floor",
+            ),
         ),
         _rule(
             "FLOOR_K",
             "first",
             "gap origin's power: inconclusive (held-out floor) when the corrected shared share is within this many "
             "floors of its decision line",
-            Entry(1.0, ISSUE_50, VERDICT_ROWS, "the floors (-0.02, default run -0.09) were printed"),
+            Entry(1.0, ISSUE_50, VERDICT_ROWS, "the shared floors, -0.02 (study)"),
         ),
         # --------------------------------------------------------------------------- the second paper
         _rule(
             "CRITERION_TOP",
             "second",
             "the deposit criterion: layer-0 top single-head drop at least this",
-            Entry(0.30, "d1642c3 2026-11-23 13:10", SECOND_RUN, "the reproduction notes' criterion (method.md 8)"),
+            Entry(
+                0.30,
+                "d1642c3 2026-11-23 13:10",
+                SECOND_RUN,
+                "the first layer-0 drops",
+                "the reproduction notes' criterion",
+            ),
         ),
         _rule(
             "CRITERION_SECOND",
             "second",
             "the deposit criterion: the second largest layer-0 drop at most this",
-            Entry(0.05, "d1642c3 2026-11-23 13:10", SECOND_RUN, "the reproduction notes' criterion (method.md 8)"),
+            Entry(
+                0.05,
+                "d1642c3 2026-11-23 13:10",
+                SECOND_RUN,
+                "the first layer-0 drops",
+                "the reproduction notes' criterion",
+            ),
         ),
         _rule(
             "FAIL_MARGIN",
             "second",
             "'fails': at most this above the position-free floor",
-            Entry(0.05, "b8ea546 2026-11-25 04:20", SECOND_RUN, "NoPE 19.3 %, chance 7.9 %"),
+            Entry(0.05, "b8ea546 2026-11-25 04:20", SECOND_RUN, "NoPE 19.3 % on distance"),
         ),
         _rule(
             "SUFFICE",
@@ -246,7 +332,7 @@ RULES = {
             "DISPLACED",
             "second",
             "'additive directions displaced': the input probe's R^2 after layer 2 below this share of its input R^2",
-            Entry(0.5, "b8ea546 2026-11-25 04:20", DEPOSIT_STUDY, "probe R^2 first printed by the deposit study"),
+            Entry(0.5, "b8ea546 2026-11-25 04:20", DEPOSIT_STUDY, "the probes' R^2"),
         ),
         _rule(
             "TIE_SE",
@@ -258,88 +344,108 @@ RULES = {
             "LEAK_SE",
             "second",
             "NoPE's sanity check: a leak when above its Bayes ceiling by more than this many SE in every seed",
-            Entry(2, "35e5564 2026-11-26 20:48", SECOND_RUN, "NoPE 19.3 %"),
+            Entry(2, "35e5564 2026-11-26 20:48", SECOND_RUN, "NoPE 19.3 % on distance"),
         ),
         _rule(
             "GATE_CURVE",
             "second",
             "the convergence gate's curve",
-            Entry("training accuracy", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the cells it gates"),
-            Entry("held-out accuracy; 'did not fit' below FIT_FRACTION", ISSUE_50, H200_TABLE, "issue 50 item 3"),
+            Entry("training accuracy", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the deposit study's cells"),
+            Entry(
+                "held-out accuracy; 'did not fit' below FIT_FRACTION",
+                ISSUE_50,
+                H200_TABLE,
+                "the H200 regime table",
+                "the training slope selected for failure",
+            ),
         ),
         _rule(
             "LR_FLOOR",
             "second",
             "the gate reads the epochs whose closing learning rate is at least this share of the peak",
-            Entry(0.1, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the cells it gates"),
+            Entry(0.1, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the deposit study's cells"),
         ),
         _rule(
             "PLATEAU_WINDOW",
             "second",
             "the gate reads the last this-many such epochs",
-            Entry(3, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the cells it gates"),
+            Entry(3, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the deposit study's cells"),
         ),
         _rule(
             "MAX_SLOPE",
             "second",
             "the gate: a plateau rises by at most this per tenth of the budget",
-            Entry(0.01, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the cells it gates"),
+            Entry(0.01, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the deposit study's cells"),
         ),
         _rule(
             "HELDOUT_SE",
             "second",
             "the held-out gate: still learning only when the rise over the window also exceeds this many binomial "
             "SE of the test set (the test curve's noise)",
-            Entry(2, ISSUE_50, "", "no held-out slope has been printed"),
+            Entry(2, ISSUE_50, "", "", "no held-out slope has been printed"),
         ),
         _rule(
             "FIT_FRACTION",
             "second",
             "'did not fit': final training accuracy below the floor plus this share of the way to 100 %",
-            Entry(0.5, ISSUE_50, H200_TABLE, "training accuracies printed in the H200 table"),
+            Entry(0.5, ISSUE_50, H200_TABLE, "training accuracies of the H200 table"),
         ),
         _rule(
             "LEARN_FRACTION",
             "second",
             "a positive control (and a deposit seed) learned the task: test accuracy at least the floor plus this "
             "share of the way to 100 % (midpoint of the Bayes ceiling and 100 % on distance)",
-            Entry("Bayes + FAIL_MARGIN", "e8b0d76 2026-11-27 05:51", H200_TABLE, "the ALiBi control", read_first=True),
-            Entry(0.5, ISSUE_50, H200_TABLE, "controls at 13.7 / 15.7 % no longer count as learned"),
+            Entry(
+                "Bayes + FAIL_MARGIN",
+                "e8b0d76 2026-11-27 05:51",
+                H200_TABLE,
+                "the ALiBi control's accuracies",
+                read_first=True,
+            ),
+            Entry(0.5, ISSUE_50, H200_TABLE, "the ALiBi control's accuracies", "13.7 / 15.7 % no longer count"),
         ),
         _rule(
             "MIN_SEEDS",
             "second",
             "seeds that must decide before a regime's verdict is reproduced or not reproduced",
-            Entry(2, "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "claims.exceeds: one seed is inconclusive"),
-            Entry(3, ISSUE_50, H200_TABLE, "two gated seeds ask for a second run or more seeds"),
+            Entry(
+                2,
+                "35e5564 2026-11-26 20:48",
+                DEPOSIT_STUDY,
+                "the deposit study's seeds",
+                "claims.exceeds: one seed is inconclusive",
+            ),
+            Entry(3, ISSUE_50, H200_TABLE, "the H200 table's seeds", "two gated seeds ask for a second run or more"),
         ),
         _rule(
             "MIN_PER_CLASS",
             "second",
             "training sequences per class (distance task, at the longest distance) below which a regime is not "
             "testable (data per class)",
-            Entry(100, ISSUE_50, PER_CLASS, "a tenth of the paper's 1,000 per class; 30 at distance 71 was printed"),
+            Entry(100, ISSUE_50, PER_CLASS, "30 per class at distance 71", "a tenth of the paper's 1,000 per class"),
         ),
         _rule(
             "PAPER_LONGEST_DISTANCE",
             "second",
             "'ALiBi fails' testable only at the paper's longest distance",
             Entry(71, "35e5564 2026-11-26 20:48", SECOND_RUN, "ALiBi 94.7 % at the default distance"),
-            Entry(None, ISSUE_50, H200_TABLE, "retired: ALIBI_HIDES decides by the bias, not the distance"),
+            Entry(None, ISSUE_50, H200_TABLE, "ALiBi at distances 17-71", "retired: ALIBI_HIDES decides by the bias"),
         ),
         _rule(
             "ALIBI_HIDES",
             "second",
             "'ALiBi fails' testable where the shallowest head's bias at the longest distance is at most minus this "
             "(ln 100: a far trigger weighted a hundredfold below a near one)",
-            Entry(4.6, ISSUE_50, H200_TABLE, "biases -0.28 (clean) / -27.9 (faithful) at 71 were printed"),
+            Entry(4.6, ISSUE_50, H200_TABLE, "biases -0.28 clean, -27.9 faithful at 71"),
         ),
         _rule(
             "DEPOSIT_RULE",
             "second",
             "how the deposit claim is decided",
-            Entry("every converged seed; none of the controls", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, ""),
-            Entry("measured half first, learned seeds only; open stays inconclusive", ISSUE_50, H200_TABLE, ""),
+            Entry("every converged seed; none of the controls", "35e5564 2026-11-26 20:48", DEPOSIT_STUDY, "the drops"),
+            Entry(
+                "measured half first, learned seeds only; open stays inconclusive", ISSUE_50, H200_TABLE, "the drops"
+            ),
         ),
     )
 }
@@ -365,12 +471,12 @@ def _text(v) -> str:
 def table() -> str:
     """The registry as a Markdown table, one row per entry (rule, value, date, commit, status, what it judges)."""
     lines = [
-        "| rule | paper | value | set | commit | numbers it judges first printed | status | note |",
+        "| rule | paper | value | set | commit | the numbers it judges, first printed | status | note |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for rule in RULES.values():
         for e in rule.history:
-            printed = f"{e.printed} ({e.where})" if e.printed else e.where
+            printed = f"{e.printed}: {e.where}" if e.printed else "-"
             lines.append(
                 f"| {rule.name} | {rule.paper} | {_text(e.value)} | {e.when} | {e.commit} | {printed} | "
                 f"{e.status} | {e.note} |"
