@@ -98,10 +98,29 @@ READ = [
 ]
 
 
+def unregistered(registry: dict) -> list[str]:
+    """The rules whose history differs from HISTORY: a value edited in place, an entry dropped, a rule added."""
+    names = sorted(set(registry) | set(HISTORY))
+    return [n for n in names if n not in registry or [e.value for e in registry[n].history] != HISTORY.get(n)]
+
+
 def test_the_history_is_append_only():
-    assert list(rules.RULES) == list(HISTORY), "a rule added or dropped: add it to HISTORY too"
-    for name, values in HISTORY.items():
-        assert [e.value for e in rules.RULES[name].history] == values, f"{name}: a value changed without a new entry"
+    assert unregistered(rules.RULES) == [], "a value changed without a new entry (or a rule not in HISTORY)"
+
+
+def test_the_guard_fails_on_a_value_edited_in_place():
+    """NEAR's 0.05 edited to 0.06 in the registry text, without a new entry: the guard names it; the same value
+    appended as a new entry (and to HISTORY) passes."""
+    line = "- 0.05 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | mean r 0.928, pooled 0.972"
+    assert line in rules.REGISTRY
+    assert unregistered(rules._parse(rules.REGISTRY.replace(line, line.replace("0.05", "0.06", 1)))) == ["NEAR"]
+    appended = rules._parse(rules.REGISTRY.replace(line, f"{line}\n- 0.06 | ISSUE_50 | FIRST_RUN | mean r"))
+    assert appended["NEAR"].value == 0.06 and appended["NEAR"].post_hoc
+    HISTORY["NEAR"].append(0.06)
+    try:
+        assert unregistered(appended) == []
+    finally:
+        HISTORY["NEAR"].pop()
 
 
 @pytest.mark.parametrize("module, attribute, name", READ)
