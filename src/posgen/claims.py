@@ -135,7 +135,8 @@ def against(lo: float, hi: float, threshold: float, above: bool) -> tuple[Outcom
     """A claim on one model, "value >= threshold" (``above``) or "value <= threshold", decided on the value's
     95 % interval [lo, hi]: reproduced when it lies wholly on the claim's side, not reproduced when wholly on the
     other, inconclusive when it straddles (or is missing). The text names the threshold at which the outcome
-    would flip: a reproduced "above" claim turns inconclusive at a threshold above ``lo``."""
+    would flip (a reproduced "above" claim turns inconclusive at a threshold above ``lo``), in words a
+    diagnostic's row may print too: "holds" and "fails", never "reproduced"."""
     if not (np.isfinite(lo) and np.isfinite(hi)):
         return Outcome.INCONCLUSIVE, "no interval over windows"
     near, far = (lo, hi) if above else (hi, lo)
@@ -145,7 +146,7 @@ def against(lo: float, hi: float, threshold: float, above: bool) -> tuple[Outcom
         return Outcome.REPRODUCED, f"flips at a threshold {side} {near:.3f}"
     if fails:
         return Outcome.NOT_REPRODUCED, f"flips at a threshold {other} {far:.3f}"
-    text = f"straddles it: reproduced at a threshold {other} {near:.3f}, not reproduced {side} {far:.3f}"
+    text = f"straddles it: holds at a threshold {other} {near:.3f}, fails {side} {far:.3f}"
     return Outcome.INCONCLUSIVE, text
 
 

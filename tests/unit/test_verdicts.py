@@ -85,17 +85,15 @@ def test_each_claim_gets_its_verdict_from_its_rules():
     md = verdict_markdown(verdicts(summary(), bands, perturb), "results/summary.csv")
     assert f"**{split}**" in md
     assert (
-        "m1 / A: **reproduced**, mean 0.930 [0.925, 0.935], 0.034 from 0.959 at most: reproduced, NEAR flips "
+        "m1 / A: **reproduced**, mean 0.930 [0.925, 0.935], 0.034 from 0.959 at most: holds, NEAR flips "
         "at a threshold below 0.034" in md
     )
     assert "m1 / A-drift: **diagnostic** (undecided), trained minus random-init holds in 0 of 1 seed" in md
-    assert "token-swap: 5% 1.050 [1.020, 1.080] <= 1.1: reproduced, flips at a threshold below 1.080" in md
+    assert "token-swap: 5% 1.050 [1.020, 1.080] <= 1.1: holds, flips at a threshold below 1.080" in md
     assert "(every target 1.50 / 3.00; moved 10% / 10%)" in md
     # a diagnostic's finding never says "reproduced", and every row cites its rules, the post-hoc ones marked
-    rows = [line for line in md.splitlines() if "(diagnostic)" in line or "**diagnostic**" in line]
-    assert rows and all(
-        "**reproduced**" not in part for row in rows for part in row.split("<br>") if "A-drift:" in part
-    )
+    parts = [part for line in md.splitlines() for part in line.split("<br>") if part.startswith("m1 / A-drift:")]
+    assert len(parts) == 2 and all("**diagnostic**" in p and "reproduced" not in p for p in parts), parts
     assert "rules: NEAR 0.05 (post hoc), SINK with (post hoc)" in md
     # a diagnostic alone never makes a claim hold: A-drift's random-init gap would pass where A and B fail
     gaps = summary(seeds=3)
@@ -117,7 +115,7 @@ def test_a_number_near_its_threshold_is_decided_on_its_interval():
     rows.loc[trained_a, ["min_layer_r", "min_layer_r_lo", "min_layer_r_hi"]] = [0.882, 0.84, 0.90]  # vs 0.85
     finding = by_claim(verdicts(rows, {}, {}))["consistent_across_layers_and_heads"][1][0]
     assert finding.outcome.value == "inconclusive"  # the point, 0.882 >= 0.85, said "reproduced"
-    assert "reproduced at a threshold below 0.840, not reproduced above 0.900" in finding.evidence
+    assert "straddles it: holds at a threshold below 0.840, fails above 0.900" in finding.evidence
     rows.loc[trained_a, ["min_layer_r", "min_layer_r_lo", "min_layer_r_hi"]] = [0.882, 0.87, 0.89]
     finding = by_claim(verdicts(rows, {}, {}))["consistent_across_layers_and_heads"][1][0]
     assert finding.outcome.value == "reproduced" and "flips at a threshold above 0.870" in finding.evidence
@@ -126,7 +124,7 @@ def test_a_number_near_its_threshold_is_decided_on_its_interval():
 
     cap = {"smol": {"trained": {8: CapEffect(0.531, 0.916, 1.81, 0.90, 0.96, 0.30, 0.45)}}}
     text, findings = by_claim(verdicts(rows, {}, {}, cap))["cap_changes_only_f"]
-    assert text == "inconclusive" and "g 0.916 [0.900, 0.960] >= 0.95: inconclusive" in findings[0].evidence
+    assert text == "inconclusive" and "g 0.916 [0.900, 0.960] >= 0.95: straddles it" in findings[0].evidence
     # word-swap at 5 %: 1.11 [1.06, 1.16] against 1.10 (the point said "not reproduced")
     at = {("word-swap", 0.05): kept(1.11, 1.06, 1.16), ("word-swap", 0.2): kept(1.64, 1.5, 1.8)}
     text, findings = by_claim(verdicts(rows, {}, {"smol": {"trained": at}}))["perturbations_tolerated"]
@@ -138,7 +136,7 @@ def test_a_number_near_its_threshold_is_decided_on_its_interval():
     rows.loc[trained_a, ["mean_r", "mean_r_lo", "mean_r_hi"]] = [0.905, 0.900, 0.915]
     finding = [f for f in by_claim(verdicts(rows, {}, {}))["r_near_paper"][1]][0]
     assert finding.outcome.value == "inconclusive"
-    assert "reproduced at a threshold above 0.059, not reproduced below 0.044" in finding.evidence
+    assert "NEAR straddles it: holds at a threshold above 0.059, fails below 0.044" in finding.evidence
     # without an interval (a summary from before the columns) nothing is decided
     bare = rows.drop(columns=["min_layer_r_lo", "min_layer_r_hi"])
     finding = by_claim(verdicts(bare, {}, {}))["consistent_across_layers_and_heads"][1][0]
@@ -229,7 +227,7 @@ def test_the_sweep_and_the_consistency_claims_decide_on_their_columns():
         results["insensitive_to_dummy_distance"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
     )
     m2 = results["insensitive_to_dummy_distance"][1][1].evidence
-    assert "spread 0.070 [0.050, 0.090] <= 0.02: not reproduced, flips at a threshold above 0.050" in m2
+    assert "spread 0.070 [0.050, 0.090] <= 0.02: fails, flips at a threshold above 0.050" in m2
     assert "over D = 0: 0.880, 500: 0.950" in m2
     layers = "depends: reproduced in m1/A, m1/B, m2/A; not reproduced in m2/B"  # A-drift shown, not counted
     assert results["consistent_across_layers_and_heads"][0] == layers
@@ -261,9 +259,7 @@ def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
     results = by_claim(verdicts(summary(), {}, {}, caps))
     assert results["cap_changes_only_f"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
     evidence = results["cap_changes_only_f"][1][1].evidence
-    assert (
-        "C = 8: f 0.600, g 0.900 [0.880, 0.920] >= 0.95: not reproduced, flips at a threshold below 0.920" in evidence
-    )
+    assert "C = 8: f 0.600, g 0.900 [0.880, 0.920] >= 0.95: fails, flips at a threshold below 0.920" in evidence
     assert "perplexity ratio 1.30" in evidence
     assert by_claim(verdicts(summary(), {}, {}))["cap_changes_only_f"][0] == "not tested"
 

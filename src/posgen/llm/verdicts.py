@@ -52,6 +52,7 @@ SWEEP = value("SWEEP")  # "D barely matters": Method A's mean r moves by at most
 LAYER_MIN = value("LAYER_MIN")  # "consistent across layers": every layer's mean r at least this
 HEADS_BELOW = value("HEADS_BELOW")  # "... and heads": at most this share of heads below HEAD_R
 G_KEPT = value("G_KEPT")  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
+HOLDS = {Outcome.REPRODUCED: "holds, ", Outcome.NOT_REPRODUCED: "fails, "}  # one number's test, in any row
 DIAGNOSTIC_WORDS = {  # a diagnostic's finding in words that never say "reproduced"
     Outcome.REPRODUCED: "meets the test",
     Outcome.NOT_REPRODUCED: "misses the test",
@@ -111,7 +112,7 @@ def _decide(name: str, point: float, lo: float, hi: float, threshold: float, abo
     """One number against its threshold on its interval over windows, with the threshold at which it flips."""
     outcome, flip = against(lo, hi, threshold, above)
     sign = ">=" if above else "<="
-    return outcome, f"{name} {point:.3f} [{lo:.3f}, {hi:.3f}] {sign} {threshold}: {outcome.value}, {flip}"
+    return outcome, f"{name} {point:.3f} [{lo:.3f}, {hi:.3f}] {sign} {threshold}: {HOLDS.get(outcome, '')}{flip}"
 
 
 def _near(row, column: str) -> tuple[Outcome, str]:
@@ -121,7 +122,7 @@ def _near(row, column: str) -> tuple[Outcome, str]:
     near = 0.0 if lo <= PAPER_R <= hi else min(abs(lo - PAPER_R), abs(hi - PAPER_R))
     outcome, flip = against(near, far, NEAR, above=False)
     text = f"{column.split('_')[0]} {row[column]:.3f} [{lo:.3f}, {hi:.3f}], {far:.3f} from {PAPER_R} at most"
-    return outcome, f"{text}: {outcome.value}, NEAR {flip}"
+    return outcome, f"{text}: {HOLDS.get(outcome, '')}NEAR {flip}"
 
 
 def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
