@@ -28,7 +28,9 @@ from enum import Enum
 import numpy as np
 from scipy import stats
 
-LEVEL = 0.95  # the confidence level of every seed interval
+from posgen.rules import value
+
+LEVEL = value("LEVEL")  # the confidence level of every seed interval
 
 
 class Outcome(str, Enum):

@@ -144,6 +144,8 @@ RULE GAP_SHARED (first): gap origin: the quantity that decides 'absolute positio
 RULE FLOOR_K (first): gap origin's power: inconclusive (held-out floor) when the corrected shared share is within
   this many floors of its decision line
 - 1.0 | ISSUE_50 | VERDICT_ROWS | the shared floors, -0.02 (study)
+RULE LEVEL (both): the confidence level of every t interval over seeds (posgen.claims)
+- 0.95 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's seeds
 RULE CRITERION_TOP (second): the deposit criterion: layer-0 top single-head drop at least this
 - 0.3 | d1642c3 2026-11-23 13:10 | SECOND_RUN | the first layer-0 drops | the reproduction notes' criterion
 RULE CRITERION_SECOND (second): the deposit criterion: the second largest layer-0 drop at most this
