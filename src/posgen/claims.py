@@ -8,13 +8,16 @@ verdict is followed by) and ends in one of :class:`Outcome`:
 * ``not reproduced``: it holds in no such seed, and the interval lies wholly on the other side;
 * ``inconclusive``: anything between (seeds disagree, the interval straddles the threshold, a single seed, or
   no seed whose cells converged);
-* ``not discriminative``: the test cannot tell the claim from its negation here (every compared model at the
-  ceiling, a competitor the claim names was not trained, a test whose result is fixed by construction);
+* ``not discriminative``: the test cannot tell the claim from its negation here, always with its reason
+  (:data:`WHY`): a tautology, a ceiling tie, a rival or a control not trained, a control that did not learn;
+* ``sanity check failed``: a check that holds by construction did not (a NoPE position leak);
 * ``not testable here``: the regime removes the mechanism the claim is about (e.g. distances shorter than the
   paper's);
 * ``not tested``: no experiment has what the claim needs.
 
-Intervals are Student t intervals over seeds (docs/method.md section 8.9), never a bootstrap of three values.
+Intervals over seeds are Student t intervals (docs/method.md section 8.9), never a bootstrap of three values; a
+claim on one model (the first paper's trained model) is decided on its 95 % bootstrap interval over windows
+(:func:`against`), and every such verdict prints the threshold at which it would flip.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from enum import Enum
 import numpy as np
 from scipy import stats
 
-LEVEL = 0.95  # the confidence level of every seed interval
+from posgen.rules import value
+
+LEVEL = value("LEVEL")  # the confidence level of every seed interval
 
 
 class Outcome(str, Enum):
@@ -35,6 +40,18 @@ class Outcome(str, Enum):
     NOT_DISCRIMINATIVE = "not discriminative"
     NOT_TESTABLE = "not testable here"
     NOT_TESTED = "not tested"
+    SANITY_FAILED = "sanity check failed"
+
+
+# why a test cannot discriminate (printed in the verdict cell: "not discriminative (ceiling tie)")
+WHY = {
+    "tautology": "holds by construction",
+    "ceiling": "ceiling tie",
+    "rival": "rival not trained",
+    "control": "control not trained",
+    "control failed": "control did not learn",
+    "control meets it": "the random-init control meets it too",
+}
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,17 @@ class Decision:
 
     outcome: Outcome
     evidence: str
+    why: str = ""  # a key of WHY: the reason a test is not discriminative, or "data per class" (not testable)
+
+    @property
+    def label(self) -> str:
+        """The outcome with its reason: "not discriminative (ceiling tie)"."""
+        return label(self.outcome, self.why)
+
+
+def label(outcome: Outcome, why: str = "") -> str:
+    """An outcome as a verdict cell prints it, with its reason where it has one."""
+    return f"{outcome.value} ({WHY.get(why, why)})" if why else outcome.value
 
 
 @dataclass(frozen=True)
@@ -56,6 +84,7 @@ class Claim:
     check: object
     fixed: str = ""  # why a finished run cannot fail the test (then its verdict is "not discriminative")
     reads: str = ""  # the data its test reads, whose regime its verdict is followed by (the first paper's)
+    rules: tuple = ()  # the names of the rules it depends on (posgen.rules), cited in its row
 
 
 def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
@@ -71,11 +100,11 @@ def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
     return mean, mean - float(half), mean + float(half)
 
 
-def exceeds(differences, threshold: float, points: bool = True) -> tuple[Outcome, str]:
+def exceeds(differences, threshold: float, points: bool = True, min_seeds: int = 2) -> tuple[Outcome, str]:
     """The claim "difference > threshold", one difference per seed: reproduced when every seed holds and the
     t interval lies above ``threshold``, not reproduced when no seed holds and it lies below, else inconclusive
-    (so a single seed is always inconclusive). The text: seeds holding, mean and interval (in points of a
-    fraction with ``points``, else as they are)."""
+    (so a single seed is always inconclusive, and so are fewer than ``min_seeds``). The text: seeds holding, mean
+    and interval (in points of a fraction with ``points``, else as they are)."""
     d = np.asarray(differences, dtype=np.float64)
     d = d[np.isfinite(d)]
     if len(d) == 0:
@@ -87,10 +116,39 @@ def exceeds(differences, threshold: float, points: bool = True) -> tuple[Outcome
         text = f"holds in {held} of 1 seed ({scale * mean:{fmt}}{unit}; one seed has no interval)"
         return Outcome.INCONCLUSIVE, text
     text = f"holds in {held} of {len(d)} seeds ({scale * mean:{fmt}} [{scale * lo:{fmt}}, {scale * hi:{fmt}}]{unit})"
+    if held == len(d) and lo > threshold:  # the threshold at which it would flip: the nearer of lo and the seeds
+        text += f"; flips at a threshold of {scale * min(lo, d.min()):{fmt}}"
+    elif held == 0 and hi < threshold:
+        text += f"; flips at a threshold of {scale * max(hi, d.max()):{fmt}}"
+    decided = (held == len(d) and lo > threshold) or (held == 0 and hi < threshold)
+    if decided and len(d) < min_seeds:
+        return (
+            Outcome.INCONCLUSIVE,
+            f"{text}; {len(d)} seeds decide, the rule asks for {min_seeds}: a second run or more seeds",
+        )
     if held == len(d) and lo > threshold:
         return Outcome.REPRODUCED, text
     if held == 0 and hi < threshold:
         return Outcome.NOT_REPRODUCED, text
+    return Outcome.INCONCLUSIVE, text
+
+
+def against(lo: float, hi: float, threshold: float, above: bool) -> tuple[Outcome, str]:
+    """A claim on one model, "value >= threshold" (``above``) or "value <= threshold", decided on the value's
+    95 % interval [lo, hi]: reproduced when it lies wholly on the claim's side, not reproduced when wholly on the
+    other, inconclusive when it straddles (or is missing). The text names the threshold at which the outcome
+    would flip (a reproduced "above" claim turns inconclusive at a threshold above ``lo``), in words a
+    diagnostic's row may print too: "holds" and "fails", never "reproduced"."""
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return Outcome.INCONCLUSIVE, "no interval over windows"
+    near, far = (lo, hi) if above else (hi, lo)
+    holds, fails = (lo >= threshold, hi < threshold) if above else (hi <= threshold, lo > threshold)
+    side, other = ("above", "below") if above else ("below", "above")
+    if holds:
+        return Outcome.REPRODUCED, f"flips at a threshold {side} {near:.3f}"
+    if fails:
+        return Outcome.NOT_REPRODUCED, f"flips at a threshold {other} {far:.3f}"
+    text = f"straddles it: holds at a threshold {other} {near:.3f}, fails {side} {far:.3f}"
     return Outcome.INCONCLUSIVE, text
 
 
@@ -108,16 +166,17 @@ def combine(outcomes: list[Outcome]) -> Outcome:
     return Outcome.NOT_TESTED
 
 
-def overall(per_regime: dict[str, Outcome]) -> str:
-    """A claim's verdict over several regimes: the common outcome (with the count), or each outcome with the
-    regimes that gave it."""
+def overall(per_regime: dict) -> str:
+    """A claim's verdict over several regimes (each an Outcome or a label with its reason): the common one (with
+    the count), or each with the regimes that gave it."""
     if not per_regime:
         return Outcome.NOT_TESTED.value
-    names = list(per_regime)
-    values = list(dict.fromkeys(per_regime.values()))
+    labels = {name: getattr(v, "value", v) for name, v in per_regime.items()}
+    names = list(labels)
+    values = list(dict.fromkeys(labels.values()))
     if len(values) == 1:
-        return f"{values[0].value} (in {len(names)} of {len(names)} regimes)"
-    parts = [f"{v.value} in {', '.join(n for n in names if per_regime[n] == v)}" for v in values]
+        return f"{values[0]} (in {len(names)} of {len(names)} regimes)"
+    parts = [f"{v} in {', '.join(n for n in names if labels[n] == v)}" for v in values]
     return "depends on the regime: " + "; ".join(parts)
 
 

@@ -22,8 +22,10 @@ from posgen.llm.gap_origin import origin_markdown
 from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
+from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
-from posgen.synthetic.verdicts import size_and_budget, verdicts, verdicts_markdown
+from posgen.synthetic.regime import size_and_budget
+from posgen.synthetic.verdicts import verdicts, verdicts_markdown
 from posgen.workflow.job import listed
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
@@ -198,8 +200,8 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
         "position-free baselines (majority class, best length-only rule, best trigger-count rule, and the exact "
         "Bayes accuracy of a position-free classifier, its ceiling; docs/method.md section 8.2), and the layer-0 "
         "single-head ablation (top and second drop in points; deposit index = top / sum of positive drops, '-' "
-        "when the top drop is under 5 points). 'conv.': seeds whose training accuracy had stopped rising while "
-        "the learning rate was high (docs/method.md section 8.3); an unconverged cell decides no verdict. Paper "
+        "when the top drop is under 5 points). 'conv.': seeds that fit their training data and whose held-out "
+        "accuracy had stopped rising while the learning rate was high (the gate, docs/method.md section 8.3). Paper "
         "numbers from secondary notes, at 6x16, width 256, 13,700 steps, lr 1e-4, distance <= 71; their 'rope' "
         "is our rope+sinusoidal; our decoupled is the MLA-style PE on our backbone, not their MLA model. 'w/o 0': "
         "the accuracy over samples whose label is not 0, what the authors' evaluation reports (it differs on the "
@@ -228,9 +230,21 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 # -------------------------------------------------------------------------------------------------- writing
 
 
+N_BOOT, BOOT_SEED = 1000, 0  # the bootstrap over windows of the verdicts' intervals (as the summary's defaults)
+
+
+def _over_windows(per_sample) -> tuple[float, float]:
+    """The 95 % percentile bootstrap interval over windows of the mean of ``per_sample (sample,)``."""
+    values = np.asarray(per_sample, dtype=np.float64)
+    idx = bootstrap_indices(len(values), N_BOOT, BOOT_SEED)
+    _, lo, hi = interval(lambda v: np.nanmean(v, 0), values, idx)
+    return float(lo), float(hi)
+
+
 def perturbation_ratios(path) -> dict:
     """{(kind, rate): Perturbation} of a perturb.nc: the mean perplexity ratios over samples, on every target and
-    on the kept targets, and the share of positions 1..T-1 moved (posgen.llm.draws)."""
+    on the kept targets (with its 95 % bootstrap interval over windows), and the share of positions 1..T-1 moved
+    (posgen.llm.draws)."""
     ds = open_dataset(path, lazy=False)
     require(ds, ["ppl_ratio", "ppl_ratio_kept", "moved", "kind", "rate"], str(path))
     means = {name: ds[name].mean("sample") for name in ("ppl_ratio", "ppl_ratio_kept", "moved")}
@@ -238,28 +252,34 @@ def perturbation_ratios(path) -> dict:
     for kind in ds["kind"].values:
         for rate in ds["rate"].values:
             at = {name: float(mean.sel(kind=kind, rate=rate)) for name, mean in means.items()}
+            kept = ds["ppl_ratio_kept"].sel(kind=kind, rate=rate).transpose("sample").values
             out[str(kind), round(float(rate), 9)] = Perturbation(
                 at["ppl_ratio"],
                 at["ppl_ratio_kept"],
                 at["moved"],  # moved: a fraction of positions 1..T-1
+                *_over_windows(kept),
             )
     ds.close()
     return out
 
 
 def cap_effects(path) -> dict:
-    """{cap: CapEffect} of a cap.nc: f_corr and g_corr (means over samples and layers) and the perplexity ratio
-    (mean over samples)."""
+    """{cap: CapEffect} of a cap.nc: f_corr and g_corr (means over samples and layers), the perplexity ratio
+    (mean over samples), and 95 % bootstrap intervals over windows of g_corr and of g_corr - f_corr."""
     ds = open_dataset(path, lazy=False)
     require(ds, ["f_corr", "g_corr", "ppl_ratio", "cap"], str(path))
-    out = {
-        int(cap): CapEffect(
-            float(ds["f_corr"].sel(cap=cap).mean()),
-            float(ds["g_corr"].sel(cap=cap).mean()),
+    out = {}
+    for cap in ds["cap"].values:
+        f, g = (ds[name].sel(cap=cap) for name in ("f_corr", "g_corr"))
+        g_windows = g.mean([d for d in g.dims if d != "sample"]).values  # (sample,): mean over layers
+        gap_windows = (g - f).mean([d for d in g.dims if d != "sample"]).values
+        out[int(cap)] = CapEffect(
+            float(f.mean()),
+            float(g.mean()),
             float(ds["ppl_ratio"].sel(cap=cap).mean()),
+            *_over_windows(g_windows),
+            *_over_windows(gap_windows),
         )
-        for cap in ds["cap"].values
-    }
     ds.close()
     return out
 
@@ -371,7 +391,8 @@ def write_reproduction(
         text += "\n" + synthetic_reproduction_markdown(rows)
         source = study_classifiers_csv or synthetic_classifiers_csv
         if source is not None:
-            text += "\n" + verdicts_markdown(verdicts(pd.read_csv(source)), str(source))
+            classifiers = pd.read_csv(source)
+            text += "\n" + verdicts_markdown(verdicts(classifiers), str(source), classifiers)
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table

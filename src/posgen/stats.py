@@ -11,6 +11,8 @@ import warnings
 import numpy as np
 import xarray as xr
 
+from posgen.rules import value
+
 
 def _is_torch(x) -> bool:
     """Whether ``x`` is a torch tensor, without importing torch."""
@@ -106,8 +108,8 @@ def top_gap(drop: np.ndarray) -> np.ndarray:
 
 
 MIN_TOP_DROP = 0.05  # the gated deposit index is NaN below this top drop (5 points)
-CRITERION_TOP = 0.30  # the paper's deposit: one head's drop >= 30 points ...
-CRITERION_SECOND = 0.05  # ... while the second largest is <= 5 points
+CRITERION_TOP = value("CRITERION_TOP")  # the paper's deposit: one head's drop >= 30 points ...
+CRITERION_SECOND = value("CRITERION_SECOND")  # ... while the second largest is <= 5 points
 
 
 def deposit_statistics(drop: np.ndarray) -> dict[str, np.ndarray]:

@@ -120,7 +120,8 @@ def test_matches_direct_computation(case):
     rope = LayerRope(inv_freq(c["d"]), c["d"] ** -0.5, c["amp"], c["window"])
     dec = Decomposer(c["Ds"], c["D0"], device="cpu", block_elems=c.get("block_elems"), block=c["block"])
     res = dec.unit(q, k, kv, rope)
-    ref = direct(q, k, kv, rope, list(c["Ds"]), c["D0"])
+    sweep = [used_dummy_distance(D, c["window"], c["T"]) for D in c["Ds"]]  # inside a sliding window
+    ref = direct(q, k, kv, rope, sweep, c["D0"])
     scale = max(abs(ref[0, "with", "bound"]), 1.0)
     for h in range(c["H"]):
         for si, sink in enumerate(SINKS):
@@ -515,8 +516,8 @@ def test_layer_type_and_dummy_distance_rules():
 
 
 def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_path):
-    """Layer 1 (window 6) gets D = 5 for r, r_g and the bound, the raw sweep stays; layer 2 (inv_freq 0) is 'nope'
-    and Method A is exact there (A = W: no rotation, so the dummy distance changes nothing)."""
+    """Layer 1 (window 6) gets D = 5 for r, r_g, the bound and every D of the sweep above it; layer 2 (inv_freq 0)
+    is 'nope' and Method A is exact there (A = W: no rotation, so the dummy distance changes nothing)."""
     g = np.random.default_rng(1)
     N, L, H, Hkv, T, d = 2, 3, 4, 2, 20, 8
     q = g.standard_normal((N, L, H, T, d)).astype(np.float32)
@@ -539,7 +540,8 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
         for layer, D0 in ((0, 50), (1, 5)):
             window = 6 if layer == 1 else 0
             rope = LayerRope(torch.tensor(theta[layer]), d**-0.5, 1.0, window)
-            ref = direct(torch.from_numpy(q[s_, layer]), torch.from_numpy(k[s_, layer]), kv, rope, [0, 5, 50], D0)
+            sweep = [min(D, D0) for D in (0, 5, 50)]  # the sliding layer's sweep at min(D, window - 1)
+            ref = direct(torch.from_numpy(q[s_, layer]), torch.from_numpy(k[s_, layer]), kv, rope, sweep, D0)
             for h in range(H):
                 for si, sink in enumerate(SINKS):
                     np.testing.assert_allclose(ds["r"].values[s_, layer, h, 0, si], ref[h, sink, "r_A"], atol=2e-6)
@@ -551,10 +553,12 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
                     np.testing.assert_allclose(
                         ds["bound_mean"].values[s_, layer, h, si], ref[h, sink, "bound"], rtol=2e-5
                     )
-    # the sliding layer's r is its sweep at D = 5, not at D = 50
+    # the sliding layer's r is its sweep at D = 5, and its sweep at D = 50 is scored at 5 too (issue 50); the
+    # global layer's sweep at 50 is not its sweep at 5
     r_a = ds["r"].sel({"method": "A"})  # a dict: method= is a keyword of sel()
-    np.testing.assert_allclose(r_a.isel(layer=1), ds["r_sweep"].sel(D=5).isel(layer=1), atol=1e-12)
-    assert np.abs(r_a.isel(layer=1) - ds["r_sweep"].sel(D=50).isel(layer=1)).max() > 1e-3
+    for D in (5, 50):
+        np.testing.assert_allclose(r_a.isel(layer=1), ds["r_sweep"].sel(D=D).isel(layer=1), atol=1e-12)
+    assert np.abs(r_a.isel(layer=0) - ds["r_sweep"].sel(D=5).isel(layer=0)).max() > 1e-3
     # NoPE: f + g = W exactly at every D
     np.testing.assert_allclose(r_a.isel(layer=2), 1.0, atol=1e-6)
     np.testing.assert_allclose(ds["r_sweep"].isel(layer=2), 1.0, atol=1e-6)
@@ -597,8 +601,10 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
     r_a = ds["r"].sel({"method": "A"})  # a dict: method= is a keyword of sel()
     for layer, D in ((0, 15), (1, 15), (2, 100)):
         np.testing.assert_allclose(r_a.isel(layer=layer), ds["r_sweep"].sel(D=D).isel(layer=layer), atol=1e-12)
-    # the sliding layers' r at D = 100 (outside the window) differs from the one reported
-    assert np.abs(r_a.isel(layer=0) - ds["r_sweep"].sel(D=100).isel(layer=0)).max() > 1e-3
+    # the sliding layers' sweep at D = 100 (outside the window) is scored at 15, their own D; the global layer's
+    # sweep at 15 is another number
+    np.testing.assert_allclose(r_a.isel(layer=0), ds["r_sweep"].sel(D=100).isel(layer=0), atol=1e-12)
+    assert np.abs(r_a.isel(layer=2) - ds["r_sweep"].sel(D=15).isel(layer=2)).max() > 1e-3
 
 
 def test_bench_times_each_step_and_leaves_the_decomposer_unwrapped(capsys):

@@ -8,24 +8,27 @@ import pytest
 
 from posgen.llm.gap_origin import decide, origin_markdown, origin_table, write_origin
 
+OWN, FLOOR = "each window's own prefix trajectory", "inconclusive (held-out floor)"
+
 
 @pytest.mark.parametrize(
-    "gap_hi, shared, drift, outcome",
+    "gap_hi, drift, shares, outcome",
     [
-        (-0.05, (0.06, 0.09), (0.09, 0.11), "absolute position"),  # shared closes >= half of 0.10
-        (-0.05, (0.00, 0.02), (0.07, 0.10), "per-window content"),
-        (-0.05, (0.00, 0.02), (0.01, 0.03), "neither"),
-        (-0.05, (0.03, 0.07), (0.08, 0.10), "inconclusive"),  # the shared interval straddles 0.05
-        (-0.05, (0.00, 0.02), (0.04, 0.06), "inconclusive"),  # the drift interval straddles 0.05
-        (0.01, (0.06, 0.09), (0.09, 0.11), "not testable here"),  # no gap: its interval reaches 0
-        (-0.05, (float("nan"), float("nan")), (0.09, 0.11), "not testable here"),  # no held-out windows
+        (-0.05, (0.09, 0.11), (0.6, 0.45, -0.02), "absolute position"),  # corrected 0.47 above half of 0.6
+        (-0.05, (0.07, 0.10), (0.6, 0.03, -0.02), OWN),  # corrected 0.05
+        (-0.05, (0.01, 0.03), (0.6, 0.45, -0.02), "neither"),  # the drift closes less than half of 0.10
+        (-0.05, (0.04, 0.06), (0.6, 0.03, -0.02), "inconclusive"),  # the drift interval straddles 0.05
+        (-0.05, (0.07, 0.10), (0.6, 0.20, -0.12), FLOOR),  # corrected 0.32, within one floor (0.12) of 0.30
+        (-0.05, (0.07, 0.10), (0.6, 0.20, -0.005), OWN),  # the same share, many held-out windows: 0.205
+        (0.01, (0.09, 0.11), (0.6, 0.45, -0.02), "not testable here"),  # no gap: its interval reaches 0
+        (-0.05, (0.09, 0.11), (0.6, float("nan"), float("nan")), "not testable here"),  # no held-out windows
     ],
 )
-def test_the_rule_decides_on_intervals_against_half_the_gap(gap_hi, shared, drift, outcome):
-    assert decide(gap_hi, 0.10, shared, drift) == outcome
+def test_the_rule_decides_on_the_corrected_shared_share_with_power(gap_hi, drift, shares, outcome):
+    assert decide(gap_hi, 0.10, drift, *shares) == outcome
 
 
-def _rows(model, variant, a_diff, a_hi, drift, shared, smooth=0.6, shared_share=0.1):
+def _rows(model, variant, a_diff, a_hi, drift, shared, smooth=0.6, shared_share=0.1, heldout=8):
     """Summary rows of one (model, variant): Methods A, A-drift, A-shared, sink 'with', every RoPE layer."""
     out = []
     for method, closes in (("A", (0.0, 0.0, 0.0)), ("A-drift", drift), ("A-shared", shared)):
@@ -46,7 +49,8 @@ def _rows(model, variant, a_diff, a_hi, drift, shared, smooth=0.6, shared_share=
                 "k_position_share_smooth": smooth,
                 "k_shared_share": shared_share,
                 "share_floor": 8 / 1199,
-                "heldout_windows": 8,
+                "heldout_windows": heldout,
+                "k_scaled_share": shared_share + 0.05,
                 "n_samples": 8,
             }
         )
@@ -57,22 +61,33 @@ def test_the_table_and_section_give_each_seed_its_outcome_and_the_model_theirs_w
     rows = (
         _rows("m", "trained", float("nan"), float("nan"), (0.01, 0.0, 0.02), (0.0, -0.01, 0.01), 0.05, 0.01)
         + _rows("m", "random-seed0", -0.10, -0.08, (0.08, 0.07, 0.09), (0.01, 0.0, 0.02))
-        + _rows("m", "random-seed1", -0.10, -0.08, (0.08, 0.07, 0.09), (0.06, 0.055, 0.07))
+        + _rows("m", "random-seed1", -0.10, -0.08, (0.08, 0.07, 0.09), (0.06, 0.055, 0.07), shared_share=0.5)
         + _rows("n", "random-seed0", -0.10, -0.08, (0.02, 0.01, 0.03), (0.01, 0.0, 0.02))
     )
     summary = pd.DataFrame(rows)
     table = origin_table(summary).set_index(["model", "variant"])
-    assert table.loc[("m", "random-seed0"), "outcome"] == "per-window content"
+    assert table.loc[("m", "random-seed0"), "outcome"] == OWN  # corrected 0.1 + 0.0625 against 0.3
     assert table.loc[("m", "random-seed1"), "outcome"] == "absolute position"
     assert table.loc[("n", "random-seed0"), "outcome"] == "neither"
     assert table.loc[("m", "trained"), "outcome"] == "-"
     assert table.loc[("m", "random-seed0"), "gap"] == pytest.approx(0.10)
     assert table.loc[("m", "random-seed0"), "k_window_share"] == pytest.approx(0.5)
     assert table.loc[("m", "random-seed0"), "shared_floor"] == pytest.approx(-0.5 / 8)
+    assert table.loc[("m", "random-seed0"), "k_shared_corrected"] == pytest.approx(0.1 + 0.5 / 8)
     text = origin_markdown(summary)
     assert "- **m**: inconclusive" in text  # its two seeds disagree
     assert "- **n**: neither" in text
     assert "| m | random-seed1 |" in text and "**absolute position**" in text
+    assert "| 0.600 | 0.100 | 0.163 | 0.150 | 0.500 |" in text  # smooth, shared, corrected, fitted, per-window
+
+
+def test_the_power_rule_holds_back_a_verdict_that_few_held_out_windows_cannot_support():
+    """A-shared closes little (0.01 of a 0.10 gap: the old rule said per-window content) and the shared share is
+    0.25 of a 0.70 drift: with 8 held-out windows its floor (-0.056) reaches the line (0.35), with 32 it does not."""
+    few = _rows("m", "random-seed0", -0.10, -0.08, (0.09, 0.08, 0.10), (0.01, 0.0, 0.02), 0.70, 0.25, heldout=8)
+    many = _rows("m", "random-seed0", -0.10, -0.08, (0.09, 0.08, 0.10), (0.01, 0.0, 0.02), 0.70, 0.25, heldout=32)
+    assert origin_table(pd.DataFrame(few))["outcome"].iloc[0] == FLOOR
+    assert origin_table(pd.DataFrame(many))["outcome"].iloc[0] == OWN
 
 
 def test_the_position_study_file_is_the_section_with_its_provenance(tmp_path):
@@ -87,6 +102,6 @@ def test_the_position_study_file_is_the_section_with_its_provenance(tmp_path):
     section = origin_markdown(pd.read_csv(csv))
     assert text.startswith("# Position or prefix content?")
     assert section.split("\n", 1)[1] in text  # everything below the section's title, unchanged
-    assert "- **m**: per-window content" in text
+    assert f"- **m**: {OWN}" in text
     assert "config_hash abc123" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gap_origin.md", "summary.csv"]

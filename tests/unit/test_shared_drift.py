@@ -144,12 +144,30 @@ def test_pure_noise_keys_give_the_shared_share_its_floor():
     assert -3 * floor < share < 0.5 * floor, (share, floor)
 
 
+def test_a_shared_profile_with_a_window_own_size_shows_only_with_a_fitted_amplitude():
+    """Keys = -3 x the held-out shared drift (the same profile, another size and sign) + noise: with amplitude 1
+    s(j) explains less than nothing; with one fitted amplitude per window it explains the drift's share."""
+    T, d = 400, 8
+    drift = torch.from_numpy(legendre(T, 2)[:, None] * np.random.default_rng(99).standard_normal(d))  # (T, d)
+    noise = torch.randn(1, T, d, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
+    window = (-3 * drift + noise).float()
+    q = torch.randn(2, T, d, generator=torch.Generator().manual_seed(0))
+    res = unit(q, window, drift[None].float())
+    si = SINKS.index("with")
+    fixed, scaled = res["k_shared_share"][0, si], res["k_scaled_share"][0, si]
+    k = window[0].double().numpy()
+    expected = 9 * float((drift - drift.mean(0)).pow(2).sum(1).mean()) / ((k - k.mean(0)) ** 2).sum(1).mean()
+    assert fixed < 0 and scaled == pytest.approx(expected, abs=0.02), (fixed, scaled, expected)
+    assert np.all(res["k_scaled_share"] >= res["k_shared_share"] - 1e-12)  # least squares never does worse
+
+
 def test_without_held_out_windows_method_a_shared_is_nan():
     T, d = 30, 8
     q = torch.randn(2, T, d, generator=torch.Generator().manual_seed(0))
     k = torch.randn(1, T, d, generator=torch.Generator().manual_seed(1))
     res = unit(q, k, None, D=20)
     assert np.isnan(res["r"][:, A_SHARED]).all() and np.isnan(res["k_shared_share"]).all()
+    assert np.isnan(res["k_scaled_share"]).all()
     assert np.isfinite(res["r"][:, A_DRIFT]).all()
     with pytest.raises(ValueError, match="held-out mean keys"):
         unit(q, k, torch.zeros(1, T + 1, d), D=20)

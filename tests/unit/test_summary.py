@@ -142,6 +142,31 @@ def test_consistency_columns_the_sweep_and_the_difference_to_method_a(tmp_path):
     assert table[table.method == "B"].r_sweep.isna().all() or (table[table.method == "B"].r_sweep == "").all()
 
 
+def test_the_consistency_and_sweep_columns_carry_intervals_over_windows(tmp_path):
+    """Windows that differ give intervals that contain the point and have width; the sweep's spread over windows
+    whose own spreads are 0.1 and 0.3 lies between them; identical windows give zero width."""
+    N = 6
+    per_window = np.array([0.80, 0.84, 0.88, 0.92, 0.86, 0.90])
+    p = fake_decomposition(tmp_path / "t.nc", "m", "trained", per_window, layer_offset=[0.0, -0.05, 0.0])
+    ds = xr.open_dataset(p, engine="h5netcdf").load()
+    width = np.where(np.arange(N) % 2, 0.3, 0.1)[:, None, None, None, None]  # each window's spread over D
+    sweep = 0.8 + width * np.array([0.0, 0.5, 1.0]) + np.zeros((N, 3, 4, 2, 3))
+    ds = ds.assign_coords(D=[0, 500, 1000]).assign(r_sweep=(("sample", "layer", "head", "sink", "D"), sweep))
+    write_netcdf(ds, tmp_path / "s.nc")
+    table = summarize([tmp_path / "s.nc"], tmp_path / "summary.csv", {"m": tmp_path / "summary.nc"}, n_boot=200)
+    a = table[table.method == "A"].iloc[0]
+    assert a.min_layer_r_lo < a.min_layer_r < a.min_layer_r_hi
+    assert a.min_layer_r == pytest.approx(per_window.mean() - 0.05)
+    assert a.heads_below_lo <= a.heads_below <= a.heads_below_hi
+    assert a.sweep_spread == pytest.approx(0.2) and 0.1 < a.sweep_spread_lo < 0.2 < a.sweep_spread_hi < 0.3
+    assert np.isnan(table[table.method == "B"].sweep_spread).all()
+    # heads sit below 0.8 in some windows' draws and not in others: the share's interval has width
+    low = fake_decomposition(tmp_path / "u.nc", "m", "trained", per_window - 0.07, layer_offset=[0.0, -0.05, 0.0])
+    table = summarize([low], tmp_path / "u.csv", {"m": tmp_path / "u.nc"}, n_boot=200)
+    b = table.iloc[0]
+    assert b.heads_below_lo < b.heads_below_hi
+
+
 def test_nan_heads_are_skipped(tmp_path):
     p = fake_decomposition(tmp_path / "t.nc", "m", "trained", np.full(4, 0.5))
     ds = xr.open_dataset(p, engine="h5netcdf").load()

@@ -1,4 +1,5 @@
-"""The first paper's verdicts (posgen.llm.verdicts) on summaries with known numbers."""
+"""The first paper's verdicts (posgen.llm.verdicts) on summaries with known numbers: decisions on the interval
+over windows with the threshold at which each flips, the seed rule, diagnostics never 'reproduced'."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def summary(models=("m1", "m2"), seeds=1) -> pd.DataFrame:
                         "sink": "with",
                         "layer_type": "rope",
                         "mean_r": r,
+                        "mean_r_lo": r - 0.005,
+                        "mean_r_hi": r + 0.005,
                         "pooled_r": r + 0.04,
+                        "pooled_r_lo": r + 0.035,
+                        "pooled_r_hi": r + 0.045,
                         "diff_vs_trained": diff if variant != "trained" else float("nan"),
                         "diff_lo": diff - 0.01,
                         "diff_hi": diff + 0.005,
@@ -39,29 +44,31 @@ def by_claim(results):
     return {claim.check.__name__: (text, findings) for claim, text, findings in results}
 
 
-def test_each_claim_gets_its_verdict_from_fixed_thresholds():
-    bands = {
-        m: {
-            "trained": {"low_share_q": 0.7, "low_share_k": 0.8},
-            "random-seed0": {"low_share_q": 0.5, "low_share_k": 0.5},
-        }
-        for m in ("m1",)
-    }
-    bands["m2"] = {
-        "trained": {"low_share_q": 0.55, "low_share_k": 0.55},
-        "random-seed0": {"low_share_q": 0.5, "low_share_k": 0.5},
-    }
-    # the kept-target ratio decides; the ratio over every target (dominated by the moved tokens) does not
+def shares(trained: float, *random: float) -> dict:
+    """bands of one model: keys and queries at ``trained`` and at each random-init seed's value."""
+    out = {"trained": {"low_share_q": trained, "low_share_k": trained}}
+    out.update({f"random-seed{s}": {"low_share_q": v, "low_share_k": v} for s, v in enumerate(random)})
+    return out
+
+
+def kept(ratio: float, lo: float, hi: float, every: float = 2.0) -> Perturbation:
+    """A perturbation whose kept-target ratio has the interval [lo, hi] over windows."""
+    return Perturbation(every, ratio, 0.1, lo, hi)
+
+
+def test_each_claim_gets_its_verdict_from_its_rules():
+    bands = {"m1": shares(0.8, 0.5, 0.51, 0.49), "m2": shares(0.55, 0.5, 0.51, 0.49)}
+    # the kept-target ratio decides, on its interval; the ratio over every target (moved tokens) does not
     ratio = {
-        ("token-swap", 0.05): Perturbation(1.5, 1.05, 0.1),
-        ("token-swap", 0.2): Perturbation(3.0, 1.5, 0.4),
-        ("posid-swap", 0.05): Perturbation(1.3, 1.02, 0.1),
-        ("posid-swap", 0.2): Perturbation(1.6, 1.3, 0.4),
+        ("token-swap", 0.05): kept(1.05, 1.02, 1.08, every=1.5),
+        ("token-swap", 0.2): kept(1.5, 1.4, 1.6, every=3.0),
+        ("posid-swap", 0.05): kept(1.02, 1.0, 1.04),
+        ("posid-swap", 0.2): kept(1.3, 1.25, 1.35),
     }
-    perturb = {"m1": {"trained": ratio}, "m2": {"trained": {**ratio, ("posid-swap", 0.2): Perturbation(1.6, 1.1, 0.4)}}}
+    perturb = {"m1": {"trained": ratio}, "m2": {"trained": {**ratio, ("posid-swap", 0.2): kept(1.1, 1.05, 1.15)}}}
     results = by_claim(verdicts(summary(seeds=3), bands, perturb))
-    # r: A 0.93 / 0.97 is within 0.05 of 0.959, B's mean 0.87 is not; A-drift (0.94 / 0.98) is a diagnostic:
-    # shown, never counted
+    # r: A 0.93 [0.925, 0.935] / 0.97 lie within 0.05 of 0.959, B's mean [0.865, 0.875] lies outside; A-drift
+    # (0.94 / 0.98) is a diagnostic: shown, never counted
     split = "depends on the construction: reproduced for Method A; not reproduced for Method B"
     assert results["r_near_paper"][0] == split
     assert [f.construction for f in results["r_near_paper"][1] if f.diagnostic] == ["A-drift", "A-drift"]
@@ -69,19 +76,25 @@ def test_each_claim_gets_its_verdict_from_fixed_thresholds():
     assert results["random_init_lacks_split"][0] == split
     gap_a = results["random_init_lacks_split"][1][0]
     assert gap_a.construction == "A" and "holds in 3 of 3 seeds (+0.145 [+0.133, +0.157])" in gap_a.evidence
-    # m1: keys 0.8 and queries 0.7 against 0.5; m2: 0.55 for both
+    assert "flips at a threshold of +0.133" in gap_a.evidence
+    # m1: 0.8 against 0.49-0.51 in three seeds; m2: 0.55, 0.04-0.06 above the seeds, its interval below 0.10
     learned = "depends on the model: reproduced for m1 (keys), m1 (queries); not reproduced for m2 (keys), m2 (queries)"
     assert results["low_frequency_pattern_learned"][0] == learned
-    bands["m1"]["trained"]["low_share_q"] = 0.55  # queries no longer 0.10 above the control
-    assert by_claim(verdicts(summary(), bands, perturb))["low_frequency_pattern_learned"][0].startswith(
-        "depends on the model: reproduced for m1 (keys); not reproduced for m1 (queries), "
-    )
     assert results["perturbations_tolerated"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
     assert len(results) == len(CLAIMS)
     md = verdict_markdown(verdicts(summary(), bands, perturb), "results/summary.csv")
-    assert f"**{split}**" in md and "m1 / A: **reproduced**, mean 0.930, pooled 0.970" in md
-    assert "m1 / A-drift (diagnostic): **inconclusive**, trained minus random-init holds in 0 of 1 seed" in md
-    assert "token-swap 1.05 / 1.50 (every target 1.50 / 3.00; moved 10% / 40%)" in md
+    assert f"**{split}**" in md
+    assert (
+        "m1 / A: **reproduced**, mean 0.930 [0.925, 0.935], 0.034 from 0.959 at most: holds, NEAR flips "
+        "at a threshold below 0.034" in md
+    )
+    assert "m1 / A-drift: **diagnostic** (undecided), trained minus random-init holds in 0 of 1 seed" in md
+    assert "token-swap: 5% 1.050 [1.020, 1.080] <= 1.1: holds, flips at a threshold below 1.080" in md
+    assert "(every target 1.50 / 3.00; moved 10% / 10%)" in md
+    # a diagnostic's finding never says "reproduced", and every row cites its rules, the post-hoc ones marked
+    parts = [part for line in md.splitlines() for part in line.split("<br>") if part.startswith("m1 / A-drift:")]
+    assert len(parts) == 2 and all("**diagnostic**" in p and "reproduced" not in p for p in parts), parts
+    assert "rules: NEAR 0.05 (post hoc), SINK with (post hoc)" in md
     # a diagnostic alone never makes a claim hold: A-drift's random-init gap would pass where A and B fail
     gaps = summary(seeds=3)
     gaps.loc[(gaps["method"] == "A-drift") & (gaps["variant"] != "trained"), ["diff_vs_trained", "diff_hi"]] = [
@@ -90,6 +103,44 @@ def test_each_claim_gets_its_verdict_from_fixed_thresholds():
     ]
     gaps.loc[(gaps["method"] == "A") & (gaps["variant"] != "trained"), ["diff_vs_trained", "diff_hi"]] = [-0.01, 0.0]
     assert by_claim(verdicts(gaps, bands, perturb))["random_init_lacks_split"][0] == "not reproduced"
+
+
+def test_a_number_near_its_threshold_is_decided_on_its_interval():
+    """The issue's five cases, each decided on the point before: its interval straddles the threshold now, and
+    the finding says at which threshold it would turn either way."""
+    rows = summary(models=("smol",))
+    trained_a = (rows["variant"] == "trained") & (rows["method"] == "A")
+    rows = rows[rows["method"] == "A"].assign(min_layer_r=0.95, min_layer_r_lo=0.94, min_layer_r_hi=0.96)
+    rows = rows.assign(heads_below=0.0, heads_below_lo=0.0, heads_below_hi=0.0)
+    rows.loc[trained_a, ["min_layer_r", "min_layer_r_lo", "min_layer_r_hi"]] = [0.882, 0.84, 0.90]  # vs 0.85
+    finding = by_claim(verdicts(rows, {}, {}))["consistent_across_layers_and_heads"][1][0]
+    assert finding.outcome.value == "inconclusive"  # the point, 0.882 >= 0.85, said "reproduced"
+    assert "straddles it: holds at a threshold below 0.840, fails above 0.900" in finding.evidence
+    rows.loc[trained_a, ["min_layer_r", "min_layer_r_lo", "min_layer_r_hi"]] = [0.882, 0.87, 0.89]
+    finding = by_claim(verdicts(rows, {}, {}))["consistent_across_layers_and_heads"][1][0]
+    assert finding.outcome.value == "reproduced" and "flips at a threshold above 0.870" in finding.evidence
+    # the cap: g 0.916 [0.90, 0.96] against 0.95 (the point said "not reproduced")
+    from posgen.llm.verdicts import CapEffect
+
+    cap = {"smol": {"trained": {8: CapEffect(0.531, 0.916, 1.81, 0.90, 0.96, 0.30, 0.45)}}}
+    text, findings = by_claim(verdicts(rows, {}, {}, cap))["cap_changes_only_f"]
+    assert text == "inconclusive" and "g 0.916 [0.900, 0.960] >= 0.95: straddles it" in findings[0].evidence
+    # word-swap at 5 %: 1.11 [1.06, 1.16] against 1.10 (the point said "not reproduced")
+    at = {("word-swap", 0.05): kept(1.11, 1.06, 1.16), ("word-swap", 0.2): kept(1.64, 1.5, 1.8)}
+    text, findings = by_claim(verdicts(rows, {}, {"smol": {"trained": at}}))["perturbations_tolerated"]
+    assert text == "inconclusive" and "straddles it" in findings[0].evidence
+    # the queries' low-frequency share 0.1042 above a single seed: one seed is inconclusive (it said reproduced)
+    one = by_claim(verdicts(rows, {"smol": shares(0.6042, 0.5)}, {}))["low_frequency_pattern_learned"]
+    assert one[0] == "inconclusive" and "one seed has no interval" in one[1][1].evidence
+    # the split: mean 0.905 [0.900, 0.915] is 0.054 from 0.959 at the point, 0.044-0.059 over its interval
+    rows.loc[trained_a, ["mean_r", "mean_r_lo", "mean_r_hi"]] = [0.905, 0.900, 0.915]
+    finding = [f for f in by_claim(verdicts(rows, {}, {}))["r_near_paper"][1]][0]
+    assert finding.outcome.value == "inconclusive"
+    assert "NEAR straddles it: holds at a threshold above 0.059, fails below 0.044" in finding.evidence
+    # without an interval (a summary from before the columns) nothing is decided
+    bare = rows.drop(columns=["min_layer_r_lo", "min_layer_r_hi"])
+    finding = by_claim(verdicts(bare, {}, {}))["consistent_across_layers_and_heads"][1][0]
+    assert finding.outcome.value == "inconclusive" and "no interval over windows" in finding.evidence
 
 
 def test_the_random_init_claim_is_decided_over_seeds():
@@ -108,10 +159,14 @@ def test_the_random_init_claim_is_decided_over_seeds():
 
 def test_the_split_band_is_not_discriminative_where_the_control_meets_it():
     rows = summary(models=("m1",), seeds=2)
-    rows.loc[rows["method"].eq("A") & rows["variant"].ne("trained"), ["mean_r", "pooled_r"]] = [0.93, 0.95]
+    columns = ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
+    rows.loc[rows["method"].eq("A") & rows["variant"].ne("trained"), columns] = [0.93, 0.92, 0.94, 0.95, 0.94, 0.96]
     findings = by_claim(verdicts(rows, {}, {}))["r_near_paper"][1]
-    assert [f.outcome.value for f in findings if f.construction == "A"] == ["not discriminative"]
-    rows.loc[rows["method"].eq("A") & rows["variant"].eq("random-seed1"), "mean_r"] = 0.8  # one seed fails it
+    assert [f.label for f in findings if f.construction == "A"] == [
+        "not discriminative (the random-init control meets it too)"
+    ]
+    seed1 = rows["method"].eq("A") & rows["variant"].eq("random-seed1")
+    rows.loc[seed1, ["mean_r", "mean_r_lo", "mean_r_hi"]] = [0.8, 0.79, 0.81]  # one seed fails it
     findings = by_claim(verdicts(rows, {}, {}))["r_near_paper"][1]
     assert [f.outcome.value for f in findings if f.construction == "A"] == ["reproduced"]
 
@@ -160,14 +215,20 @@ def test_the_sweep_and_the_consistency_claims_decide_on_their_columns():
     rows["r_sweep"] = ""
     rows.loc[trained_a & (rows["model"] == "m1"), "r_sweep"] = "0:0.920 500:0.930 1000:0.935"  # spread 0.015
     rows.loc[trained_a & (rows["model"] == "m2"), "r_sweep"] = "0:0.880 500:0.950 1000:0.930"  # spread 0.070
-    rows["min_layer_r"] = 0.9
-    rows["heads_below"] = 0.05
-    rows.loc[(rows["model"] == "m2") & (rows["method"] == "B"), "heads_below"] = 0.2
+    spread = ["sweep_spread", "sweep_spread_lo", "sweep_spread_hi"]
+    rows.loc[trained_a & (rows["model"] == "m1"), spread] = [0.015, 0.010, 0.019]
+    rows.loc[trained_a & (rows["model"] == "m2"), spread] = [0.070, 0.050, 0.090]
+    rows = rows.assign(min_layer_r=0.9, min_layer_r_lo=0.88, min_layer_r_hi=0.91)
+    rows = rows.assign(heads_below=0.05, heads_below_lo=0.02, heads_below_hi=0.08)
+    m2_b = (rows["model"] == "m2") & (rows["method"] == "B")
+    rows.loc[m2_b, ["heads_below", "heads_below_lo", "heads_below_hi"]] = [0.2, 0.15, 0.25]
     results = by_claim(verdicts(rows, {}, {}))
     assert (
         results["insensitive_to_dummy_distance"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
     )
-    assert "spread 0.070 over D = 0: 0.880, 500: 0.950" in results["insensitive_to_dummy_distance"][1][1].evidence
+    m2 = results["insensitive_to_dummy_distance"][1][1].evidence
+    assert "spread 0.070 [0.050, 0.090] <= 0.02: fails, flips at a threshold above 0.050" in m2
+    assert "over D = 0: 0.880, 500: 0.950" in m2
     layers = "depends: reproduced in m1/A, m1/B, m2/A; not reproduced in m2/B"  # A-drift shown, not counted
     assert results["consistent_across_layers_and_heads"][0] == layers
     # (a) prints Method A's sweep and the random-init control's r beside the trained model's
@@ -182,12 +243,24 @@ def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
     from posgen.llm.verdicts import CapEffect
 
     caps = {
-        "m1": {"trained": {8: CapEffect(0.6, 0.97, 1.3), 128: CapEffect(0.9, 0.99, 1.02)}},
-        "m2": {"trained": {8: CapEffect(0.6, 0.90, 1.3), 128: CapEffect(0.9, 0.99, 1.02)}},  # g moves at C = 8
+        "m1": {
+            "trained": {
+                8: CapEffect(0.6, 0.97, 1.3, 0.96, 0.98, 0.3, 0.44),
+                128: CapEffect(0.9, 0.99, 1.02, 0.985, 0.995, 0.05, 0.13),
+            }
+        },
+        "m2": {  # g moves at C = 8
+            "trained": {
+                8: CapEffect(0.6, 0.90, 1.3, 0.88, 0.92, 0.25, 0.35),
+                128: CapEffect(0.9, 0.99, 1.02, 0.985, 0.995, 0.05, 0.13),
+            }
+        },
     }
     results = by_claim(verdicts(summary(), {}, {}, caps))
     assert results["cap_changes_only_f"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
-    assert "C = 8: f 0.600, g 0.900, perplexity ratio 1.30" in results["cap_changes_only_f"][1][1].evidence
+    evidence = results["cap_changes_only_f"][1][1].evidence
+    assert "C = 8: f 0.600, g 0.900 [0.880, 0.920] >= 0.95: fails, flips at a threshold below 0.920" in evidence
+    assert "perplexity ratio 1.30" in evidence
     assert by_claim(verdicts(summary(), {}, {}))["cap_changes_only_f"][0] == "not tested"
 
 
@@ -212,6 +285,7 @@ def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
     write_netcdf(perturb, tmp_path / "perturb.nc")
     at = perturbation_ratios(tmp_path / "perturb.nc")[("token-swap", 0.05)]
     assert (at.ratio, at.kept, at.moved) == pytest.approx((1.3, 1.05, 0.5))
+    assert at.kept_lo == pytest.approx(1.0) and at.kept_hi == pytest.approx(1.1)  # two windows: the draws' extremes
     cap = xr.Dataset(
         {
             "f_corr": (("cap", "sample", "layer"), np.array([[[0.5, 0.7], [0.6, 0.8]]])),
@@ -223,6 +297,9 @@ def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
     write_netcdf(cap, tmp_path / "cap.nc")
     effect = cap_effects(tmp_path / "cap.nc")[8]
     assert (effect.f_corr, effect.g_corr, effect.ratio) == pytest.approx((0.65, 0.98, 1.2))
+    # per window, over layers: g 0.99 and 0.97, g - f 0.39 and 0.27
+    assert (effect.g_lo, effect.g_hi) == pytest.approx((0.97, 0.99))
+    assert (effect.gap_lo, effect.gap_hi) == pytest.approx((0.27, 0.39))
 
 
 def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
@@ -230,7 +307,7 @@ def test_the_bound_claim_is_not_discriminative_and_shows_its_tightness():
     rows["err_over_bound"] = float("nan")
     rows.loc[rows["method"] == "A", "err_over_bound"] = [0.21, 0.35] * 2  # trained, random-seed0 per model
     text, findings = by_claim(verdicts(rows, {}, {}))["error_within_bound"]
-    assert text.startswith("not discriminative (a theorem")
+    assert text.startswith("not discriminative (holds by construction: a theorem")
     assert "mean abs(W - A) / mean bound 0.210; random-init random-seed0 0.350" in findings[0].evidence
     assert by_claim(verdicts(summary(), {}, {}))["error_within_bound"][0] == "not tested"
 

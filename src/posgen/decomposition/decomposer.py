@@ -21,6 +21,7 @@ from posgen.decomposition.drift import (
     drift_moments,
     position_basis,
     position_share,
+    scaled_share,
     shared_share,
 )
 from posgen.decomposition.mask import SINKS
@@ -43,11 +44,11 @@ class Decomposer:
     """Computes every decomposition statistic of one (sample, layer) at a time; caches per-mask work.
 
     ``dummy_distances`` is the sweep (method.md section 4), ``dummy_distance`` the D of Method A's r, of r_g
-    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`); the sweep
-    is scored as given on every layer. ``block_elems`` sizes the row blocks of the pass over every entry for the
-    error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token blocks of
-    :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts in
-    float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
+    and of the bound, taken inside the window for a sliding-window layer (:func:`used_dummy_distance`), and so is
+    every D of the sweep: min(D, window - 1) on a sliding-window layer. ``block_elems`` sizes the row blocks of the
+    pass over every entry for the error of A and the bound (cache-sized on CPU, large on GPU); ``block`` the token
+    blocks of :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts
+    in float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
     bound (0: all; method.md section 5).
     """
 
@@ -148,7 +149,8 @@ class Decomposer:
         if not ops.has_shared:  # no held-out trajectory: no Method A-shared (the stacks above are fresh tensors)
             for name in ("r", "r_f", "r_g", *SUMS):
                 out[name][:, METHODS.index("A-shared")] = float("nan")
-            out["k_shared_share"] = torch.full_like(out["k_shared_share"], float("nan"))
+            for name in ("k_shared_share", "k_scaled_share"):
+                out[name] = torch.full_like(out[name], float("nan"))
         if with_bound:
             out.update(self.error_and_bound(ops))
         else:
@@ -235,7 +237,8 @@ class Decomposer:
         :data:`SUMS` of f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
         """
         i_dummy = ops.distances.index(ops.dummy_distance)
-        i_sweep = [ops.distances.index(D) for D in self.dummy_distances]
+        T = ops.q.shape[1]  # a sliding-window layer's sweep at min(D, window - 1) (docs/method.md section 4)
+        i_sweep = [ops.distances.index(used_dummy_distance(D, ops.window, T)) for D in self.dummy_distances]
         out = {"A": self._fg_statistics(ops, moments["A"], i_dummy, i_sweep)}
         for method in ("A-drift", "A-shared"):  # their g terms: the dummy D only
             out[method] = self._fg_statistics(ops, moments[method], 0, [])
@@ -271,8 +274,9 @@ class Decomposer:
 
     def position_shares(self, ops: UnitOperands) -> dict[str, torch.Tensor]:
         """The position shares of q and k per head (method.md section 3C): ``<v>_position_share (H, basis, sink)``
-        for v in :data:`VECTORS`, each query head carrying its KV head's key share; and ``k_shared_share (H,
-        sink)``, the part of the key's variance that Method A-shared's s(j) explains."""
+        for v in :data:`VECTORS`, each query head carrying its KV head's key share; ``k_shared_share (H, sink)``, the
+        part of the key's variance that Method A-shared's s(j) explains, and ``k_scaled_share``, with one fitted
+        amplitude of s(j) per window and KV head."""
         smooth = self.basis(ops.q.shape[1])
         bases = torch.stack([smooth[sink] for sink in SINKS])  # (sink, T, M)
         vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
@@ -284,6 +288,8 @@ class Decomposer:
             out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
         shared = torch.stack([shared_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
         out["k_shared_share"] = shared[ops.kv]
+        scaled = torch.stack([scaled_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
+        out["k_scaled_share"] = scaled[ops.kv]
         return out
 
     def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:  # Method A's moments

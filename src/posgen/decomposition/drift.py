@@ -16,7 +16,8 @@ at the dummy distance D. Two measurements here:
   plus a function of position shared by every window, ``s(j)``, estimated from held-out windows
   (:func:`shared_drift`). A-drift's per-window fit absorbs absolute position and prefix content alike; s(j)
   carries only what is common to windows at the same absolute position. :func:`shared_share` splits the key's
-  position share into that shared part and the per-window rest.
+  position share into that shared part and the per-window rest; :func:`scaled_share` lets each window scale s(j)
+  by its own amplitude (a diagnostic of a shared profile with per-window sizes).
 
 The fit of ``kbar(j)`` leaves the sink token out in both sink handlings (:func:`drift_basis`): the first key
 of a trained model is an outlier (the attention sink) that would bend a smooth fit. 'with' scores key column 0
@@ -114,6 +115,23 @@ def shared_share(x: torch.Tensor, shared: torch.Tensor, sink: str) -> torch.Tens
     ss = ss - ss.mean(-2, keepdim=True)  # (..., n, d)
     total = (xs * xs).sum((-2, -1))  # (...)
     return 1 - ((xs - ss) ** 2).sum((-2, -1)) / total
+
+
+def scaled_share(x: torch.Tensor, shared: torch.Tensor, sink: str) -> torch.Tensor:
+    """The share of the variance of ``x (..., T, d)`` over the counted tokens of ``sink`` that the shared function
+    explains with one fitted amplitude per window and KV head, ``a = <x - xbar, s> / <s, s>`` (least squares):
+    ``<x - xbar, s>^2 / (<s, s> sum_j ||x_j - xbar||^2)``, float64 ``(...)``, in [0, 1] and at least
+    :func:`shared_share`. A shared shape whose size differs from window to window (a trajectory whose profile is
+    common and whose amplitude is not) shows here and not in the fixed-amplitude share (docs/method.md 3C)."""
+    first = SINKS.index(sink)
+    xs = x.double()[..., first:, :]
+    xs = xs - xs.mean(-2, keepdim=True)  # (..., n, d)
+    ss = shared.double()[..., first:, :]
+    ss = ss - ss.mean(-2, keepdim=True)
+    cross = (xs * ss).sum((-2, -1))  # (...)
+    power = (ss * ss).sum((-2, -1))
+    total = (xs * xs).sum((-2, -1))
+    return torch.where(power > 0, cross * cross / (power * total), torch.zeros_like(total))
 
 
 def drift_moments(m: MaskedMoments, a: int, p: int = 0) -> dict[str, Moments]:

@@ -77,7 +77,7 @@ class UnitOperands:
     has_shared: bool  # whether s(j) came from held-out windows (else A-shared is not computed: NaN)
     rotations: torch.Tensor  # (nD, d, d) R_D, without attention_scaling
     dummy_distance: int  # this layer's D of Method A's r, r_g and the bound (Decomposer.layer_distance)
-    distances: list  # the nD dummy distances of ``rotations``: the sweep and ``dummy_distance``, ascending
+    distances: list  # the nD dummy distances of ``rotations``: the sweep (inside the window) and ``dummy_distance``
 
 
 def unit_operands(
@@ -99,7 +99,8 @@ def unit_operands(
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, kv_group {kv_np.shape}: shapes disagree")
     window = effective_window(T, rope.sliding_window)
     dummy_distance = used_dummy_distance(dummy_distance, rope.sliding_window, T)  # this layer's D
-    distances = sorted(set(sweep) | {dummy_distance})  # every D the moments are contracted for
+    # every D the moments are contracted for; a sliding-window layer's sweep at min(D, window - 1), as its own D
+    distances = sorted({used_dummy_distance(D, rope.sliding_window, T) for D in sweep} | {dummy_distance})
     s, amp = float(rope.scaling), float(rope.attention_scaling)
     theta = torch.as_tensor(rope.inv_freq).to(dev, torch.float32)
     pos = torch.arange(T, device=dev)

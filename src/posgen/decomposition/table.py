@@ -94,6 +94,7 @@ class DecompositionTable:
             **{name: base + ("method", "sink") for name in SUMS},
             **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
             "k_shared_share": base + ("sink",),
+            "k_scaled_share": base + ("sink",),
         }
         data = {name: (dims[name], self.arrays[name]) for name in dims}
         data["r2_f"] = (dims["r_f"], self.arrays["r_f"] ** 2)
@@ -161,7 +162,8 @@ def decompose_store(
     """decomposition.nc from qk.h5, one (sample, layer) at a time (see docs/data-model.md); the store path.
 
     Every layer carries its ``layer_type`` (:func:`posgen.layer_types.layer_types`) and ``dummy_distance_used`` (the D of its
-    Method A r, r_g and bound: :func:`posgen.layer_types.used_dummy_distance`) as coordinates; ``r_sweep`` is the raw sweep.
+    Method A r, r_g and bound: :func:`posgen.layer_types.used_dummy_distance`) as coordinates; ``r_sweep`` takes each
+    D of the sweep by the same rule.
 
     The error of A and the section 5 bound (checked entry by entry) are evaluated on the windows with a global
     index below ``options.bound_samples`` (0: all); elsewhere their statistics are NaN. Every r statistic covers

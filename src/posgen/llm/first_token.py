@@ -1,10 +1,18 @@
-"""The first-token control (docs/method.md section 3C): the model's input embedding at position 0 replaced by the
-mean input embedding over its vocabulary, so that the first token carries no identity while staying inside the
-embedding distribution.
+"""The first-token control (docs/method.md section 3C; rule FIRST_TOKEN of posgen.rules): the model's input
+embedding at position 0 replaced by the mean input embedding over its vocabulary, the same vector in every window,
+so that the first token carries no window-specific identity.
 
-Absolute position reaches a RoPE model's keys through the causal mask's normaliser and through the first
-token's residual stream (arXiv 2606.06160); this control takes the second away. It applies to the extraction
-(a models entry's ``first_token``), hence to every statistic of decomposition.nc and bands.nc, held-out windows included.
+What that vector is depends on the weights. In a trained model it is the centroid of the embeddings. At random init
+the rows are independent draws, and the mean of V of them has about 1/sqrt(V) of a row's norm (SmolLM2, V = 49,152:
+0.45 % for a draw of its N(0, 0.02) embedding; the trained centroid has 68 %): position 0 then holds a near-null
+token, not a token inside the embedding distribution. Kept so (issue 50) rather than a fixed real token: the control
+asks whether the first token's window-specific residual stream makes the random-init keys drift, and a near-null
+token removes that stream more completely than any real token would, while a real token would put its own content,
+at full norm, into every window.
+
+Absolute position reaches a RoPE model's keys through the causal mask's normaliser and through the first token's
+residual stream (arXiv 2606.06160); this control takes the second away. It applies to the extraction (a models
+entry's ``first_token``), hence to every statistic of decomposition.nc and bands.nc, held-out windows included.
 """
 
 from __future__ import annotations
@@ -13,7 +21,10 @@ import contextlib
 
 import torch
 
-FIRST_TOKEN = ("model", "mean-embedding")  # a models entry's first_token: the model's own first token, or the control
+from posgen.rules import value
+
+CONTROL = value("FIRST_TOKEN")  # the first-token control (docstring: what it is at random init)
+FIRST_TOKEN = ("model", CONTROL)  # a models entry's first_token: the model's own first token, or the control
 CHUNK = 8192  # vocabulary rows embedded at a time for the mean (Gemma's 262k rows at once would be ~0.7 GB)
 
 

@@ -21,6 +21,7 @@ import xarray as xr
 from posgen.config import VARIANT_TRAINED, variant_order
 from posgen.integrity import shown
 from posgen.layer_types import LAYER_TYPES
+from posgen.rules import value
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
@@ -29,6 +30,7 @@ VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key (docs/meth
 BASES = ("linear", "smooth")
 # the key's share that Method A-shared's s(j) explains (docs/method.md section 3C), beside the position shares
 SHARE_COLUMNS = [f"{v}_position_share_{basis}" for v in VECTORS for basis in BASES] + ["k_shared_share"]
+SHARE_COLUMNS += ["k_scaled_share"]  # the same with one fitted amplitude per window and KV head (a diagnostic)
 COLUMNS = [
     "model",
     "variant",
@@ -54,8 +56,15 @@ COLUMNS = [
     "heldout_windows",
     "share_floor",
     "min_layer_r",
+    "min_layer_r_lo",
+    "min_layer_r_hi",
     "heads_below",
+    "heads_below_lo",
+    "heads_below_hi",
     "r_sweep",
+    "sweep_spread",
+    "sweep_spread_lo",
+    "sweep_spread_hi",
     "err_over_bound",
     "n_layers",
     "n_heads",
@@ -63,7 +72,7 @@ COLUMNS = [
     *SHARE_COLUMNS,
 ]
 ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
-HEAD_R = 0.8  # heads_below: the share of (layer, head) whose mean r over samples is below this
+HEAD_R = value("HEAD_R")  # heads_below: the share of (layer, head) whose mean r over samples is below this
 
 
 def _nanmean(v: np.ndarray, axis) -> np.ndarray:
@@ -75,6 +84,28 @@ def _nanmean(v: np.ndarray, axis) -> np.ndarray:
 
 def _mean(v: np.ndarray) -> np.ndarray:
     return _nanmean(v, 0)
+
+
+def _lowest_layer(per_layer: np.ndarray) -> np.ndarray:
+    """The lowest per-layer mean r, (method, sink), of per-(sample, layer) r ``(sample, layer, method, sink)``."""
+    with warnings.catch_warnings():  # a method without any r (A-shared without held-out windows): NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmin(_mean(per_layer), 0)
+
+
+def _below(r: np.ndarray) -> np.ndarray:
+    """The share of (layer, head) whose mean r over samples is below HEAD_R, (method, sink), of ``r (sample,
+    layer, head, method, sink)``."""
+    head_r = _mean(r)  # (layer, head, method, sink)
+    return (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
+
+
+def _spread(sweep: np.ndarray) -> np.ndarray:
+    """max_D - min_D of the mean over samples of ``sweep (sample, sink, D)``: (sink,)."""
+    mean = _mean(sweep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmax(mean, -1) - np.nanmin(mean, -1)
 
 
 def _pooled(suff: np.ndarray) -> np.ndarray:
@@ -182,16 +213,17 @@ def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> lis
         for vector in VECTORS
         for basis in BASES
     }
-    shares["k_shared_share"] = (
-        _nanmean(ds["k_shared_share"].transpose("sample", "layer", "head", "sink").values, (0, 1, 2))
-        if "k_shared_share" in ds
-        else np.full(len(sinks), np.nan)  # written before Method A-shared
-    )
+    for name in ("k_shared_share", "k_scaled_share"):  # NaN in a file written before A-shared / the amplitude
+        values = ds[name].transpose("sample", "layer", "head", "sink").values if name in ds else None
+        shares[name] = np.full(len(sinks), np.nan) if values is None else _nanmean(values, (0, 1, 2))
     distance = _distance_text(ds)
-    # consistency: the share of heads (mean over samples) below HEAD_R
-    head_r = _nanmean(r, 0)  # (layer, head, method, sink)
-    below = (head_r < HEAD_R).sum((0, 1)) / np.isfinite(head_r).sum((0, 1)).clip(min=1)
+    # consistency: the lowest layer's mean r and the share of heads (mean over samples) below HEAD_R, and the
+    # sweep's spread, each with its interval over windows (the first paper's verdicts decide on the intervals)
+    _, min_lo, min_hi = interval(_lowest_layer, _nanmean(r, 2), idx)  # (method, sink)
+    below, below_lo, below_hi = interval(_below, r, idx)  # (method, sink)
     sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
+    no_sweep = np.full(len(sinks), np.nan)
+    spread = interval(_spread, _nanmean(ds["r_sweep"].values, (1, 2)), idx) if "r_sweep" in ds else [no_sweep] * 3
     tightness = _err_over_bound(ds)  # (sink,): Method A's mean error over the section 5 bound
     rows = []
     for mi, method in enumerate(methods):
@@ -223,8 +255,16 @@ def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> lis
                     "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
                     "share_floor": share_floor(ds),
                     "min_layer_r": min_layer[mi, si],
+                    "min_layer_r_lo": min_lo[mi, si],
+                    "min_layer_r_hi": min_hi[mi, si],
                     "heads_below": below[mi, si],
+                    "heads_below_lo": below_lo[mi, si],
+                    "heads_below_hi": below_hi[mi, si],
                     "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
+                    **{
+                        f"sweep_spread{end}": part[si] if method == "A" else np.nan
+                        for end, part in zip(("", "_lo", "_hi"), spread)
+                    },
                     "err_over_bound": tightness[si] if method == "A" else np.nan,
                     "n_layers": ds.sizes["layer"],
                     "n_heads": ds.sizes["head"],

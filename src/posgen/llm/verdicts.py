@@ -1,30 +1,34 @@
 """A verdict per claim of the first paper (Han & Ji 2025) from a run's summary, bands and perturbation tables.
 
 Every claim is tested per model (and per construction of the split where it depends on one: the paper's
-Method A and B, docs/method.md sections 3A-3B) against a threshold fixed here, in advance, and printed beside
-the verdict. Methods A-drift and A-shared (section 3C) are diagnostics (``DIAGNOSTICS``): their findings are
-shown, labelled, and never count toward a verdict; the thresholds are never tuned to a result.
+Method A and B, docs/method.md sections 3A-3B) against the rules of ``posgen.rules``, each cited in its row and
+marked where it was set after the numbers it judges were first printed (post hoc). Methods A-drift and A-shared
+(section 3C) are diagnostics (``DIAGNOSTICS``): their findings are shown, labelled "diagnostic", and never count.
 
-Each finding ends in one outcome of the vocabulary both papers share (:class:`posgen.claims.Outcome`:
-reproduced / not reproduced / inconclusive / not discriminative / not tested); a claim about random-init models
-("every seed") is decided at the seed level, and one seed is inconclusive. Across models and constructions a
-claim's verdict is the common outcome, or "depends on the construction / model" with each outcome and where it
-came from; every verdict is followed by the regime its test read (:func:`summary_regime`).
+A claim on the trained model is decided on its 95 % bootstrap interval over windows (``posgen.claims.against``):
+reproduced when the interval clears the threshold, not reproduced when it lies wholly on the other side,
+inconclusive when it straddles it; each finding prints the threshold at which it would flip. A claim against the
+random-init control is decided over seeds with the t interval (``posgen.claims.exceeds``): one seed is
+inconclusive. Across models and constructions a claim's verdict is the common outcome, or "depends on the
+construction / model" with each outcome and where it came from; every verdict is followed by the regime its test
+read (:func:`summary_regime`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-from posgen.claims import Claim, Outcome, exceeds
+from posgen.claims import WHY, Claim, Outcome, against, combine, exceeds, label
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.llm.summary import HEAD_R
+from posgen.rules import cite, value
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
-CONSTRUCTIONS = ("A", "B")  # the paper's constructions of f + g: only these decide a verdict
+CONSTRUCTIONS = value("CONSTRUCTIONS")  # the paper's constructions of f + g: only these decide a verdict
 # diagnostics shown beside them, never counted: what each can and cannot show
 DIAGNOSTICS = {
     "A-drift": "a mean key that follows each window's own smooth key trajectory (docs/method.md section 3C): how "
@@ -35,39 +39,52 @@ DIAGNOSTICS = {
     "window, estimated from held-out windows (docs/method.md section 3C): how much of Method A's random-init gap "
     "absolute position closes, as against a window's own prefix content. Its f also depends on absolute position j",
 }
-SINK = "with"  # every causal entry, as the paper's correlation
-NEAR = 0.05  # "r near 0.959": mean and pooled r both within 0.05 of it
-LACK = 0.05  # "random-init models lack the split": mean r below the trained model's by more than 0.05 (CI < 0)
-LEARNED = 0.10  # "the pattern is learned": key token variance in the low-frequency half 10 points above random init
+SINK = value("SINK")  # every causal entry, as the paper's correlation
+NEAR = value("NEAR")  # "r near 0.959": mean and pooled r both within this of it
+LACK = value("LACK")  # "random-init models lack the split": mean r below the trained model's by more than this
+LEARNED = value("LEARNED")  # "the pattern is learned": low-frequency share this far above random init
 # perplexity on the kept targets (token and position id unchanged: only their context moved), as the moved
 # tokens are unpredictable by construction and would dominate the ratio over every target
-MINIMAL = 1.10  # "minimal effect" of a 5 % perturbation: kept-target perplexity at most 1.10 x unperturbed
-CLEAR = 1.20  # "degrades clearly" at 20 %: kept-target perplexity at least 1.20 x unperturbed
-RATES = (0.05, 0.2)  # the rates of the perturbation claim
-SWEEP = 0.02  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
-LAYER_MIN = 0.85  # "consistent across layers": every layer's mean r at least this
-HEADS_BELOW = 0.10  # "... and heads": at most this share of heads with mean r below posgen.llm.summary.HEAD_R
-G_KEPT = 0.95  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
+MINIMAL = value("MINIMAL")  # "minimal effect" of a 5 % perturbation: kept-target perplexity at most this ratio
+CLEAR = value("CLEAR")  # "degrades clearly" at 20 %: kept-target perplexity at least this ratio
+RATES = value("RATES")  # the rates of the perturbation claim
+SWEEP = value("SWEEP")  # "D barely matters": Method A's mean r moves by at most this over the dummy-distance sweep
+LAYER_MIN = value("LAYER_MIN")  # "consistent across layers": every layer's mean r at least this
+HEADS_BELOW = value("HEADS_BELOW")  # "... and heads": at most this share of heads below HEAD_R
+G_KEPT = value("G_KEPT")  # "a distance cap changes f only": g's r between capped and uncapped passes at least this
+HOLDS = {Outcome.REPRODUCED: "holds, ", Outcome.NOT_REPRODUCED: "fails, "}  # one number's test, in any row
+DIAGNOSTIC_WORDS = {  # a diagnostic's finding in words that never say "reproduced"
+    Outcome.REPRODUCED: "meets the test",
+    Outcome.NOT_REPRODUCED: "misses the test",
+}
 
 
 @dataclass(frozen=True)
 class Perturbation:
     """One (kind, rate) of a perturb.nc, means over samples: perplexity ratios on every target and on the kept
-    ones, and the share of the targets whose token or position id moved."""
+    ones (with the 95 % bootstrap interval over windows), and the share of the targets whose token or position
+    id moved."""
 
     ratio: float
     kept: float
     moved: float
+    kept_lo: float = np.nan
+    kept_hi: float = np.nan
 
 
 @dataclass(frozen=True)
 class CapEffect:
     """One distance cap C of a cap.nc, means over samples (and layers): r between the capped and uncapped
-    Method A terms f and g, and the perplexity ratio."""
+    Method A terms f and g, the perplexity ratio, and 95 % bootstrap intervals over windows of g's r and of g's r
+    less f's."""
 
     f_corr: float
     g_corr: float
     ratio: float
+    g_lo: float = np.nan
+    g_hi: float = np.nan
+    gap_lo: float = np.nan
+    gap_hi: float = np.nan
 
 
 @dataclass(frozen=True)
@@ -79,16 +96,33 @@ class Finding:
     outcome: Outcome
     evidence: str
     diagnostic: bool = False  # a diagnostic's finding (DIAGNOSTICS): shown, never counted
+    why: str = ""  # the reason of a "not discriminative" (posgen.claims.WHY)
+
+    @property
+    def label(self) -> str:
+        return label(self.outcome, self.why)
 
 
-def decided(held: bool) -> Outcome:
-    """The outcome of a test of one number against its threshold."""
-    return Outcome.REPRODUCED if held else Outcome.NOT_REPRODUCED
+def _interval(row, column: str) -> tuple[float, float]:
+    """(lo, hi) of ``column`` in a summary row; NaN where the summary has no interval for it."""
+    return tuple(float(row.get(f"{column}_{end}", np.nan)) for end in ("lo", "hi"))
 
 
-def _in_band(row) -> bool:
-    """(a)'s band: mean and pooled r both within ``NEAR`` of the paper's r."""
-    return abs(row["mean_r"] - PAPER_R) <= NEAR and abs(row["pooled_r"] - PAPER_R) <= NEAR
+def _decide(name: str, point: float, lo: float, hi: float, threshold: float, above: bool) -> tuple[Outcome, str]:
+    """One number against its threshold on its interval over windows, with the threshold at which it flips."""
+    outcome, flip = against(lo, hi, threshold, above)
+    sign = ">=" if above else "<="
+    return outcome, f"{name} {point:.3f} [{lo:.3f}, {hi:.3f}] {sign} {threshold}: {HOLDS.get(outcome, '')}{flip}"
+
+
+def _near(row, column: str) -> tuple[Outcome, str]:
+    """|``column`` - 0.959| <= NEAR on the interval of the distance: [0 or the nearer end, the farther end]."""
+    lo, hi = _interval(row, column)
+    far = max(abs(lo - PAPER_R), abs(hi - PAPER_R))
+    near = 0.0 if lo <= PAPER_R <= hi else min(abs(lo - PAPER_R), abs(hi - PAPER_R))
+    outcome, flip = against(near, far, NEAR, above=False)
+    text = f"{column.split('_')[0]} {row[column]:.3f} [{lo:.3f}, {hi:.3f}], {far:.3f} from {PAPER_R} at most"
+    return outcome, f"{text}: {HOLDS.get(outcome, '')}NEAR {flip}"
 
 
 def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
@@ -124,24 +158,30 @@ def _trained_rows(rows: pd.DataFrame, column: str, methods) -> pd.DataFrame:
     return rows[(rows["variant"] == VARIANT_TRAINED) & rows["method"].isin(methods) & rows[column].notna()]
 
 
+def _in_band(row) -> Outcome:
+    """(a)'s test of one row: mean and pooled r both within ``NEAR`` of the paper's r, on their intervals."""
+    return combine([_near(row, "mean_r")[0], _near(row, "pooled_r")[0]])
+
+
 def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     rows = _rope_rows(summary)
     out = []
     for _, row in rows[rows["variant"] == VARIANT_TRAINED].iterrows():
         if row["method"] not in (*CONSTRUCTIONS, *DIAGNOSTICS):
             continue
-        outcome = decided(_in_band(row))
+        outcome, why = _in_band(row), ""
         random_rows = _random_rows(rows, row)
-        if outcome == Outcome.REPRODUCED and len(random_rows) and all(_in_band(r) for _, r in random_rows.iterrows()):
-            outcome = Outcome.NOT_DISCRIMINATIVE  # the untrained control meets the band too: it tells them apart not
-        evidence = f"mean {row['mean_r']:.3f}, pooled {row['pooled_r']:.3f}"
+        within = [_in_band(r) == Outcome.REPRODUCED for _, r in random_rows.iterrows()]
+        if outcome == Outcome.REPRODUCED and within and all(within):
+            outcome, why = Outcome.NOT_DISCRIMINATIVE, "control meets it"  # the untrained control meets it too
+        evidence = "; ".join(_near(row, column)[1] for column in ("mean_r", "pooled_r"))
         sweep = sweep_of(row)
         if sweep:  # Method A depends on D: its mean r at every D of the sweep
             evidence += " (over D: " + ", ".join(f"{D} {r:.3f}" for D, r in sweep.items()) + ")"
         random = _random_r(rows, row)
         if random:  # the control in the same row: a band every random-init model also meets decides nothing
             evidence += f"; random-init {random}"
-        out.append(Finding(row["model"], row["method"], outcome, evidence, row["method"] in DIAGNOSTICS))
+        out.append(Finding(row["model"], row["method"], outcome, evidence, row["method"] in DIAGNOSTICS, why))
     return out
 
 
@@ -152,18 +192,24 @@ def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: d
         sweep = sweep_of(row)
         if len(sweep) < 2:
             continue
-        spread = max(sweep.values()) - min(sweep.values())
-        evidence = f"spread {spread:.3f} over D = " + ", ".join(f"{D}: {r:.3f}" for D, r in sweep.items())
-        out.append(Finding(row["model"], "A", decided(spread <= SWEEP), evidence))
+        spread = row.get("sweep_spread", max(sweep.values()) - min(sweep.values()))
+        outcome, text = _decide("spread", spread, *_interval(row, "sweep_spread"), SWEEP, above=False)
+        evidence = f"{text}; over D = " + ", ".join(f"{D}: {r:.3f}" for D, r in sweep.items())
+        if "/" in str(row.get("dummy_distance", "")):  # several D used: a model with sliding-window layers
+            evidence += " (sliding-window layers at min(D, window - 1))"
+        out.append(Finding(row["model"], "A", outcome, evidence))
     return out
 
 
 def consistent_across_layers_and_heads(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     out = []
     for _, row in _trained_rows(_rope_rows(summary), "min_layer_r", (*CONSTRUCTIONS, *DIAGNOSTICS)).iterrows():
-        held = row["min_layer_r"] >= LAYER_MIN and row["heads_below"] <= HEADS_BELOW
-        evidence = f"lowest layer mean r {row['min_layer_r']:.3f}, heads below {HEAD_R}: {row['heads_below']:.1%}"
-        out.append(Finding(row["model"], row["method"], decided(held), evidence, row["method"] in DIAGNOSTICS))
+        layers = _decide("lowest layer mean r", row["min_layer_r"], *_interval(row, "min_layer_r"), LAYER_MIN, True)
+        heads = _decide(f"heads below {HEAD_R}", row["heads_below"], *_interval(row, "heads_below"), HEADS_BELOW, False)
+        outcome = combine([layers[0], heads[0]])
+        out.append(
+            Finding(row["model"], row["method"], outcome, f"{layers[1]}; {heads[1]}", row["method"] in DIAGNOSTICS)
+        )
     return out
 
 
@@ -192,7 +238,8 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict, c
 
 
 def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
-    """A finding per model for the keys and one for the queries (``<model> (keys)``, ``<model> (queries)``)."""
+    """A finding per model for the keys and one for the queries (``<model> (keys)``, ``<model> (queries)``),
+    decided over random-init seeds like the split's control (one seed is inconclusive)."""
     out = []
     for model, by_variant in bands.items():
         if VARIANT_TRAINED not in by_variant:
@@ -203,9 +250,10 @@ def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: d
             continue
         for vector, name in (("k", "keys"), ("q", "queries")):
             column = f"low_share_{vector}"
-            held = all(trained[column] - s[column] >= LEARNED for s in random.values())
-            evidence = f"trained {trained[column]:.2f}, " + ", ".join(f"{v} {s[column]:.2f}" for v, s in random.items())
-            out.append(Finding(f"{model} ({name})", "", decided(held), evidence))
+            outcome, over_seeds = exceeds([trained[column] - s[column] for s in random.values()], LEARNED, False)
+            shares = ", ".join(f"{v} {s[column]:.3f}" for v, s in random.items())
+            evidence = f"trained minus random-init {over_seeds}; trained {trained[column]:.3f}, {shares}"
+            out.append(Finding(f"{model} ({name})", "", outcome, evidence))
     return out
 
 
@@ -216,14 +264,18 @@ def perturbations_tolerated(summary: pd.DataFrame, bands: dict, perturb: dict, c
         if at is None or not all((kind, rate) in at for kind in _kinds(at) for rate in RATES):
             continue
         low, high = RATES
-        held = all(at[kind, low].kept <= MINIMAL and at[kind, high].kept >= CLEAR for kind in _kinds(at))
-        evidence = "; ".join(
-            f"{kind} {at[kind, low].kept:.2f} / {at[kind, high].kept:.2f} (every target {at[kind, low].ratio:.2f} / "
-            f"{at[kind, high].ratio:.2f}; moved {at[kind, low].moved:.0%} / {at[kind, high].moved:.0%})"
-            for kind in _kinds(at)
-        )
-        evidence = f"kept-target perplexity ratio at rate {low:.0%} / {high:.0%}: {evidence}"
-        out.append(Finding(model, "", decided(held), evidence))
+        parts, texts = [], []
+        for kind in _kinds(at):
+            a, b = at[kind, low], at[kind, high]
+            mild = _decide(f"{low:.0%}", a.kept, a.kept_lo, a.kept_hi, MINIMAL, above=False)
+            clear = _decide(f"{high:.0%}", b.kept, b.kept_lo, b.kept_hi, CLEAR, above=True)
+            parts += [mild[0], clear[0]]
+            texts.append(
+                f"{kind}: {mild[1]}; {clear[1]} (every target {a.ratio:.2f} / {b.ratio:.2f}; moved {a.moved:.0%} / "
+                f"{b.moved:.0%})"
+            )
+        evidence = f"kept-target perplexity ratio at rate {low:.0%} / {high:.0%}: " + "; ".join(texts)
+        out.append(Finding(model, "", combine(parts), evidence))
     return out
 
 
@@ -233,11 +285,13 @@ def cap_changes_only_f(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
         at = by_variant.get(VARIANT_TRAINED)  # {cap: CapEffect}
         if not at:
             continue
-        held = all(e.g_corr >= G_KEPT and e.f_corr < e.g_corr for e in at.values())
-        evidence = "; ".join(
-            f"C = {cap}: f {e.f_corr:.3f}, g {e.g_corr:.3f}, perplexity ratio {e.ratio:.2f}" for cap, e in at.items()
-        )
-        out.append(Finding(model, "A", decided(held), f"r(capped, uncapped) of the terms: {evidence}"))
+        parts, texts = [], []
+        for cap, e in at.items():
+            kept = _decide("g", e.g_corr, e.g_lo, e.g_hi, G_KEPT, above=True)
+            below = _decide("g - f", e.g_corr - e.f_corr, e.gap_lo, e.gap_hi, 0.0, above=True)
+            parts += [kept[0], below[0]]
+            texts.append(f"C = {cap}: f {e.f_corr:.3f}, {kept[1]}; {below[1]}; perplexity ratio {e.ratio:.2f}")
+        out.append(Finding(model, "A", combine(parts), "r(capped, uncapped) of the terms: " + "; ".join(texts)))
     return out
 
 
@@ -247,7 +301,7 @@ def error_within_bound(summary: pd.DataFrame, bands: dict, perturb: dict, caps: 
     for _, row in _trained_rows(rows, "err_over_bound", ("A",)).iterrows():
         random = _random_r(rows, row, "err_over_bound") or "-"
         evidence = f"mean abs(W - A) / mean bound {row['err_over_bound']:.3f}; random-init {random}"
-        out.append(Finding(row["model"], "A", Outcome.NOT_DISCRIMINATIVE, evidence))
+        out.append(Finding(row["model"], "A", Outcome.NOT_DISCRIMINATIVE, evidence, why="tautology"))
     return out
 
 
@@ -274,13 +328,15 @@ def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+ON_INTERVAL = "decided on its 95 % bootstrap interval over windows (inconclusive when it straddles)"
 CLAIMS = [
     Claim(
         "split",
         "attention logits ~ f(q, i - j) + g(q, k) with r = 0.959",
-        f"trained model, sink '{SINK}': mean and pooled r both within {NEAR} of {PAPER_R}; not discriminative "
-        "where every random-init seed meets the band too",
+        f"trained model, sink '{SINK}': mean and pooled r both within {NEAR} of {PAPER_R}, {ON_INTERVAL}; not "
+        "discriminative where every random-init seed meets the band too",
         r_near_paper,
+        rules=("NEAR", "SINK", "CONSTRUCTIONS", "DECISION"),
     ),
     Claim(
         "learned",
@@ -288,27 +344,32 @@ CLAIMS = [
         f"per seed: random-init mean r below the trained model's by more than {LACK}, the seed's 95 % interval "
         "over windows below 0; over seeds, the t interval of the gap above it (one seed is inconclusive)",
         random_init_lacks_split,
+        rules=("LACK", "SINK", "CONSTRUCTIONS", "SEEDS_FIRST"),
     ),
     Claim(
         "dummy distance",
         "the semantic term barely depends on the dummy distance D",
-        f"trained model, Method A, sink '{SINK}': mean r moves by at most {SWEEP} over the dummy-distance sweep",
+        f"trained model, Method A, sink '{SINK}': mean r moves by at most {SWEEP} over the dummy-distance sweep "
+        f"(a sliding-window layer's sweep at min(D, window - 1), as its own D), {ON_INTERVAL}",
         insensitive_to_dummy_distance,
+        rules=("SWEEP", "SWEEP_SLIDING", "SINK", "DECISION"),
     ),
     Claim(
         "layers and heads",
         "the split holds across layers and heads",
         f"trained model, sink '{SINK}': every layer's mean r at least {LAYER_MIN}, and at most {HEADS_BELOW:.0%} of "
-        f"the heads (mean r over windows) below {HEAD_R}",
+        f"the heads (mean r over windows) below {HEAD_R}, each {ON_INTERVAL}",
         consistent_across_layers_and_heads,
+        rules=("LAYER_MIN", "HEADS_BELOW", "HEAD_R", "SINK", "CONSTRUCTIONS", "DECISION"),
     ),
     Claim(
         "distance cap",
         "capping the relative distance (LM-Infinite) changes the positional term f, not the semantic term g",
         f"trained model, Method A, every cap C: g of the capped pass against the uncapped one r >= {G_KEPT}, and "
-        "f's r below g's; the perplexity ratio beside it",
+        f"f's r below g's, each {ON_INTERVAL}; the perplexity ratio beside it",
         cap_changes_only_f,
         reads="caps",
+        rules=("G_KEPT", "DECISION"),
     ),
     Claim(
         "error bound",
@@ -321,19 +382,22 @@ CLAIMS = [
     Claim(
         "low frequency",
         "the low-frequency feature pattern is learned",
-        f"share of the token variance in the low-frequency half of the bands, keys and queries each: trained at "
-        f"least {LEARNED:.2f} above every random-init seed. The control sits near 0.5 by symmetry (random weights "
-        "give every band the same variance in expectation), so this asks for a trained share above about 0.6",
+        f"share of the token variance in the low-frequency half of the bands, keys and queries each: trained "
+        f"minus random-init above {LEARNED:.2f} in every seed and its t interval over seeds above it (one seed is "
+        "inconclusive). The control sits near 0.5 by symmetry (random weights give every band the same variance "
+        "in expectation), so this asks for a trained share above about 0.6",
         low_frequency_pattern_learned,
+        rules=("LEARNED", "SEEDS_FIRST"),
     ),
     Claim(
         "perturbations",
         "position perturbations up to about 5 % are tolerated, more than 10 % degrade clearly",
         f"trained model, every perturbation kind: perplexity ratio on the kept targets (token and position id "
-        f"unchanged) at most {MINIMAL} at rate {RATES[0]:.0%} and at least {CLEAR} at {RATES[1]:.0%}; the share "
-        "of tokens each kind actually moves at that rate beside it",
+        f"unchanged) at most {MINIMAL} at rate {RATES[0]:.0%} and at least {CLEAR} at {RATES[1]:.0%}, each "
+        f"{ON_INTERVAL}; the share of tokens each kind actually moves at that rate beside it",
         perturbations_tolerated,
         reads="perturb",
+        rules=("MINIMAL", "CLEAR", "RATES", "DECISION"),
     ),
 ]
 
@@ -345,20 +409,20 @@ def _where(finding: Finding) -> str:
 def verdict(findings: list[Finding]) -> str:
     """The verdict of a claim across its findings (module docstring); diagnostics' findings do not count."""
     findings = [f for f in findings if not f.diagnostic]
-    outcomes = list(dict.fromkeys(f.outcome for f in findings))
+    outcomes = list(dict.fromkeys(f.label for f in findings))
     if not outcomes:
         return Outcome.NOT_TESTED.value
     if len(outcomes) == 1:
-        return outcomes[0].value
-    for label, key, named in (
+        return outcomes[0]
+    for name, key, named in (
         ("construction", lambda f: f.construction, lambda c: f"Method {c}"),
         ("model", lambda f: f.model, str),
     ):
-        groups = {key(f): {g.outcome for g in findings if key(g) == key(f)} for f in findings}
+        groups = {key(f): {g.label for g in findings if key(g) == key(f)} for f in findings}
         if all(groups) and all(len(v) == 1 for v in groups.values()):  # each group decided one way
-            parts = [f"{o.value} for " + ", ".join(named(g) for g, v in groups.items() if o in v) for o in outcomes]
-            return f"depends on the {label}: " + "; ".join(parts)
-    parts = [f"{o.value} in " + ", ".join(_where(f) for f in findings if f.outcome == o) for o in outcomes]
+            parts = [f"{o} for " + ", ".join(named(g) for g, v in groups.items() if o in v) for o in outcomes]
+            return f"depends on the {name}: " + "; ".join(parts)
+    parts = [f"{o} in " + ", ".join(_where(f) for f in findings if f.label == o) for o in outcomes]
     return "depends: " + "; ".join(parts)
 
 
@@ -373,8 +437,8 @@ def verdicts(
     out = []
     for claim in CLAIMS:
         findings = claim.check(summary, bands, perturb, caps or {})
-        text = f"{Outcome.NOT_DISCRIMINATIVE.value} ({claim.fixed})" if claim.fixed and findings else verdict(findings)
-        out.append((claim, text, findings))
+        fixed = f"{Outcome.NOT_DISCRIMINATIVE.value} ({WHY['tautology']}: {claim.fixed})"
+        out.append((claim, fixed if claim.fixed and findings else verdict(findings), findings))
     return out
 
 
@@ -406,6 +470,14 @@ def control_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _cell(finding: Finding) -> str:
+    """A finding in its row: "**<outcome>**, evidence", or for a diagnostic "**diagnostic** (meets the test)"."""
+    if finding.diagnostic:
+        words = DIAGNOSTIC_WORDS.get(finding.outcome, "undecided")
+        return f"**diagnostic** ({words}), {finding.evidence}"
+    return f"**{finding.label}**, {finding.evidence}"
+
+
 def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | None = None) -> str:
     """The verdict table of the first paper's claims (posgen.claims' table): per claim, the regime of each model
     its test read (``regimes[claim.reads or "summary"][model]``), then each finding with its outcome."""
@@ -413,19 +485,19 @@ def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | 
         f"From `{source}`, the bands and the perturbation tables of the same run. The paper's constructions, "
         "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
         + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
-        + " Thresholds are fixed in `posgen.llm.verdicts`, not tuned. Outcomes: reproduced / not reproduced / "
-        "inconclusive / not discriminative / not tested (docs/method.md section 8.9)."
+        + " Rules: `posgen.rules` (`python -m posgen.rules` prints each with the commit that set it); a rule set "
+        "after the numbers it judges were first printed is marked post hoc in its row. A claim on the trained model "
+        "is decided on its 95 % bootstrap interval over windows and prints the threshold at which it would flip. "
+        "Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its reason) / not tested "
+        "(docs/method.md section 8.9); a diagnostic's finding says whether it meets the test, never 'reproduced'."
     )
     rows = []
     for claim, text, findings in results:
         regime = (regimes or {}).get(claim.reads or "summary", {})
         models = [m for m in dict.fromkeys(f.model.split(" (")[0] for f in findings) if m in regime]
         lines = [f"regime, {m}: {regime[m]}" for m in models]
-        lines += [
-            f"{f.model}{' / ' + f.construction if f.construction else ''}{' (diagnostic)' if f.diagnostic else ''}: "
-            f"**{f.outcome.value}**, {f.evidence}"
-            for f in findings
-        ]
-        rows.append({"paper": claim.paper, "test": claim.test, "verdict": text, "evidence": lines})
+        lines += [f"{f.model}{' / ' + f.construction if f.construction else ''}: {_cell(f)}" for f in findings]
+        test = f"{claim.test}; {cite(claim.rules)}" if claim.rules else claim.test
+        rows.append({"paper": claim.paper, "test": test, "verdict": text, "evidence": lines})
     evidence = "regime; per model / construction: outcome, evidence"
     return claims_markdown("Verdict per claim (Han & Ji 2025)", preamble, rows, evidence)

@@ -11,7 +11,7 @@ import xarray as xr
 from posgen.claims import t_interval
 from posgen.stats import MIN_TOP_DROP
 from posgen.store import atomic_path, open_dataset, provenance
-from posgen.synthetic.convergence import converged, plateau_slope
+from posgen.synthetic.convergence import CONVERGED, gate, heldout_rising, plateau_slope
 
 DEPOSIT_VARIABLES = ["top_drop", "second_drop", "top_head", "deposit_index", "deposit", "layer_ablated_accuracy"]
 
@@ -56,7 +56,8 @@ def classifier_table(
     training: xr.Dataset, ablation: xr.Dataset, probe: xr.Dataset, baselines: xr.Dataset
 ) -> pd.DataFrame:
     """One row per trained classifier (experiment, task, pe, seed): its regime (sizes, optimiser steps, learning
-    rate, train/test sequences, longest distance), scores, the convergence gate (docs/method.md section 8.3),
+    rate, train/test sequences, longest distance), scores, the gate and its inputs (docs/method.md section 8.3:
+    training and held-out slopes, whether the held-out accuracy still rises, ``gate``, ``converged``),
     the task's position-free floors, the layer-0 deposit statistics and both position probes."""
     rows = []
     for key in training["final_test_accuracy"].to_dataframe().dropna().index:
@@ -65,6 +66,7 @@ def classifier_table(
         train, abl, prb = training.sel(sel), ablation.sel(sel), probe.sel(sel)
         base = baselines.sel(experiment=experiment, task=task)
         curve, lr = train["train_accuracy"].values, train["lr_factor"].values
+        test_curve = train["test_accuracy"].values
         finite = curve[np.isfinite(curve)]
         layer0 = abl.isel(layer=0)
         position, transfer = prb["position_r2"].values, prb["transfer_r2"].values
@@ -83,7 +85,8 @@ def classifier_table(
                 "test_accuracy_label0_masked": float(train["test_accuracy_label0_masked"]),
                 "final_train_accuracy": float(finite[-1]) if len(finite) else np.nan,
                 "train_slope": plateau_slope(curve, lr),
-                "converged": converged(curve, lr),
+                "test_slope": plateau_slope(test_curve, lr),
+                "heldout_rising": heldout_rising(test_curve, lr, int(train["n_test"])),
                 **{
                     f"baseline_{name}": float(base["baseline_accuracy"].sel(baseline=name))
                     for name in base["baseline"].values
@@ -98,7 +101,11 @@ def classifier_table(
                 "transfer_r2_last": float(transfer[np.isfinite(transfer)][-1]),
             }
         )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if not table.empty:  # the gate (posgen.synthetic.convergence) from the row's own columns
+        table["gate"] = [gate(row) for _, row in table.iterrows()]
+        table["converged"] = table["gate"] == CONVERGED
+    return table
 
 
 def summary_table(

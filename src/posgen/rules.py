@@ -1,0 +1,275 @@
+"""Every rule of both papers' verdicts, declared once with its history (``python -m posgen.rules`` prints it).
+
+A rule is a threshold, a gate or a control a verdict depends on. Each value it ever had is an :class:`Entry`: the
+commit (and its time) at which the rule took that value, and the first printing of the numbers it judges (in
+docs/results.md, a commit message or a committed table), both found with ``git log -S`` / ``git log -G`` on this
+repository. The entry's status follows from the two times: **before** (set before that printing), **same commit**
+(set in the commit that first printed them), or **post hoc** (set after, or in the same commit whose own text says
+the numbers were read first). The verdict modules read their values from here (:func:`value`), the verdict tables
+mark the post-hoc rules of every claim (:func:`cite`), and ``tests/unit/test_rules.py`` keeps the history
+append-only: a value changed here without a new entry fails it.
+
+Entries of issue 50 were committed before any run printed numbers with them; those whose numbers (the H200 regime
+table, the default run) had been printed under the old rules are post hoc all the same, and say so.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One value of a rule: ``set_at`` and ``printed`` are ``"<commit> <YYYY-MM-DD HH:MM>"`` (``printed`` empty:
+    nothing it judges has been printed yet); ``read_first``: the setting commit says the numbers were read first."""
+
+    value: object
+    set_at: str
+    printed: str
+    where: str
+    note: str = ""
+    read_first: bool = False
+
+    @property
+    def commit(self) -> str:
+        return self.set_at.split(" ", 1)[0]
+
+    @property
+    def when(self) -> str:
+        return self.set_at.split(" ", 1)[1]
+
+    @property
+    def status(self) -> str:
+        if not self.printed:
+            return "before"  # nothing it judges was printed yet
+        commit, when = self.printed.split(" ", 1)
+        if self.read_first:
+            return "post hoc"
+        if commit == self.commit:
+            return "same commit"
+        return "before" if self.when < when else "post hoc"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    paper: str  # "first" (Han & Ji 2025), "second" (arXiv 2505.13027)
+    judges: str  # what the rule decides, in words
+    history: tuple[Entry, ...]
+
+    @property
+    def value(self):
+        return self.history[-1].value
+
+    @property
+    def post_hoc(self) -> bool:
+        return self.history[-1].status == "post hoc"
+
+
+# the first printings the rules judge (docs/results.md unless the text says otherwise)
+FIRST_RUN = "1644730 2026-11-22 17:16"  # SmolLM2 default run: mean/pooled r, random-init gap, perturb, sweep, caps
+GEMMA_LAYERS = "af4140f 2026-11-23 15:49"  # Gemma's per-layer r (0.838-0.986)
+TRAJECTORY = "a77796c 2026-11-23 16:17"  # the low-frequency variance share (trajectory table)
+ISSUE_24 = "2cf4a56 2026-11-25 15:41"  # queries' low share, A-drift's gap beside A's
+VERDICT_ROWS = "f47f6c8 2026-11-27 04:01"  # heads below 0.8, kept-target ratios, A-shared, first-token control
+SECOND_RUN = "6e59f89 2026-11-23 14:07"  # the second paper's accuracies and layer-0 drops, default size
+DEPOSIT_STUDY = "a628d3c 2026-11-25 16:10"  # the deposit study: per-seed accuracies, drops, probe R^2
+H200_TABLE = "e8b0d76 2026-11-27 05:51"  # docs/gpu/regime_study-classifiers.csv and its section
+PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 71
+ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
+
+
+# The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
+# judges, first printed | what they are [| note [| read first]]" line per value it has had, oldest first ("set at"
+# and "first printed": a commit and its time, or a name above; "-": nothing printed yet). A line that starts with
+# two spaces continues the one before. Kept as text, one line an entry, so that the history reads as a table.
+REGISTRY = """
+RULE SINK (first): which entries the first paper's correlations count: 'with' = every causal entry, as the paper
+- 'with' | 25a4df1 2026-11-25 14:19 | FIRST_RUN | SmolLM2 r, sink 'without' | 'with' counts every causal entry, as
+  the paper
+RULE CONSTRUCTIONS (first): the constructions of f + g that decide a verdict; the others are diagnostics
+- ('A', 'B', 'A-drift') | 25a4df1 2026-11-25 14:19 | FIRST_RUN | Method A and B r
+- ('A', 'B') | d2e398c 2026-11-26 20:50 | ISSUE_24 | A-drift's gap beside A's | A-drift demoted to a diagnostic
+  after its gap was printed
+RULE DECISION (first): what a claim on the trained model is decided on
+- 'point estimate' | 25a4df1 2026-11-25 14:19 | FIRST_RUN | every number the claims judge
+- '95 % window-bootstrap interval' | ISSUE_50 | FIRST_RUN | every number the claims judge | inconclusive when the
+  interval straddles the threshold
+RULE NEAR (first): 'r near 0.959': mean and pooled r within this of it
+- 0.05 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | mean r 0.928, pooled 0.972
+RULE LACK (first): 'random-init models lack the split': trained minus random-init mean r above this
+- 0.05 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | trained minus random +0.144
+RULE LEARNED (first): 'the low-frequency pattern is learned': trained low-frequency share this far above random init
+- 0.1 | 25a4df1 2026-11-25 14:19 | TRAJECTORY | the low-frequency share | keys only
+- 0.1 | 63288ee 2026-11-27 02:32 | ISSUE_24 | queries 0.60 / 0.57 vs 0.50 | queries added
+RULE SEEDS_FIRST (first): claims against random-init controls: decided over seeds, one seed is inconclusive
+- 'every seed, point' | 25a4df1 2026-11-25 14:19 | FIRST_RUN | the random-init gap, one seed
+- "t interval over seeds, 'learned' only" | 81c6afc 2026-11-27 08:23 | FIRST_RUN | the random-init gap
+- 't interval over seeds, every such claim' | ISSUE_50 | FIRST_RUN | the random-init gap | the low-frequency claim
+  too
+RULE RATES (first): the perturbation rates of 'up to 5 % tolerated, more than 10 % degrade'
+- (0.05, 0.2) | 25a4df1 2026-11-25 14:19 | FIRST_RUN | ratios at 5 % and 20 %
+RULE MINIMAL (first): 'minimal effect' at 5 %: perplexity ratio at most this
+- 1.1 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | every-target ratio 1.467 at 5 % | on every target
+- 1.1 | 63288ee 2026-11-27 02:32 | FIRST_RUN | every-target ratios | moved to kept targets after the every-target
+  ratio failed it
+RULE CLEAR (first): 'degrades clearly' at 20 %: perplexity ratio at least this
+- 1.2 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | every-target ratio 4.698 at 20 % | on every target
+- 1.2 | 63288ee 2026-11-27 02:32 | FIRST_RUN | every-target ratios | moved to kept targets after the every-target
+  ratio failed it
+RULE SWEEP (first): 'D barely matters': Method A's mean r moves by at most this over the dummy-distance sweep
+- 0.02 | 63288ee 2026-11-27 02:32 | FIRST_RUN | sweep 0.884-0.946 (spread 0.062)
+RULE SWEEP_SLIDING (first): the dummy distances of the sweep on a sliding-window layer
+- 'D as given' | 800bbbc 2026-11-23 15:19 | GEMMA_LAYERS | Gemma's raw sweep, 0.612 at D = 1000
+- 'min(D, window - 1)' | 570828a 2026-11-28 06:39 | GEMMA_LAYERS | Gemma's raw sweep, 0.612 at D = 1000 | as the
+  split row
+RULE LAYER_MIN (first): 'across layers': every layer's mean r at least this
+- 0.85 | 63288ee 2026-11-27 02:32 | GEMMA_LAYERS | Gemma per-layer 0.838-0.986
+RULE HEAD_R (first): '... and heads': a head counts as below when its mean r over windows is under this
+- 0.8 | 63288ee 2026-11-27 02:32 | VERDICT_ROWS | heads below 0.8 | same session, 1.5 h before the first printing
+RULE HEADS_BELOW (first): '... and heads': at most this share of heads below HEAD_R
+- 0.1 | 63288ee 2026-11-27 02:32 | VERDICT_ROWS | heads below 0.8 | same session, 1.5 h before the first printing
+RULE G_KEPT (first): 'a cap changes f only': g's r between capped and uncapped passes at least this
+- 0.95 | 63288ee 2026-11-27 02:32 | FIRST_RUN | g 0.92 / 0.99 / 1.00 at C = 8 / 32 / 128
+RULE FIRST_TOKEN (first): the first-token control: what replaces the input embedding at position 0
+- 'mean-embedding' | 63288ee 2026-11-27 02:32 | VERDICT_ROWS | the first-token control's shares | kept in issue 50:
+  docs/method.md 3C says why
+RULE HALF (first): gap origin: a construction explains the gap when it closes at least this share of it
+- 0.5 | 3b9f4a0 2026-11-27 02:14 | ISSUE_24 | A-drift's closure of the gap | A-shared's closure was not yet printed
+RULE GAP_SHARED (first): gap origin: the quantity that decides 'absolute position'
+- "A-shared's closure" | 3b9f4a0 2026-11-27 02:14 | ISSUE_24 | A-drift's closure
+- 'noise-corrected shared share' | ISSUE_50 | VERDICT_ROWS | the shared shares | the shared share less its held-out
+  floor
+RULE FLOOR_K (first): gap origin's power: inconclusive (held-out floor) when the corrected shared share is within
+  this many floors of its decision line
+- 1.0 | ISSUE_50 | VERDICT_ROWS | the shared floors, -0.02 (study)
+RULE LEVEL (both): the confidence level of every t interval over seeds (posgen.claims)
+- 0.95 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's seeds
+RULE CRITERION_TOP (second): the deposit criterion: layer-0 top single-head drop at least this
+- 0.3 | d1642c3 2026-11-23 13:10 | SECOND_RUN | the first layer-0 drops | the reproduction notes' criterion
+RULE CRITERION_SECOND (second): the deposit criterion: the second largest layer-0 drop at most this
+- 0.05 | d1642c3 2026-11-23 13:10 | SECOND_RUN | the first layer-0 drops | the reproduction notes' criterion
+RULE FAIL_MARGIN (second): 'fails': at most this above the position-free floor
+- 0.05 | b8ea546 2026-11-25 04:20 | SECOND_RUN | NoPE 19.3 % on distance
+RULE SUFFICE (second): 'one or two RoPE heads suffice': within this of full RoPE
+- 0.05 | b8ea546 2026-11-25 04:20 | SECOND_RUN | partial-rope 67.6 % vs rope 80.3 %
+RULE DISPLACED (second): 'additive directions displaced': the input probe's R^2 after layer 2 below this share of
+  its input R^2
+- 0.5 | b8ea546 2026-11-25 04:20 | DEPOSIT_STUDY | the probes' R^2
+RULE TIE_SE (second): the tie margin: at least this many binomial standard errors of the test set
+- 2 | 35e5564 2026-11-26 20:48 | SECOND_RUN | accuracies of every PE
+RULE LEAK_SE (second): NoPE's sanity check: a leak when above its Bayes ceiling by more than this many SE in every
+  seed
+- 2 | 35e5564 2026-11-26 20:48 | SECOND_RUN | NoPE 19.3 % on distance
+RULE GATE_CURVE (second): the convergence gate's curve
+- 'training accuracy' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
+- "held-out accuracy; 'did not fit' below FIT_FRACTION" | ISSUE_50 | H200_TABLE | the H200 regime table | the
+  training slope selected for failure
+RULE LR_FLOOR (second): the gate reads the epochs whose closing learning rate is at least this share of the peak
+- 0.1 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
+RULE PLATEAU_WINDOW (second): the gate reads the last this-many such epochs
+- 3 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
+RULE MAX_SLOPE (second): the gate: a plateau rises by at most this per tenth of the budget
+- 0.01 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
+RULE HELDOUT_SE (second): the held-out gate: still learning only when the rise over the window also exceeds this
+  many binomial SE of the test set (the test curve's noise)
+- 2 | ISSUE_50 | - | - | no held-out slope has been printed
+RULE FIT_FRACTION (second): 'did not fit': final training accuracy below the floor plus this share of the way to 100
+  %
+- 0.5 | ISSUE_50 | H200_TABLE | training accuracies of the H200 table
+RULE LEARN_FRACTION (second): a positive control (and a deposit seed) learned the task: test accuracy at least the
+  floor plus this share of the way to 100 % (midpoint of the Bayes ceiling and 100 % on distance)
+- 'Bayes + FAIL_MARGIN' | e8b0d76 2026-11-27 05:51 | H200_TABLE | the ALiBi control's accuracies | - | read first
+- 0.5 | ISSUE_50 | H200_TABLE | the ALiBi control's accuracies | 13.7 / 15.7 % no longer count
+RULE MIN_SEEDS (second): seeds that must decide before a regime's verdict is reproduced or not reproduced
+- 2 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's seeds | claims.exceeds: one seed is
+  inconclusive
+- 3 | ISSUE_50 | H200_TABLE | the H200 table's seeds | two gated seeds ask for a second run or more
+RULE MIN_PER_CLASS (second): training sequences per class (distance task, at the longest distance) below which a
+  regime is not testable (data per class)
+- 100 | ISSUE_50 | PER_CLASS | 30 per class at distance 71 | a tenth of the paper's 1,000 per class
+RULE PAPER_LONGEST_DISTANCE (second): 'ALiBi fails' testable only at the paper's longest distance
+- 71 | 35e5564 2026-11-26 20:48 | SECOND_RUN | ALiBi 94.7 % at the default distance
+- None | ISSUE_50 | H200_TABLE | ALiBi at distances 17-71 | retired: ALIBI_HIDES decides by the bias
+RULE ALIBI_HIDES (second): 'ALiBi fails' testable where the shallowest head's bias at the longest distance is at
+  most minus this (ln 100: a far trigger weighted a hundredfold below a near one)
+- 4.6 | ISSUE_50 | H200_TABLE | biases -0.28 clean, -27.9 faithful at 71
+RULE DEPOSIT_RULE (second): how the deposit claim is decided
+- 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
+- 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops
+"""
+
+
+def _parse(text: str) -> dict[str, Rule]:
+    """:data:`RULES` from :data:`REGISTRY`."""
+    lines: list[str] = []
+    for line in text.strip().splitlines():
+        if line.startswith("  "):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    rules: dict[str, tuple] = {}
+    for line in lines:
+        if line.startswith("RULE "):
+            head, judges = line[len("RULE ") :].split(": ", 1)
+            name, paper = head.rstrip(")").split(" (")
+            rules[name] = (paper, judges, [])
+            continue
+        value, set_at, printed, where, *rest = (part.strip() for part in line[2:].split("|"))
+        note = rest[0] if rest and rest[0] != "-" else ""
+        read_first = len(rest) > 1 and rest[1] == "read first"
+        names = globals()
+        printed = "" if printed == "-" else names.get(printed, printed)
+        entry = Entry(ast.literal_eval(value), names.get(set_at, set_at), printed, where, note, read_first)
+        list(rules.values())[-1][2].append(entry)
+    return {name: Rule(name, paper, judges, tuple(history)) for name, (paper, judges, history) in rules.items()}
+
+
+RULES = _parse(REGISTRY)
+
+
+def value(name: str):
+    """The current value of rule ``name``."""
+    if name not in RULES:
+        raise KeyError(f"posgen.rules: no rule {name!r}")
+    return RULES[name].value
+
+
+def cite(names) -> str:
+    """The rules of a claim for its verdict row: ``NEAR 0.05 (post hoc), HEAD_R 0.8``."""
+    parts = [f"{n} {_text(RULES[n].value)}{' (post hoc)' if RULES[n].post_hoc else ''}" for n in names]
+    return "rules: " + ", ".join(parts)
+
+
+def _text(v) -> str:
+    return "/".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+def table() -> str:
+    """The registry as a Markdown table, one row per entry (rule, value, date, commit, status, what it judges)."""
+    lines = [
+        "| rule | paper | value | set | commit | the numbers it judges, first printed | status | note |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rule in RULES.values():
+        for e in rule.history:
+            printed = f"{e.printed}: {e.where}" if e.printed else "-"
+            lines.append(
+                f"| {rule.name} | {rule.paper} | {_text(e.value)} | {e.when} | {e.commit} | {printed} | "
+                f"{e.status} | {e.note} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    """``python -m posgen.rules``: every rule's history (value, date, commit, before / after the numbers)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posgen.rules", description=main.__doc__)
+    parser.parse_args(argv)
+    print(table(), end="")
+
+
+if __name__ == "__main__":
+    main()
