@@ -11,5 +11,5 @@ def warmup_cosine(step: int, total: int, warmup: int) -> float:
     over the first ``warmup`` steps, then ``(1 + cos(pi p)) / 2`` with p the share of the remaining steps taken."""
     if step < warmup:
         return (step + 1) / warmup
-    progress = min((step - warmup) / max(1, total - warmup), 1.0)
-    return 0.5 * (1 + math.cos(math.pi * progress))
+    span = max(1, total - warmup)
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, span) / span))  # 0 from the end on
