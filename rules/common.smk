@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
 from posgen.config import ConfigError, model_entry, trajectory_models, variants  # noqa: E402
 from posgen.config import validate as validate_config  # noqa: E402
+from posgen.experiments import COLLECTIONS  # noqa: E402
 from posgen import paths  # noqa: E402
 from posgen.workflow.figures import FIGURES, figure_params, figure_variants  # noqa: E402
 from posgen.workflow.sharding import figure_shard, shards_of  # noqa: E402
@@ -52,7 +53,7 @@ wildcard_constraints:
     dataset=alternatives(SYN.datasets),
     pe=alternatives(SYN.pes),
     seed=r"\d+",
-    collection="|/deposit_study|/regime_study|/decisive_study",
+    collection=alternatives([paths.collection_suffix(which) for which in COLLECTIONS]),
 
 
 def params_of(step, **fixed):

@@ -6,6 +6,7 @@ localrules:
     deposit_study,
     regime_study,
     decisive_study,
+    decisive_gpu,
 
 
 # The position study's answer (README "The position study"), from the run's summary.
@@ -38,3 +39,10 @@ rule regime_study:
 rule decisive_study:
     input:
         targets(config, "decisive_study"),
+
+
+# The regime study's distance-71 arms with enough data per class, for one GPU call (README "The decisive GPU
+# experiment"; its verdict rules were registered before it ran: python -m posgen.rules).
+rule decisive_gpu:
+    input:
+        targets(config, "decisive_gpu"),

@@ -291,9 +291,23 @@ def _check_trajectory(config: dict) -> None:
         raise ConfigError(f"config.trajectory.sensitivity_rates: {missing} not among perturb.rates")
 
 
-def load(path: str | Path) -> dict:
-    """Read (strictly, see :func:`read_yaml`) and validate a config file."""
-    return validate(read_yaml(path))
+def load(*paths: str | Path) -> dict:
+    """Read (strictly, see :func:`read_yaml`) and validate config files, each merged over the ones before it key by
+    key, as Snakemake merges ``--configfile`` files."""
+    config = {}
+    for path in paths:
+        merge(config, read_yaml(path))
+    return validate(config)
+
+
+def merge(config: dict, overlay: dict) -> dict:
+    """``overlay`` merged into ``config`` in place: a mapping key by key, anything else replaced."""
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            merge(config[key], value)
+        else:
+            config[key] = copy.deepcopy(value)
+    return config
 
 
 def check_files(paths) -> None:

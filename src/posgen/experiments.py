@@ -4,8 +4,9 @@ The ``synthetic`` config section holds the base settings (data, model, training,
 ``synthetic.experiments`` overrides some of them (``model`` and ``train`` key by key, the rest whole). Four
 collections: ``synthetic.run`` (the experiments of ``make run``, gathered under ``results/synthetic/``) and three
 named targets, each gathered under ``results/synthetic/<target>/``: ``deposit_study``, ``regime_study`` (brackets
-toward the paper's budget and task size on a CPU) and ``decisive_study`` (the decisive subset at the authors'
-size, for GPU nodes). Every classifier lives at
+toward the paper's budget and task size on a CPU), ``decisive_study`` (the decisive subset at the authors'
+size, for GPU nodes) and ``decisive_gpu`` (the regime study's distance-71 arms with enough data per class, for one
+GPU call). Every classifier lives at
 ``results/synthetic/<experiment>/<task>/<pe>/seed<S>/``, so clean and faithful results of one configuration sit
 side by side, and adding an experiment trains only its own classifiers.
 
@@ -27,7 +28,7 @@ import re
 MERGED_KEYS = ("model", "train", "distance", "count")
 REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples", "jobs")
 # the collections: `run` (make run) and the named targets' studies (their folders: posgen.paths)
-COLLECTIONS = ("run", "deposit_study", "regime_study", "decisive_study")
+COLLECTIONS = ("run", "deposit_study", "regime_study", "decisive_study", "decisive_gpu")
 _PARTIAL = re.compile(r"partial-rope-(\d+|all)$")
 
 

@@ -529,14 +529,16 @@ def main(argv=None) -> None:
     from posgen import config as posgen_config
 
     parser = argparse.ArgumentParser(prog="python -m posgen.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--configfile", default="config.yaml")
+    parser.add_argument(
+        "--configfile", nargs="+", default=["config.yaml"], help="config files, merged key by key as Snakemake does"
+    )
     parser.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     parser.add_argument("--models-dir", default=MODELS_DIR)
     parser.add_argument("--totals", action="store_true", help="print the totals only")
     parser.add_argument("--study", help="a synthetic collection (e.g. decisive_study): its training plan instead")
     args = parser.parse_args(argv)
     try:
-        cfg = posgen_config.load(args.configfile)
+        cfg = posgen_config.load(*args.configfile)
     except posgen_config.ConfigError as err:
         raise SystemExit(f"posgen.plan: {err}") from None
     if args.study:
@@ -551,7 +553,7 @@ def main(argv=None) -> None:
     unit = "GPU" if args.device == "gpu" else "CPU"
     rates = device_rates(args.device, gpu_report())[1]
     print(
-        f"plan for {args.configfile} on {args.device} ({rates}): {cfg['n_samples']} windows x {cfg['seq_len']} tokens, "
+        f"plan for {' '.join(args.configfile)} on {args.device} ({rates}): {cfg['n_samples']} windows x {cfg['seq_len']} tokens, "
         f"{opts['shards']} shard(s), analysis {opts['analysis']}, keep_qk {opts['keep_qk']} in {opts['qk_dtype']}"
     )
     if not args.totals:

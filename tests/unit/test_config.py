@@ -147,10 +147,10 @@ def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defau
         leaves("perturb.seed", seed="window_seed")
 
 
-def test_the_ensemble_overlay_packs_exactly_the_regime_study():
+def test_the_ensemble_overlay_packs_exactly_the_gpu_studies():
     """config.ensemble.yaml over config.yaml (Snakemake merges config files key by key): a valid config in which
-    the regime study's experiments, and only they, train their seeds as one ensemble job, their own train
-    options kept."""
+    the regime study's and the decisive GPU experiment's experiments, and only they, train their seeds as one
+    ensemble job, their own train options kept; the decisive GPU experiment's in bfloat16."""
     from snakemake.utils import update_config
 
     from posgen.experiments import resolve
@@ -159,6 +159,11 @@ def test_the_ensemble_overlay_packs_exactly_the_regime_study():
     update_config(merged, yaml.safe_load((ROOT / "config.ensemble.yaml").read_text()))
     synthetic = validate(merged, check_paths=False)["synthetic"]
     packed = {name for name in synthetic["experiments"] if resolve(synthetic, name)["train"]["ensemble"]}
-    assert packed == set(synthetic["regime_study"])
+    assert packed == set(synthetic["regime_study"]) | set(synthetic["decisive_gpu"])
+    bfloat16 = {
+        name for name in synthetic["experiments"] if resolve(synthetic, name)["train"]["precision"] == "bfloat16"
+    }
+    assert bfloat16 == set(synthetic["decisive_gpu"])
+    assert resolve(synthetic, "d71-data-faithful")["train"]["betas"] == [0.98, 0.9]  # merged, not replaced
     assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["epochs"] == 100
     assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["lr"] == pytest.approx(1e-3)

@@ -211,6 +211,26 @@ def test_paper_plan_rows_and_totals():
     assert plan.totals(plan.plan(fused, models_dir=ROOT / "no-models"))["disk_gb"] < total["disk_gb"] / 10
 
 
+def test_a_gpu_study_is_priced_no_faster_than_the_measured_small_classifier_rate(capsys):
+    """The GPU floor prices the regime study near its measured wall time (318 s for its 151,470 classifier steps
+    on an H200) and prices the decisive GPU experiment, config.ensemble.yaml merged over config.yaml as Snakemake
+    merges them, within one 10-minute device call; without the floor both would cost seconds."""
+    from posgen.synthetic.cost import GPU_STEP_FLOOR, study_cost
+
+    merged = load(ROOT / "config.yaml", ROOT / "config.ensemble.yaml")["synthetic"]
+    regime = study_cost(merged, "regime_study", "gpu")
+    assert sum(r.classifiers * r.steps for r in regime) >= 151_470 * 0.9  # the budget cells' steps, the size cells'
+    assert 318 <= 3600 * sum(r.device_hours for r in regime) < 1.1 * 318  # above the floor where the scaling is
+    decisive = study_cost(merged, "decisive_gpu", "gpu")
+    assert [(r.classifiers, r.steps, r.tokens) for r in decisive] == [(12, 4690, 122), (12, 4690, 122)]
+    seconds = 3600 * sum(r.device_hours for r in decisive)
+    assert seconds == pytest.approx(GPU_STEP_FLOOR * 24 * 4690) and seconds < 600
+    plan.main(
+        ["--configfile", str(ROOT / "config.yaml"), str(ROOT / "config.ensemble.yaml"), "--study", "decisive_gpu"]
+    )
+    assert "total: 24 classifiers" in capsys.readouterr().out
+
+
 def test_cli_prints_jobs_and_totals(capsys):
     plan.main(["--configfile", str(ROOT / "config.yaml"), "--device", "cpu", "--models-dir", "no-models"])
     out = capsys.readouterr().out

@@ -64,6 +64,6 @@ def targets(config: dict, name: str) -> list[str]:
     if name == "regime_study":
         figures = [path for row in of_group("regime_study") for path in figure_outputs(row, {})]
         return collection_outputs(name, STUDY_TABLES) + figures
-    if name == "decisive_study":
+    if name in ("decisive_study", "decisive_gpu"):
         return collection_outputs(name, STUDY_TABLES)
     raise KeyError(f"target {name!r}: not a named target (trajectory, position_study, deposit_study, ...)")
