@@ -74,6 +74,7 @@ localrules:
     gather,
     summary_table,
     gap_origin,
+    prefix_table,
     reproduction,
 
 
@@ -256,6 +257,46 @@ rule gap_origin:
         "../envs/posgen.yaml"
     params:
         **params_of("gap_origin"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+# The prefix study (README "The prefix study", docs/method.md section 3E): the geometry of each window's key
+# trajectory per window set (a models entry's window_set), and its registered readings.
+rule prefix_content:
+    input:
+        manifest=paths.MANIFEST,
+        windows=paths.WINDOWS,
+    output:
+        nc=paths.PREFIX_CONTENT,
+    log:
+        paths.log("prefix_content", "{model}", "{variant}"),
+    benchmark:
+        paths.benchmark("prefix_content", "{model}", "{variant}")
+    conda:
+        "../envs/posgen.yaml"
+    threads: MODEL_THREADS
+    resources:
+        mem_mb=6000,
+        runtime=60,
+    params:
+        **params_of("prefix_content"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+rule prefix_table:
+    input:
+        summary=paths.SUMMARY_TABLE,
+        contents=expand(paths.PREFIX_CONTENT, model=MODELS, variant=[v for v in VARIANTS if v != "trained"]),
+    output:
+        **paths.PREFIX_TABLE,
+    log:
+        paths.log("prefix_table"),
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        **params_of("prefix_table"),
     script:
         "../workflow_scripts/step.py"
 

@@ -2,6 +2,7 @@
 # builds none of them.
 localrules:
     position_study,
+    prefix_study,
     trajectory,
     deposit_study,
     regime_study,
@@ -13,6 +14,12 @@ localrules:
 rule position_study:
     input:
         targets(config, "position_study"),
+
+
+# Prefix content or position? (README "The prefix study"): the window sets of config.prefix.yaml.
+rule prefix_study:
+    input:
+        targets(config, "prefix_study"),
 
 
 # The checkpoint series of config `trajectory.models`: per-step tables and figures.

@@ -112,6 +112,13 @@ def _check_cross_keys(config: dict) -> None:
                 f"config.perturb.caps: cap {cap} never applies (the longest distance in a window of "
                 f"perturb.seq_len {perturb['seq_len']} tokens is {longest}; use caps below {longest})"
             )
+    for i, entry in enumerate(config["models"]):
+        prefix = re.fullmatch(r"prefix(\d+)", entry.get("window_set", ""))
+        if prefix and int(prefix[1]) >= config["seq_len"]:
+            raise ConfigError(
+                f"config.models[{i}].window_set: a prefix of {prefix[1]} tokens is not shorter than seq_len "
+                f"{config['seq_len']}"
+            )
     figures = config["figures"]
     if figures["map_tokens"] > config["seq_len"]:
         raise ConfigError(f"config.figures.map_tokens: {figures['map_tokens']} exceeds seq_len {config['seq_len']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,44 @@ def cut_windows(
     )
 
 
+# ---------------------------------------------------------------------------------------------- window sets
+
+# A models entry's `window_set` (docs/method.md section 3E): the windows as cut (corpus), each window's tokens in a
+# random order (shuffled), or every window starting with the same first N tokens (prefix<N>)
+WINDOW_SET = re.compile(r"corpus|shuffled|prefix([1-9][0-9]*)")
+
+
+def prefix_length(window_set: str) -> int:
+    """N of ``prefix<N>``; 0 for the other window sets."""
+    match = WINDOW_SET.fullmatch(window_set)
+    if match is None:
+        raise CorpusError(f"window_set {window_set!r}: expected corpus, shuffled or prefix<N>")
+    return int(match[1] or 0)
+
+
+def apply_window_set(windows: xr.Dataset, window_set: str, seed: int) -> xr.Dataset:
+    """The windows (analysed and held-out) of ``window_set``: ``corpus`` as cut; ``shuffled``: each window's tokens
+    permuted at random inside it (a BOS the tokenizer puts first stays first), seeded by (seed, analysed or
+    held-out, window); ``prefix<N>``: every window starts with the first N tokens of analysed window 0, then its own
+    tokens from N on. Recorded in the attrs."""
+    n_prefix = prefix_length(window_set)
+    out = windows.copy(deep=True)
+    first = int(windows.attrs.get("bos_prepended", 0))
+    for group, name in enumerate(("token_id", "heldout_token_id")):
+        ids = out[name].values  # (n, T)
+        if window_set == "shuffled":
+            for row in range(len(ids)):
+                order = np.random.default_rng([seed, group, row]).permutation(ids.shape[1] - first)
+                ids[row, first:] = ids[row, first:][order]
+        elif n_prefix:
+            if n_prefix >= ids.shape[1]:
+                raise CorpusError(f"window_set {window_set}: the prefix is not shorter than the {ids.shape[1]} tokens")
+            ids[:, :n_prefix] = windows["token_id"].values[0, :n_prefix]
+        out[name] = (out[name].dims, ids)
+    out.attrs["window_set"] = window_set
+    return out
+
+
 # ----------------------------------------------------------------------------------------- windows.h5
 
 
@@ -211,10 +250,12 @@ def windows_job(
     seed: int,
     model_name: str,
     heldout: int = 0,
+    window_set: str = "corpus",
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer (its files
-    checked against the model's manifest first: a damaged tokenizer would fail deep inside transformers)."""
+    checked against the model's manifest first: a damaged tokenizer would fail deep inside transformers), as
+    ``window_set`` (:func:`apply_window_set`)."""
     from transformers import AutoTokenizer
 
     from posgen.models import verify_checkpoint
@@ -223,6 +264,8 @@ def windows_job(
     check_context(seq_len, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
     windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source, n_heldout=heldout)
+    if window_set != "corpus":
+        windows = apply_window_set(windows, window_set, seed)
     write_windows(windows, out_path, config_hash=config_hash, model=model_name)
     return windows
 
@@ -239,5 +282,6 @@ def windows_step(job) -> xr.Dataset:
         seed=p["seed"],
         heldout=p["heldout"],
         model_name=job.wildcards["model"],
+        window_set=p.get("window_set", "corpus"),
         config_hash=p["config_hash"],
     )

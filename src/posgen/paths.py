@@ -41,9 +41,11 @@ CAP = variant_table("cap")
 HEAD_ABLATION = variant_table("head_ablation")
 EXAMPLES = variant_table("examples")
 BLOCK_SWAP = variant_table("block_swap")
+PREFIX_CONTENT = variant_table("prefix_content")  # the prefix study's trajectory geometry (target `prefix_study`)
 MODEL_SUMMARY = {"csv": f"{MODEL_DIR}/summary.csv", "nc": f"{MODEL_DIR}/summary.nc"}
 SUMMARY_TABLE = f"{RESULTS}/summary.csv"
 GAP_ORIGIN = f"{RESULTS}/gap_origin.md"  # the position study's answer (target `position_study`)
+PREFIX_TABLE = {"csv": f"{RESULTS}/prefix_content.csv", "md": f"{RESULTS}/prefix_content.md"}  # the prefix study's
 REPRODUCTION = {
     "csv": f"{RESULTS}/reproduction.csv",
     "md": f"{RESULTS}/reproduction.md",

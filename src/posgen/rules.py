@@ -78,6 +78,7 @@ DEPOSIT_STUDY = "a628d3c 2026-11-25 16:10"  # the deposit study: per-seed accura
 H200_TABLE = "e8b0d76 2026-11-27 05:51"  # docs/gpu/regime_study-classifiers.csv and its section
 PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 71
 ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
+PREFIX_STUDY = "prefix-study 2026-11-28 07:45"  # the commit that registered the prefix study (issue 50 item 9)
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -195,6 +196,20 @@ RULE PAPER_LONGEST_DISTANCE (second): 'ALiBi fails' testable only at the paper's
 RULE ALIBI_HIDES (second): 'ALiBi fails' testable where the shallowest head's bias at the longest distance is at
   most minus this (ln 100: a far trigger weighted a hundredfold below a near one)
 - 4.6 | ISSUE_50 | H200_TABLE | biases -0.28 clean, -27.9 faithful at 71
+RULE PC_SHUFFLE (first): prefix study: shuffling each window's tokens 'keeps' the random-init keys' smooth share
+  when the paired difference's 95 % interval over windows lies within plus or minus this (a running-average
+  convergence); below minus this the order of the content drives the drift
+- 0.1 | PREFIX_STUDY | - | - | registered before the prefix study ran
+RULE PC_RISE (first): prefix study: windows sharing their first N tokens 'raise' the shared share (s(j) as it is)
+  over the tokens after the prefix when the paired difference's interval over windows lies above this (prefix
+  content); below it, no rise
+- 0.1 | PREFIX_STUDY | - | - | registered before the prefix study ran
+RULE PC_SIZE (first): prefix study: the corpus windows' key trajectories share a size profile when the mean
+  pairwise correlation of their sizes over the window is at least this
+- 0.5 | PREFIX_STUDY | - | - | registered before the prefix study ran
+RULE PC_DIRECTION (first): prefix study: ... and do not share a direction when the mean pairwise cosine of their
+  directions at the same token is at most this (above 0.5: a shared trajectory)
+- 0.2 | PREFIX_STUDY | - | - | registered before the prefix study ran
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops

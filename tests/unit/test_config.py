@@ -167,3 +167,29 @@ def test_the_ensemble_overlay_packs_exactly_the_gpu_studies():
     assert resolve(synthetic, "d71-data-faithful")["train"]["betas"] == [0.98, 0.9]  # merged, not replaced
     assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["epochs"] == 100
     assert resolve(synthetic, "budget-10x-lr1e-3")["train"]["lr"] == pytest.approx(1e-3)
+
+
+def test_a_window_set_is_checked_and_passed_only_where_an_entry_sets_it():
+    """A models entry's window_set (docs/method.md 3E): refused when its prefix is not shorter than the windows or
+    its name is not a window set; rule windows passes it only in a config where an entry sets it, so a config
+    without one keeps its params (and reruns nothing)."""
+    from types import SimpleNamespace
+
+    from posgen.workflow.steps import params_of
+
+    plain = validate(copy.deepcopy(BASE))
+    assert "window_set" not in params_of("windows", plain)
+    config = copy.deepcopy(BASE)
+    config["models"].append({"name": "smollm2-prefix", "source": "embedded:smollm2-135m", "window_set": "prefix300"})
+    config = validate(config)
+    params = params_of("windows", config)
+    assert params["window_set"](SimpleNamespace(model="smollm2-prefix")) == "prefix300"
+    assert params["window_set"](SimpleNamespace(model="smollm2-135m")) == "corpus"
+    assert params["config_hash"](SimpleNamespace(model="smollm2-135m")) == params_of("windows", plain)["config_hash"](
+        SimpleNamespace(model="smollm2-135m")
+    )
+    for window_set, message in (("prefix1200", "is not shorter than seq_len 1200"), ("prefix", "does not match")):
+        bad = copy.deepcopy(BASE)
+        bad["models"][0]["window_set"] = window_set
+        with pytest.raises(ConfigError, match=message):
+            validate(bad)

@@ -32,7 +32,8 @@ INTERVALS = leaves(n_boot="intervals.bootstrap", seed="intervals.seed")
 class Step:
     """One step: ``leaves`` the config leaves its jobs read ({param: dotted leaf}; defaults live in the schema
     only); ``per_model``: its hash also covers the job's own ``models`` entry; ``entry``: keys of that entry passed
-    as params ({param: default}); ``torch``: its jobs import torch (``large_blocks``: and keep freed blocks over
+    as params ({param: default}), ``optional`` the same where some entry of the config sets the key (so that a
+    config without it keeps its params); ``torch``: its jobs import torch (``large_blocks``: and keep freed blocks over
     32 MB, a training loop's; posgen.allocator); ``runner``: ``"module:function"`` of the job."""
 
     name: str
@@ -40,6 +41,7 @@ class Step:
     leaves: dict[str, str] = dataclasses.field(default_factory=dict)
     per_model: bool = True
     entry: dict[str, str] = dataclasses.field(default_factory=dict)
+    optional: dict[str, str] = dataclasses.field(default_factory=dict)  # entry keys passed where an entry sets them
     torch: bool = False
     large_blocks: bool = False
     hashed: bool = True  # its params carry a config_hash
@@ -77,6 +79,7 @@ STEPS = {
             "windows",
             "posgen.corpus:windows_step",
             leaves=leaves("corpus.source", "n_samples", "seq_len", seed="window_seed", heldout="heldout_windows"),
+            optional={"window_set": "corpus"},
         ),
         _step(
             "extract",
@@ -172,6 +175,15 @@ STEPS = {
             torch=True,
         ),
         _step("reproduction", "posgen.reproduction:reproduction_step", per_model=False),
+        # the prefix study (target `prefix_study`, docs/method.md section 3E)
+        _step(
+            "prefix_content",
+            "posgen.llm.prefix_content:prefix_content_step",
+            leaves=leaves("dtype", "device"),
+            entry={**DEVICE_MAP, "first_token": "model"},
+            torch=True,
+        ),
+        _step("prefix_table", "posgen.llm.prefix_content:prefix_table_step", leaves=INTERVALS, per_model=False),
         _step("figure", "posgen.figures.registry:figure_step"),
         # training trajectories
         _step(
@@ -285,6 +297,8 @@ def params_of(step: str, config: dict, plan: SyntheticPlan | None = None, **fixe
     named = step_leaves(step, config)
     out = {name: leaf(config, path) for name, path in named.items()}
     out.update({name: _entry_value(config, name, default) for name, default in kind.entry.items()})
+    entry_keys = {key for entry in config["models"] for key in entry}
+    out.update({name: _entry_value(config, name, d) for name, d in kind.optional.items() if name in entry_keys})
     if step == "get_model":
         out["entry"] = lambda wildcards: dict(sorted(model_entry(config, wildcards.model).items()))
     elif step == "train_trajectory":

@@ -57,6 +57,8 @@ def targets(config: dict, name: str) -> list[str]:
         return tables + [path for row in of_group("trajectory") for path in figure_outputs(row, {"model": models})]
     if name == "position_study":
         return [paths.GAP_ORIGIN]
+    if name == "prefix_study":
+        return list(paths.PREFIX_TABLE.values())
     if name == "deposit_study":
         figures = [path for row in of_group("deposit_study") for path in figure_outputs(row, {})]
         tables = [paths.in_collection(paths.COLLECTION_TABLES[t], name) for t in ("csv", "deposit")]
@@ -66,4 +68,4 @@ def targets(config: dict, name: str) -> list[str]:
         return collection_outputs(name, STUDY_TABLES) + figures
     if name in ("decisive_study", "decisive_gpu"):
         return collection_outputs(name, STUDY_TABLES)
-    raise KeyError(f"target {name!r}: not a named target (trajectory, position_study, deposit_study, ...)")
+    raise KeyError(f"target {name!r}: not a named target (trajectory, position_study, prefix_study, ...)")
