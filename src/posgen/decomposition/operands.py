@@ -80,6 +80,17 @@ class UnitOperands:
     distances: list  # the nD dummy distances of ``rotations``: the sweep (inside the window) and ``dummy_distance``
 
 
+def shared_function(heldout_k, k64: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Method A-shared's s(j) (H_kv, T, d) from ``heldout_k`` (H_kv, T, d), the held-out windows' mean key at every
+    position (zeros without held-out windows): :func:`posgen.decomposition.drift.shared_drift`."""
+    if heldout_k is None:
+        return torch.zeros_like(k64)
+    heldout = heldout_k if torch.is_tensor(heldout_k) else torch.from_numpy(np.asarray(heldout_k))
+    if heldout.shape != k64.shape:
+        raise ValueError(f"held-out mean keys {tuple(heldout.shape)} and k {tuple(k64.shape)}: shapes disagree")
+    return shared_drift(heldout.to(k64.device), basis)
+
+
 def unit_operands(
     q, k, kv_group, rope: LayerRope, dummy_distance: int, sweep, drift_basis: torch.Tensor, device, heldout_k=None
 ) -> UnitOperands:
@@ -114,13 +125,7 @@ def unit_operands(
 
     k_rot = rotate(k, pos, theta, amp)
     k_fit = drift_fit(k64, drift_basis)  # (H_kv, T, d): kbar(j), fitted over tokens 1..T-1
-    if heldout_k is None:
-        shared = torch.zeros_like(k64)
-    else:
-        heldout = heldout_k if torch.is_tensor(heldout_k) else torch.from_numpy(np.asarray(heldout_k))
-        if heldout.shape != k.shape:
-            raise ValueError(f"held-out mean keys {tuple(heldout.shape)} and k {tuple(k.shape)}: shapes disagree")
-        shared = shared_drift(heldout.to(dev), drift_basis)  # (H_kv, T, d): s(j)
+    shared = shared_function(heldout_k, k64, drift_basis)  # (H_kv, T, d): s(j)
     k_shared = kbar_wo[:, None] + shared  # (H_kv, T, d): Method A-shared's kbar(j)
     keys = torch.cat(
         [
