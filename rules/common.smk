@@ -9,12 +9,12 @@ from posgen.config import ConfigError, model_entry, trajectory_models, variants 
 from posgen.config import validate as validate_config  # noqa: E402
 from posgen.experiments import COLLECTIONS  # noqa: E402
 from posgen import paths  # noqa: E402
-from posgen.workflow.figures import FIGURES, figure_params, figure_variants  # noqa: E402
+from posgen.workflow.figures import CAPTIONS, FIGURES, figure_inputs, figure_params, of_scope  # noqa: E402
 from posgen.workflow.sharding import figure_shard, shards_of  # noqa: E402
 from posgen.workflow.steps import GATHERED, MODEL_PRIORITY, MODEL_THREADS, is_fused, step_variants  # noqa: E402
 from posgen.workflow.steps import params_of as step_params  # noqa: E402
 from posgen.workflow.synthetic import SyntheticPlan, rule_name, unit_resources  # noqa: E402
-from posgen.workflow.targets import final_outputs, targets  # noqa: E402
+from posgen.workflow.targets import final_outputs, section_tables, targets  # noqa: E402
 
 try:
     # paths only in the main process: a cluster job's node may not see the login node's local files
@@ -60,7 +60,7 @@ def params_of(step, **fixed):
     """A rule's params: the config leaves ``step`` reads and config_hash over exactly those (posgen.workflow.steps;
     a figure's: its row's, posgen.workflow.figures)."""
     if step == "figure":
-        return figure_params(config, **fixed)
+        return figure_params(config)
     return step_params(step, config, SYN, **fixed)
 
 
@@ -74,17 +74,18 @@ def gathered_shards(wildcards):
     return expand(paths.SHARD_TABLE, shard=shards_of(GATHERED[wildcards.table], config), **wildcards)
 
 
-def figure_inputs(row):
-    """A figure's inputs: wildcards of its scope kept, every other one expanded over its values in the workflow's
-    order (the variants of the step it reads; of a trajectory model, a few checkpoints)."""
-    if row.group == "trajectory":
-        return {
-            role: (lambda w, t=template: expand(t, model=w.model, variant=figure_variants(config, row, w.model)))
-            for role, template in row.inputs.items()
-        }
-    over = {"model": MODELS, "variant": figure_variants(config, row)}
-    over = {name: over[name] for name in row.expanded()}
-    return {role: expand(template, **over, allow_missing=True) for role, template in row.inputs.items()}
+def figure_output(scope):
+    """A figure rule's outputs: the PNG in the report (its row's menu entry and labels, its caption section) and
+    the PDF."""
+    row = lambda w: FIGURES[w.figure]
+    png = report(
+        paths.figure_file(scope, "png"),
+        caption="../" + CAPTIONS,
+        category=lambda w: row(w).category,
+        subcategory=lambda w: row(w).subcategory,
+        labels=lambda w: row(w).labels,
+    )
+    return {"png": png, "pdf": paths.figure_file(scope, "pdf")}
 
 
 def collection_of(wildcards):

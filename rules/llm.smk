@@ -158,7 +158,7 @@ rule block_swap:
         qk=expand(paths.QK, shard=FIGURE_SHARD, allow_missing=True)[0],
         decomposition=paths.DECOMPOSITION,
     output:
-        block_swap=paths.BLOCK_SWAP,
+        block_swap=paths.variant_table("block_swap"),
     log:
         paths.log("figures", "{model}", "{variant}", "block_swap"),
     conda:
@@ -268,7 +268,7 @@ rule prefix_content:
         manifest=paths.MANIFEST,
         windows=paths.WINDOWS,
     output:
-        nc=paths.PREFIX_CONTENT,
+        nc=paths.variant_table("prefix_content"),
     log:
         paths.log("prefix_content", "{model}", "{variant}"),
     benchmark:
@@ -288,7 +288,9 @@ rule prefix_content:
 rule prefix_table:
     input:
         summary=paths.SUMMARY_TABLE,
-        contents=expand(paths.PREFIX_CONTENT, model=MODELS, variant=[v for v in VARIANTS if v != "trained"]),
+        contents=expand(
+            paths.variant_table("prefix_content"), model=MODELS, variant=[v for v in VARIANTS if v != "trained"]
+        ),
     output:
         **paths.PREFIX_TABLE,
     log:
@@ -304,6 +306,7 @@ rule prefix_table:
 # Both papers' reproduction tables, with a verdict per claim.
 rule reproduction:
     input:
+        **section_tables(config),
         summary=paths.SUMMARY_TABLE,
         synthetic_summary=paths.in_collection(paths.COLLECTION_TABLES["csv"], "run"),
         synthetic_classifiers=paths.in_collection(paths.COLLECTION_TABLES["classifiers"], "run"),
@@ -311,7 +314,6 @@ rule reproduction:
         bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
         perturb=expand(paths.PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
         cap=expand(paths.CAP, model=MODELS, variant=step_variants(config, "cap")),
-        block_swap=expand(paths.BLOCK_SWAP, model=MODELS, variant=VARIANTS),
     output:
         csv=report(
             paths.REPRODUCTION["csv"],

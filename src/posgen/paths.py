@@ -8,6 +8,8 @@ figures. Standard library only (the Snakefile imports it while parsing).
 
 from __future__ import annotations
 
+import itertools
+
 RESULTS = "results"
 MODELS_DIR = "resources/models"
 MANIFEST = f"{MODELS_DIR}/{{model}}/manifest.json"
@@ -24,13 +26,21 @@ SHARD_TABLE = f"{SHARD_DIR}/{{table}}.nc"
 TABLE = f"{VARIANT_DIR}/{{table}}.nc"
 
 
+def expand(template: str, **values) -> list[str]:
+    """``template`` formatted with every combination of ``values`` (lists), as Snakemake's expand."""
+    keys = list(values)
+    return [template.format(**dict(zip(keys, combo))) for combo in itertools.product(*values.values())]
+
+
 def shard_table(table: str) -> str:
     """One shard's ``table`` (decomposition, bands, perturb, cap), before rule gather."""
     return SHARD_TABLE.replace("{table}", table)
 
 
 def variant_table(table: str) -> str:
-    """A (model, variant)'s ``table``: gathered from its shards, or written whole by one job."""
+    """A (model, variant)'s ``table``: gathered from its shards, or written whole by one job. A statistic that one
+    step writes per (model, variant) is ``variant_table(<step>)`` where it is used (block_swap, prefix_content);
+    the tables several steps read are named below."""
     return TABLE.replace("{table}", table)
 
 
@@ -40,8 +50,6 @@ PERTURB = variant_table("perturb")
 CAP = variant_table("cap")
 HEAD_ABLATION = variant_table("head_ablation")
 EXAMPLES = variant_table("examples")
-BLOCK_SWAP = variant_table("block_swap")
-PREFIX_CONTENT = variant_table("prefix_content")  # the prefix study's trajectory geometry (target `prefix_study`)
 MODEL_SUMMARY = {"csv": f"{MODEL_DIR}/summary.csv", "nc": f"{MODEL_DIR}/summary.nc"}
 SUMMARY_TABLE = f"{RESULTS}/summary.csv"
 GAP_ORIGIN = f"{RESULTS}/gap_origin.md"  # the position study's answer (target `position_study`)

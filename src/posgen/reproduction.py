@@ -26,7 +26,8 @@ from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, require, stable_provenance
 from posgen.synthetic.regime import size_and_budget
 from posgen.synthetic.verdicts import verdicts, verdicts_markdown
-from posgen.workflow.job import listed
+from posgen.workflow.job import listed, resolve
+from posgen.workflow.steps import STEPS
 
 # Reported numbers of arXiv 2505.13027 (secondary notes, docs in /shared/notes/deconstructing-pe.md section 5):
 # test accuracy in percent; None where only a qualitative statement is known.
@@ -310,33 +311,6 @@ def _file_regimes(paths) -> dict[str, str]:
     return {model: by[VARIANT_TRAINED] for model, by in by_model.items() if VARIANT_TRAINED in by}
 
 
-def block_swap_markdown(paths) -> str:
-    """reproduction.md's section on the second reading per head: per model variant, the mean block-swap score and
-    its Spearman correlation over heads with the decomposition's f share (posgen.llm.block_swap)."""
-    lines = [
-        "## A second reading per head: block swaps (diagnostic)",
-        "",
-        "Keys moved block by block, positions kept: a head whose logits stay put is positional (score 1), one "
-        "whose logits move with the keys symbolic (0); our measure after the definitions of Urrutia et al. "
-        "(ICLR 2026), not their metric (docs/method.md section 3D). The readings agree where the Spearman "
-        "correlation over heads with the decomposition's f share r_f^2 / (r_f^2 + r_g^2) has its 95 % "
-        "interval above 0.",
-        "",
-        "| model | variant | windows x tokens | mean score | Spearman rho with the f share [95 %] | heads | readings |",
-        "|---|---|---|---:|---|---:|---|",
-    ]
-    for path in paths:
-        ds = open_dataset(path, lazy=False)
-        a = {key.removeprefix("agreement_"): ds.attrs[key] for key in ds.attrs if key.startswith("agreement_")}
-        lines.append(
-            f"| {ds.attrs.get('model', '')} | {ds.attrs.get('variant', '')} | {ds.attrs['windows']} x "
-            f"{ds.attrs['n_tokens']} | {float(ds['positional_score'].mean()):.3f} | {a['rho']:+.3f} "
-            f"[{a['lo']:+.3f}, {a['hi']:+.3f}] | {a['heads']} | {'agree' if a['agree'] else 'do not agree'} |"
-        )
-        ds.close()
-    return "\n".join(lines) + "\n"
-
-
 def write_reproduction(
     summary_csv: str | Path,
     csv: str | Path,
@@ -349,17 +323,18 @@ def write_reproduction(
     bands_paths=(),
     perturb_paths=(),
     cap_paths=(),
-    block_swap_paths=(),
+    sections=(),
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
     (posgen.llm.verdicts) from the summary and the bands and perturbation tables of every model variant; with the
     second family's summary, its rows (the second paper's numbers beside ours) go to ``synthetic_csv`` and a
     second section of the Markdown, with a verdict per claim (posgen.synthetic.verdicts) from the deposit study's
-    per-classifier table when given, else from the run's."""
+    per-classifier table when given, else from the run's. ``sections``: the statistics' own sections (Markdown,
+    posgen.workflow.steps: a step's ``section``), after the gap origin's."""
     optional = (synthetic_summary_csv, study_summary_csv, synthetic_classifiers_csv, study_classifiers_csv)
     paths = [Path(p) for p in (summary_csv, *optional) if p is not None]
-    inputs = (bands_paths, perturb_paths, cap_paths, block_swap_paths)
+    inputs = (bands_paths, perturb_paths, cap_paths)
     for path in [*paths, *(Path(p) for group in inputs for p in group)]:
         if not path.exists():
             raise FileNotFoundError(f"{shown(path)}: no such file")
@@ -375,8 +350,8 @@ def write_reproduction(
     caps = _by_model_variant(cap_paths, cap_effects)
     text += "\n" + control_markdown(summary)
     text += "\n" + origin_markdown(summary)
-    if block_swap_paths:
-        text += "\n" + block_swap_markdown(block_swap_paths)
+    for section in sections:
+        text += "\n" + section
     regimes = {
         "summary": summary_regime(summary),
         "perturb": _file_regimes(perturb_paths),
@@ -415,6 +390,6 @@ def reproduction_step(job) -> None:
         bands_paths=listed(i["bands"]),
         perturb_paths=listed(i["perturb"]),
         cap_paths=listed(i["cap"]),
-        block_swap_paths=listed(i["block_swap"]),
+        sections=[resolve(step.section)(listed(i[name])) for name, step in STEPS.items() if step.section and name in i],
         config_hash=job.params["config_hash"],
     )

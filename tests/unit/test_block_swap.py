@@ -122,7 +122,7 @@ def test_the_figure_draws_every_variant_and_every_rotating_band(tmp_path):
 
 
 def test_the_job_writes_scores_beside_the_f_share_and_the_table_says_whether_they_agree(tmp_path):
-    from posgen.reproduction import block_swap_markdown
+    from posgen.llm.block_swap import reproduction_section
     from posgen.store import write_netcdf
 
     rng = np.random.default_rng(6)
@@ -140,5 +140,5 @@ def test_the_job_writes_scores_beside_the_f_share_and_the_table_says_whether_the
     out = block_swap_job(qk, tmp_path / "decomposition.nc", tmp_path / "block_swap.nc", config_hash="h")
     np.testing.assert_allclose(out["f_share"].values, np.tile([0.9, 0.8, 0.3, 0.2], (3, 1)))
     np.testing.assert_allclose(out["positional_score"].values[:, :2], 1.0, atol=1e-6)
-    row = [line for line in block_swap_markdown([tmp_path / "block_swap.nc"]).splitlines() if line.startswith("| m ")]
+    row = [line for line in reproduction_section([tmp_path / "block_swap.nc"]).splitlines() if line.startswith("| m ")]
     assert row and row[0].startswith("| m | trained | 1 x 80 | ") and row[0].endswith(" | 12 | agree |")

@@ -196,3 +196,30 @@ def block_swap_step(job):
     """Rule block_swap's job (a :class:`posgen.workflow.job.StepJob`)."""
     i = job.input
     return block_swap_job(i["qk"], i["decomposition"], job.output["block_swap"], job.params["config_hash"])
+
+
+def reproduction_section(paths) -> str:
+    """reproduction.md's section on the second reading per head: per model variant, the mean block-swap score and
+    its Spearman correlation over heads with the decomposition's f share (posgen.llm.block_swap)."""
+    lines = [
+        "## A second reading per head: block swaps (diagnostic)",
+        "",
+        "Keys moved block by block, positions kept: a head whose logits stay put is positional (score 1), one "
+        "whose logits move with the keys symbolic (0); our measure after the definitions of Urrutia et al. "
+        "(ICLR 2026), not their metric (docs/method.md section 3D). The readings agree where the Spearman "
+        "correlation over heads with the decomposition's f share r_f^2 / (r_f^2 + r_g^2) has its 95 % "
+        "interval above 0.",
+        "",
+        "| model | variant | windows x tokens | mean score | Spearman rho with the f share [95 %] | heads | readings |",
+        "|---|---|---|---:|---|---:|---|",
+    ]
+    for path in paths:
+        ds = open_dataset(path, lazy=False)
+        a = {key.removeprefix("agreement_"): ds.attrs[key] for key in ds.attrs if key.startswith("agreement_")}
+        lines.append(
+            f"| {ds.attrs.get('model', '')} | {ds.attrs.get('variant', '')} | {ds.attrs['windows']} x "
+            f"{ds.attrs['n_tokens']} | {float(ds['positional_score'].mean()):.3f} | {a['rho']:+.3f} "
+            f"[{a['lo']:+.3f}, {a['hi']:+.3f}] | {a['heads']} | {'agree' if a['agree'] else 'do not agree'} |"
+        )
+        ds.close()
+    return "\n".join(lines) + "\n"

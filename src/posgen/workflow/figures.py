@@ -1,10 +1,10 @@
 """The paper figures, declared once: one row per figure with its inputs (role -> the path template of a step's
 output), its scope, the target that builds it, and its loader and drawing function, named lazily as
-``"module:function"`` (:func:`posgen.figures.registry.draw` resolves them). rules/figures.smk makes one
-``fig_<name>`` rule per row; its caption is ``report/<name>.rst``.
+``"module:function"`` (:func:`posgen.figures.registry.draw` resolves them). rules/figures.smk has one rule per
+scope, the figure a wildcard (``{figure}``); its caption is its section of ``report/figures.rst``.
 
-Adding a figure: a row here, a drawing function and loader in its family's module of posgen.figures, a caption.
-Standard library only (the Snakefile imports it while parsing).
+Adding a figure: a row here, a drawing function and loader in its family's module of posgen.figures, a caption
+section. Standard library only (the Snakefile imports it while parsing).
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import string
 
 from posgen import paths
 from posgen.config import variant_order, variant_step, variants
-from posgen.paths import FIGURE_LOGS, figure_file
+from posgen.paths import figure_file
 from posgen.workflow.steps import INTERVALS, hash_of, step_variants
 
 SCOPE_WILDCARDS = {"per_variant": ("model", "variant"), "per_model": ("model",), "global": ()}
+CAPTIONS = "report/figures.rst"  # reStructuredText with one Jinja section per figure, relative to the repository
 # the target that builds a group's figures: `all` (make run), or a named study target
 GROUPS = ("all", "trajectory", "deposit_study", "regime_study")
 
@@ -55,10 +56,7 @@ class FigureRow:
         if self.group not in GROUPS:
             raise ValueError(f"figure {self.name!r}: group {self.group!r} is not one of {', '.join(GROUPS)}")
 
-    @property
-    def caption(self) -> str:
-        """reStructuredText caption, relative to the repository root."""
-        return f"report/{self.name}.rst"
+    caption = CAPTIONS  # every figure's caption is its section of this file
 
     @property
     def wildcards(self) -> tuple[str, ...]:
@@ -85,10 +83,6 @@ class FigureRow:
     def labels(self) -> dict[str, str]:
         """The report's labels: the figure, and its variant for a per-variant one."""
         return {"figure": self.name, **({"variant": "{variant}"} if "variant" in self.wildcards else {})}
-
-    @property
-    def log(self) -> str:
-        return FIGURE_LOGS[self.scope].replace("{figure}", self.name)
 
     def paths(self, values: dict[str, list[str]], ext: str = "png") -> list[str]:
         """Every output path of extension ``ext`` for wildcard ``values`` (``{"model": [...], ...}``)."""
@@ -120,7 +114,7 @@ FIGURES = {
         _row("position_share", "4b. Absolute position in q and k", {"summary": SUMMARY_NC}, "llm:fig_position_share",
              "llm:load_layer_r"),
         _row("bands", "5. Feature bands", {"bands": paths.BANDS}, "llm:fig_bands", "llm:load_bands"),
-        _row("block_swap", "5b. Block swaps: a second reading per head", {"block_swap": paths.BLOCK_SWAP},
+        _row("block_swap", "5b. Block swaps: a second reading per head", {"block_swap": paths.variant_table("block_swap")},
              "block_swap:fig_block_swap", "block_swap:load_block_swap"),
         _row("dummy_sweep", "6. Dummy-distance sweep", {"decomposition": paths.DECOMPOSITION}, "llm:fig_dummy_sweep",
              "llm:load_dummy_sweep", bootstrap=True),
@@ -190,25 +184,50 @@ def figure_variants(config: dict, row: FigureRow, model: str | None = None) -> l
     return step_variants(config, row.step)
 
 
+def figure_inputs(config: dict, wildcards) -> dict[str, list[str]]:
+    """The inputs of the figure a job's wildcards name (``figure``, and its scope's): role -> files, the wildcards of
+    its scope kept, every other one expanded over its values in the workflow's order (the variants of the step it
+    reads; of a trajectory model, a few checkpoints)."""
+    row = FIGURES[wildcards.figure]
+    kept = {name: [getattr(wildcards, name)] for name in row.wildcards}
+    model = kept.get("model", [None])[0]
+    values = {"model": [m["name"] for m in config["models"]], "variant": figure_variants(config, row, model)}
+    over = {name: values[name] for name in row.expanded()}
+    return {role: paths.expand(template, **kept, **over) for role, template in row.inputs.items()}
+
+
 def figure_outputs(row: FigureRow, values: dict[str, list[str]]) -> list[str]:
     """Every PNG and PDF of ``row`` for wildcard ``values``."""
     return [path for ext in paths.FIGURE_FORMATS for path in row.paths(values, ext)]
 
 
-def figure_params(config: dict, row: FigureRow) -> dict:
-    """A figure rule's params: the figure, the variants its inputs are expanded over (in that order), the
-    `intervals` settings where it bootstraps, and config_hash over what those read."""
-    expanded = "variant" in row.expanded()
-    hashed = ["random_init_seeds"] if expanded and row.group != "trajectory" else []
-    hashed += list(INTERVALS.values()) if row.bootstrap else []
-    if row.group == "trajectory":  # the variants of the job's model
-        chosen = lambda wildcards: figure_variants(config, row, wildcards.model)  # noqa: E731
-    else:
-        chosen = figure_variants(config, row)
+def of_scope(scope: str) -> list[str]:
+    """The names of the figures of ``scope`` (the ``{figure}`` wildcard's values in its rule)."""
+    return [name for name, row in FIGURES.items() if row.scope == scope]
+
+
+def hashed_leaves(row: FigureRow) -> list[str]:
+    """The config leaves a figure's params read: the random-init seeds where its inputs are expanded over the
+    variants (a trajectory model's checkpoints are its own entry's), the `intervals` settings where it bootstraps."""
+    leaves = ["random_init_seeds"] if "variant" in row.expanded() and row.group != "trajectory" else []
+    return leaves + (list(INTERVALS.values()) if row.bootstrap else [])
+
+
+def figure_params(config: dict) -> dict:
+    """A figure rule's params, functions of the job's wildcards (``figure`` names its row): the figure, the variants
+    its inputs are expanded over (in that order), the `intervals` settings where it bootstraps, and config_hash over
+    what those read."""
+
+    def row(wildcards) -> FigureRow:
+        return FIGURES[wildcards.figure]
+
+    def config_hash(wildcards) -> str:
+        return hash_of(config, hashed_leaves(row(wildcards)), "model" in row(wildcards).wildcards)(wildcards)
+
     return {
-        "figure": row.name,
-        "variants": chosen,
-        "n_boot": config["intervals"]["bootstrap"] if row.bootstrap else None,
-        "seed": config["intervals"]["seed"] if row.bootstrap else None,
-        "config_hash": hash_of(config, hashed, "model" in row.wildcards),
+        "figure": lambda w: w.figure,
+        "variants": lambda w: figure_variants(config, row(w), getattr(w, "model", None)),
+        "n_boot": lambda w: config["intervals"]["bootstrap"] if row(w).bootstrap else None,
+        "seed": lambda w: config["intervals"]["seed"] if row(w).bootstrap else None,
+        "config_hash": config_hash,
     }

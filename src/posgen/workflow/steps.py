@@ -34,7 +34,8 @@ class Step:
     only); ``per_model``: its hash also covers the job's own ``models`` entry; ``entry``: keys of that entry passed
     as params ({param: default}), ``optional`` the same where some entry of the config sets the key (so that a
     config without it keeps its params); ``torch``: its jobs import torch (``large_blocks``: and keep freed blocks over
-    32 MB, a training loop's; posgen.allocator); ``runner``: ``"module:function"`` of the job."""
+    32 MB, a training loop's; posgen.allocator); ``runner``: ``"module:function"`` of the job; ``section``: a
+    statistic's section of reproduction.md (``"module:function"`` of its ``variant_table`` files)."""
 
     name: str
     runner: str
@@ -45,6 +46,7 @@ class Step:
     torch: bool = False
     large_blocks: bool = False
     hashed: bool = True  # its params carry a config_hash
+    section: str = ""  # "module:function": its section of reproduction.md, from its table of every model variant
 
 
 def _step(name: str, runner: str, **kw) -> Step:
@@ -127,7 +129,12 @@ STEPS = {
             torch=True,
         ),
         # its settings are constants of posgen.llm.block_swap
-        _step("block_swap", "posgen.llm.block_swap:block_swap_step", torch=True),
+        _step(
+            "block_swap",
+            "posgen.llm.block_swap:block_swap_step",
+            torch=True,
+            section="posgen.llm.block_swap:reproduction_section",
+        ),
         _step(
             "perturb",
             "posgen.llm.perturb:perturb_step",

@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-import itertools
-
 from posgen import paths
 from posgen.config import trajectory_models
+from posgen.paths import expand
 from posgen.workflow.figures import figure_outputs, of_group
 from posgen.workflow.sharding import shards_of
-from posgen.workflow.steps import step_variants
+from posgen.workflow.steps import STEPS, step_variants
 
 COLLECTION_OUTPUTS = (*paths.COLLECTION_PARTS.values(), *paths.COLLECTION_TABLES.values(), paths.VERDICTS)
 STUDY_TABLES = ("csv", "classifiers", "deposit")
-
-
-def expand(template: str, **values) -> list[str]:
-    """``template`` formatted with every combination of ``values`` (lists), as Snakemake's expand."""
-    keys = list(values)
-    return [template.format(**dict(zip(keys, combo))) for combo in itertools.product(*values.values())]
 
 
 def collection_outputs(which: str, tables=None) -> list[str]:
@@ -47,6 +40,13 @@ def final_outputs(config: dict) -> list[str]:
     for row in of_group("all"):
         out += figure_outputs(row, each)
     return out + list(paths.REPRODUCTION.values())
+
+
+def section_tables(config: dict) -> dict[str, list[str]]:
+    """The reproduction's sections (posgen.workflow.steps: a step's ``section``): each such step's table of every
+    model variant, by step."""
+    each = {"model": [m["name"] for m in config["models"]], "variant": step_variants(config)}
+    return {name: expand(paths.variant_table(name), **each) for name, step in STEPS.items() if step.section}
 
 
 def targets(config: dict, name: str) -> list[str]:
