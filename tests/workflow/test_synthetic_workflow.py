@@ -94,5 +94,5 @@ def test_figures_draw_from_the_gathered_files(synthetic_run, tmp_path):
         inputs = {role: [synthetic_run.workdir / path] for role, path in TABLE[name].inputs.items()}
         fig = draw(name, inputs, n_boot=100)
         assert len([ax for ax in fig.axes if ax.get_label() != "<colorbar>"]) == n_panels, name
-        # the workflow drew the same figure through its fig_<name> rule
+        # the workflow drew the same figure through its figure rule (fig_global)
         assert (synthetic_run.workdir / TABLE[name].output("png")).stat().st_size > 5000
