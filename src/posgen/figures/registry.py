@@ -45,8 +45,9 @@ def render(
 
 def figure_step(job) -> None:
     """A figure rule's job (a :class:`posgen.workflow.job.StepJob`): the figure drawn and saved, its wildcards
-    (model, variant: none for a global figure) recorded in the provenance."""
+    (model, variant: none for a global figure) recorded in the provenance beside the figure's name."""
     p = job.params
+    scope = {name: value for name, value in job.wildcards.items() if name != "figure"}
     render(
         p["figure"],
         dict(job.input),
@@ -55,6 +56,6 @@ def figure_step(job) -> None:
         variants=p["variants"],
         n_boot=p["n_boot"],
         seed=p["seed"],
-        **job.wildcards,
+        **scope,
         config_hash=p["config_hash"],
     )
