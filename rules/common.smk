@@ -80,7 +80,7 @@ def figure_output(scope):
     row = lambda w: FIGURES[w.figure]
     png = report(
         paths.figure_file(scope, "png"),
-        caption="../" + CAPTIONS,
+        caption=f"../{CAPTIONS}",
         category=lambda w: row(w).category,
         subcategory=lambda w: row(w).subcategory,
         labels=lambda w: row(w).labels,

@@ -3,6 +3,12 @@
 # of report/figures.rst. Inputs expanded over variants come in the workflow's order; params.variants names them.
 
 
+localrules:
+    fig_per_variant,
+    fig_per_model,
+    fig_global,
+
+
 rule fig_per_variant:
     input:
         unpack(lambda wildcards: figure_inputs(config, wildcards)),
@@ -12,7 +18,6 @@ rule fig_per_variant:
         paths.FIGURE_LOGS["per_variant"],
     wildcard_constraints:
         figure=alternatives(of_scope("per_variant")),
-    localrule: True
     conda:
         "../envs/posgen.yaml"
     params:

@@ -4,6 +4,7 @@ import copy
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import xarray as xr
@@ -180,11 +181,15 @@ def test_changing_an_interval_setting_reruns_only_summaries_and_figures(tiny_wor
     def edit(config):
         config["intervals"]["bootstrap"] = 300
 
-    rules = {rule for rule, _ in dry_run_with(tiny_workflow, tmp_path, edit)}
+    jobs = dry_run_with(tiny_workflow, tmp_path, edit)
+    rules = {rule for rule, _ in jobs}
     assert not rules & (UPSTREAM | SYNTHETIC_UPSTREAM), sorted(rules)
     # what does read the setting reruns: the summary and the bootstrapped figures, not the other figures
-    assert {"summarize", "fig_dummy_sweep", "fig_perturb_ppl", "fig_perturb_fg", "fig_cap"} <= rules
-    assert not rules & {"fig_logit_maps", "fig_scatter", "fig_r_heatmap", "fig_bands"}, sorted(rules)
+    figures = {
+        Path(path).stem for rule, out in jobs if rule.startswith("fig_") for path in out if path.endswith(".png")
+    }
+    assert "summarize" in rules and {"dummy_sweep", "perturb_ppl", "perturb_fg", "cap"} <= figures
+    assert not figures & {"r_heatmap", "bands"} and not any(f.startswith(("logit_maps", "scatter")) for f in figures)
 
 
 def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_path):
@@ -198,7 +203,8 @@ def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_p
     first = [(rule, out) for rule, out in jobs if of("tiny-llama", out)]
     assert not first, first
     new = {rule for rule, out in jobs if of("tiny-llama-b", out)}
-    assert UPSTREAM | {"summarize", "fig_cap"} <= new, sorted(new)
+    assert UPSTREAM | {"summarize", "fig_per_model"} <= new, sorted(new)
+    assert any("results/tiny-llama-b/figures/cap.png" in out for _, out in jobs)
     # the cross-model tables are the only other jobs
     assert {rule for rule, out in jobs if rule not in new} <= {"summary_table", "reproduction", "all"}
 
@@ -319,5 +325,7 @@ def test_the_embedded_test_config_plans_every_target_without_heavy_packages(tmp_
     jobs = planned_jobs(run.snakemake("--dry-run", env=env))
     made = {path for _, outputs in jobs for path in outputs}
     assert set(final_outputs(load(configfile))) <= made
-    for target, rule in (("trajectory", "train_trajectory"), ("deposit_study", "fig_deposit_study")):
-        assert rule in {rule for rule, _ in planned_jobs(run.snakemake("--dry-run", target, env=env))}
+    trajectory = planned_jobs(run.snakemake("--dry-run", "trajectory", env=env))
+    assert "train_trajectory" in {rule for rule, _ in trajectory}
+    deposit = planned_jobs(run.snakemake("--dry-run", "deposit_study", env=env))
+    assert ("fig_global", ["results/figures/deposit_study.png", "results/figures/deposit_study.pdf"]) in deposit
