@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.paths import RESULTS
+from posgen.paths import RESULTS, identity
 
 
 class StoreError(OSError):
@@ -101,6 +101,72 @@ def verified_read(wrapper, key: tuple, read):
             where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
             raise damaged(path, f"variable {name} ({where}): {EDITED}")
     return data[tuple(rest)]
+
+
+# Global attr of every per-job .nc/.h5 (posgen.paths.IDENTIFIED): JSON of what the file is, from the path it was
+# written to (posgen.paths.identity: paper, file name, model, variant, shard; experiment, task, pe, seed; dataset;
+# collection), checked against the path it is read from, so that a valid file in another's place is refused.
+IDENTITY_ATTR = "posgen_identity"
+# attrs that named a file's model, variant or classifier before IDENTITY_ATTR existed: checked in its absence
+LEGACY_IDENTITY = ("model", "variant", "experiment", "task", "pe", "seed")
+IDENTITY_ORDER = ("model", "variant", "shard", "experiment", "task", "pe", "seed", "dataset", "collection")
+
+
+def identity_attr(path: str | Path) -> str | None:
+    """:data:`IDENTITY_ATTR` of a file written to ``path``; None where the path says nothing."""
+    found = identity(path)
+    return None if found is None else json.dumps(found, sort_keys=True)
+
+
+def _text(value) -> str:
+    """An attr as text, whatever numpy type h5py gives it (netCDF stores a number as an array of one)."""
+    value = np.asarray(value)
+    value = value.reshape(()).item() if value.size == 1 else value.tolist()
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def described(found: dict) -> str:
+    """What an identity says, in words: ``the train.nc of experiment clean, task distance, pe rope, seed 0``."""
+    keys = ", ".join(f"{key} {found[key]}" for key in IDENTITY_ORDER if key in found)
+    name = found.get("file", "file")
+    return f"the {name} of {keys}" if keys else f"the {name}"
+
+
+def check_identity(path: str | Path, attrs) -> None:
+    """Refuse, in one line naming ``path``, a file whose recorded identity (``attrs``, its global attrs) is not the
+    one its path says (another classifier's, variant's, shard's or collection's file in its place); a file written
+    before :data:`IDENTITY_ATTR` is checked on its own model, variant and classifier attrs."""
+    expected = identity(path)
+    if expected is None:
+        return
+    if IDENTITY_ATTR in attrs:
+        try:
+            claimed = json.loads(_text(attrs[IDENTITY_ATTR]))
+        except ValueError:
+            raise damaged(path, f"its attribute {IDENTITY_ATTR} is not JSON ({EDITED})") from None
+        claimed = {key: _text(value) for key, value in claimed.items()}
+    else:
+        legacy = {key: _text(attrs[key]) for key in LEGACY_IDENTITY if key in expected and key in attrs}
+        claimed = {"file": expected["file"], **legacy}
+        expected = {key: value for key, value in expected.items() if key in claimed}
+    differ = [key for key in {**expected, **claimed} if claimed.get(key) != expected.get(key)]
+    if differ:
+        says = ", ".join(f"{key} {expected[key]}" if key in expected else f"no {key}" for key in differ)
+        raise damaged(path, f"another file in its place: it is {described(claimed)} (its path: {says})")
+
+
+def check_rows(path: str | Path, columns: dict) -> None:
+    """Refuse, in one line naming ``path``, a table (a per-model CSV) whose rows are of another model than its path
+    says: ``columns`` maps a column to its values, checked where the path names that column's key."""
+    expected = identity(path) or {}
+    for key, values in columns.items():
+        others = sorted({str(value) for value in values} - {expected[key]}) if key in expected else []
+        if others:
+            raise damaged(
+                path,
+                f"another file in its place: its rows are of {key} {', '.join(others)} (its path: "
+                f"{key} {expected[key]})",
+            )
 
 
 # Global attrs of every posgen .nc/.h5: a digest of the whole file's data (from its variables' digests), and the
