@@ -12,6 +12,8 @@ the same content need not remake what was made from it (``--settle-unchanged``).
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import itertools
 import json
 import os
@@ -319,17 +321,38 @@ def out_of_date(paths, records: dict[str, dict] | None = None) -> dict[str, tupl
     return found
 
 
+# A printed remake command longer than this reads its files from `python -m posgen.integrity` itself
+HINT_LIMIT = 300
+
+
+def remake_files(found: dict[str, tuple[str, str]], records: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """(forced, targets) of the out-of-date files ``found`` (:func:`out_of_date` over ``records``): those made
+    directly from an input that changed or is gone, whose jobs Snakemake must be forced to rerun (their mtimes may
+    say they are up to date), and those nothing out of date was made from, which Snakemake then remakes with every
+    file between."""
+    forced = sorted(name for name, (_, why) in found.items() if why != "is itself out of date")
+    read = {source for name in found for source in records.get(name, {})}
+    return forced, sorted(name for name in found if name not in read)
+
+
+def remake_hint(forced: list[str], targets: list[str], paths=()) -> str:
+    """The one command that remakes what :func:`remake_files` lists: the files themselves where the command is short
+    (:data:`HINT_LIMIT`), else read from this module (``--targets``, ``--forced``) over the same ``paths``."""
+    command = f"snakemake --cores all {' '.join(targets)} --forcerun {' '.join(forced)}"
+    if len(command) > HINT_LIMIT:
+        listed = " ".join(["python -m posgen.integrity", *(str(p) for p in paths if str(p) != RESULTS)])
+        command = f"snakemake --cores all $({listed} --targets) --forcerun $({listed} --forced)"
+    return f"{command} (with the run's own --configfile, if it had one)"
+
+
 def stale(paths) -> list[str]:
-    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one command that remakes them
-    all: Snakemake forced to rerun their jobs (their mtimes may say they are up to date)."""
-    found = out_of_date(paths)
+    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one short command that remakes
+    them all (:func:`remake_hint`)."""
+    records = _lineage(paths)
+    found = out_of_date(paths, records)
     lines = [f"{name}: made from {source}, which {why}" for name, (source, why) in sorted(found.items())]
     if found:
-        targets = " ".join(sorted(found))
-        lines.append(
-            f"remake them: snakemake --cores all {targets} --forcerun {targets} "
-            "(with the run's own --configfile, if it had one)"
-        )
+        lines.append(f"remake them: {remake_hint(*remake_files(found, records), paths)}")
     return lines
 
 
@@ -373,6 +396,50 @@ def settle_unchanged(paths) -> list[str]:
     return settled
 
 
+# Where Snakemake marks the outputs of a job that has started and not ended (its file-based records: one file per
+# output, named by the output's path in URL-safe base64, long names cut into folders whose names start with @)
+INCOMPLETE_DIR = Path(".snakemake/incomplete")
+
+
+def incomplete_files(workdir: str | Path = ".") -> list[str]:
+    """The outputs Snakemake marks incomplete in ``workdir`` (a run killed while their jobs ran), as it names them."""
+    root = Path(workdir) / INCOMPLETE_DIR
+    names = []
+    for marker in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
+        encoded = "".join(part.removeprefix("@") for part in marker.relative_to(root).parts)
+        try:
+            names.append(base64.urlsafe_b64decode(encoded).decode())
+        except (binascii.Error, ValueError):  # Snakemake's own bookkeeping (migration_underway)
+            continue
+    return names
+
+
+def incomplete() -> list[str]:
+    """One line per output Snakemake marks incomplete (its "Incomplete files", which a rerun refuses until told
+    ``--rerun-incomplete``): whether it is there (then whole: posgen renames a file into place only once written)
+    and made from the inputs there now; then what to run."""
+    names = sorted(incomplete_files())
+    if not names:
+        return []
+    found = out_of_date([name for name in names if Path(name).is_file()])
+    lines = []
+    for name in names:
+        if not Path(name).is_file():
+            lines.append(f"{name}: not there (its job was killed before it wrote it)")
+        elif name in found:
+            source, why = found[name]
+            lines.append(f"{name}: there and whole, but made from {source}, which {why}")
+        else:
+            made = ", made from the inputs there now" if recorded_inputs(Path(name)) is not None else ""
+            lines.append(f"{name}: there and whole{made}")
+    lines.append(
+        "Snakemake marks these incomplete because the job writing them was killed before it ended; redo that job "
+        "with: snakemake --cores all --rerun-incomplete (with the run's own --configfile, if it had one; after "
+        "snakemake --unlock if the run was killed)"
+    )
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m posgen.integrity",
@@ -380,7 +447,15 @@ def main(argv=None) -> int:
         "another file, and the command that remakes them.",
     )
     parser.add_argument("paths", nargs="*", default=[RESULTS], help=f"files or folders (default: {RESULTS})")
-    parser.add_argument(
+    listing = parser.add_mutually_exclusive_group()
+    listing.add_argument("--targets", action="store_true", help="print only the files the remake command targets")
+    listing.add_argument("--forced", action="store_true", help="print only the files it forces Snakemake to remake")
+    listing.add_argument(
+        "--incomplete",
+        action="store_true",
+        help="list the files Snakemake marks incomplete (a killed run), whether each is whole, and what to run",
+    )
+    listing.add_argument(
         "--settle-unchanged",
         action="store_true",
         help="first give every file remade with the content its dependants were made from an mtime just after "
@@ -390,6 +465,15 @@ def main(argv=None) -> int:
     if args.settle_unchanged:
         settled = settle_unchanged(args.paths)
         print(f"{len(settled)} files remade with unchanged content settled: {' '.join(settled) or '-'}")
+    if args.incomplete:
+        lines = incomplete()
+        print("\n".join(lines) if lines else f"Snakemake marks no file incomplete here ({INCOMPLETE_DIR})")
+        return 1 if lines else 0
+    if args.targets or args.forced:
+        records = _lineage(args.paths)
+        forced, targets = remake_files(out_of_date(args.paths, records), records)
+        print(" ".join(forced if args.forced else targets))
+        return 0
     lines = stale(args.paths)
     print("\n".join(lines) if lines else "every file was made from the inputs there now")
     return 1 if lines else 0

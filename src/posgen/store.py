@@ -226,16 +226,35 @@ def atomic_path(path: str | Path):
             print(f"removed {shown(tmp)}, the unfinished temporary of {shown(path)}", file=sys.stderr)
 
 
+def size_text(n_bytes: int) -> str:
+    """``n_bytes`` in words with three significant digits: ``512 bytes``, ``41.3 kB``, ``2.71 GB``."""
+    if n_bytes < 1000:
+        return f"{n_bytes} bytes"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12)):
+        text = f"{n_bytes / scale:.3g}"
+        if float(text) < 1000:
+            return f"{text} {unit}"
+    return f"{n_bytes / 1e12:,.0f} TB"
+
+
 def require_space(path: str | Path, n_bytes: int) -> None:
-    """Refuse, in one line naming ``path``, a write of ``n_bytes`` that its file system has no room for: checked
-    before a large write whose size is known (qk.h5, checkpoints), so that a job does not compute for hours to
-    fail at its last step."""
+    """Refuse, in one line naming ``path``, a write of ``n_bytes`` that its file system has no room for (bytes, or a
+    file to hold them: a disk full of small files runs out of inodes first): checked before a large write whose
+    size is known (qk.h5, checkpoints), so that a job does not compute for hours to fail at its last step. The
+    numbers are shown as they are, in bytes where rounding would make them look the same."""
     path = Path(path)
     folder = next(parent for parent in (path.parent, *path.parent.parents) if parent.exists())
     free = shutil.disk_usage(folder).free
+    where = shown(folder)
     if n_bytes > free:
+        needs, has = size_text(n_bytes), size_text(free)
+        if needs == has:
+            needs, has = f"{n_bytes:,} bytes", f"{free:,} bytes"
+        raise StoreError(f"{shown(path)}: cannot write (needs {needs}, {has} free on {where})")
+    stats = os.statvfs(folder)
+    if stats.f_files and not stats.f_favail:  # a file system with inodes, every one in use
         raise StoreError(
-            f"{shown(path)}: cannot write (needs {n_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free on {folder})"
+            f"{shown(path)}: cannot write (no file can be created: 0 of {stats.f_files:,} inodes free on {where})"
         )
 
 

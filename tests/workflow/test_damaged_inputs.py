@@ -508,3 +508,29 @@ def test_a_classifiers_curves_in_anothers_place_stop_the_gather_naming_them(dama
     run.snakemake("--cores", "2")
     assert {p: p.read_bytes() for p in tables} == tables
 
+
+def test_get_model_refuses_a_damaged_local_source_and_names_it(damaged_workflow, tiny_source, tmp_path):
+    """A truncated model.safetensors in the models entry's `local:` folder (issue 53): get_model stops naming the
+    source's file and saying to fix it there (acquiring it again would copy the same damage); once the source is
+    fixed, the same command acquires it."""
+    source = tmp_path / "source"
+    shutil.copytree(tiny_source("llama"), source)
+    weights = source / "model.safetensors"
+    clean = weights.read_bytes()
+    weights.write_bytes(clean[:5000])
+    config = yaml.safe_load(damaged_workflow.configfile.read_text())
+    config["models"][0]["source"] = f"local:{source}"
+    run = make_run(damaged_workflow.workdir, config)
+    model = run.workdir / "resources/models/tiny-llama"
+    shutil.rmtree(model)  # what the hint of a damaged acquired copy says to do first
+    manifest = str((model / "manifest.json").relative_to(run.workdir))
+    proc = run.snakemake("--cores", "1", manifest, check=False)
+    assert proc.returncode != 0 and not model.exists()
+    last = (run.workdir / "logs/get_model/tiny-llama.log").read_text().strip().splitlines()[-1]
+    assert last == (
+        f"ModelSourceError: local:{source}: {weights} cannot be read (SafetensorError: Error while deserializing "
+        "header: incomplete metadata, file not fully covered); fix or replace it in the source folder"
+    )
+    weights.write_bytes(clean)
+    run.snakemake("--cores", "1", manifest)
+    assert (model / "model.safetensors").read_bytes() == clean
