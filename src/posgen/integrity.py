@@ -17,6 +17,7 @@ import binascii
 import itertools
 import json
 import os
+import shlex
 import sys
 import zlib
 from contextlib import contextmanager
@@ -145,7 +146,9 @@ def check_identity(path: str | Path, attrs) -> None:
         try:
             claimed = json.loads(_text(attrs[IDENTITY_ATTR]))
         except ValueError:
-            raise damaged(path, f"its attribute {IDENTITY_ATTR} is not JSON ({EDITED})") from None
+            claimed = None
+        if not isinstance(claimed, dict):
+            raise damaged(path, f"its attribute {IDENTITY_ATTR} is not a JSON object ({EDITED})")
         claimed = {key: _text(value) for key, value in claimed.items()}
     else:
         legacy = {key: _text(attrs[key]) for key in LEGACY_IDENTITY if key in expected and key in attrs}
@@ -338,9 +341,9 @@ def remake_files(found: dict[str, tuple[str, str]], records: dict[str, dict]) ->
 def remake_hint(forced: list[str], targets: list[str], paths=()) -> str:
     """The one command that remakes what :func:`remake_files` lists: the files themselves where the command is short
     (:data:`HINT_LIMIT`), else read from this module (``--targets``, ``--forced``) over the same ``paths``."""
-    command = f"snakemake --cores all {' '.join(targets)} --forcerun {' '.join(forced)}"
+    command = f"snakemake --cores all {shlex.join(targets)} --forcerun {shlex.join(forced)}"
     if len(command) > HINT_LIMIT:
-        listed = " ".join(["python -m posgen.integrity", *(str(p) for p in paths if str(p) != RESULTS)])
+        listed = shlex.join(["python", "-m", "posgen.integrity", *(str(p) for p in paths if str(p) != RESULTS)])
         command = f"snakemake --cores all $({listed} --targets) --forcerun $({listed} --forced)"
     return f"{command} (with the run's own --configfile, if it had one)"
 

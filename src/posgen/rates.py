@@ -149,6 +149,11 @@ def _read_once(path: Path) -> tuple[dict | None, str]:
     return report, why
 
 
+def forget_reports() -> None:
+    """Read every report anew at its next use (a test, or a session that changed one)."""
+    _read_once.cache_clear()
+
+
 def report_path(path: str | Path | None = None) -> Path:
     """``path``, else the report ``$POSGEN_GPU_REPORT`` names, else the committed one."""
     return Path(path if path is not None else os.environ.get(REPORT_ENV) or GPU_REPORT).resolve()

@@ -99,6 +99,16 @@ def test_a_file_written_before_identities_is_checked_on_its_own_attrs():
         open_dataset(CURVES.format(pe="alibi"))
 
 
+def test_an_identity_that_is_not_an_object_is_refused_in_one_line():
+    path = CURVES.format(pe="rope")
+    _table(path, pe="rope")
+    with h5py.File(path, "r+") as f:
+        f.attrs[IDENTITY_ATTR] = "5"
+        del f.attrs["posgen_attrs_digest"]
+    with pytest.raises(StoreError, match=f"^{path}: its attribute {IDENTITY_ATTR} is not a JSON object "):
+        open_dataset(path)
+
+
 def test_a_file_outside_the_workflow_layout_is_read_as_it_is():
     _table("results/synthetic/clean/distance/rope/seed0/train.nc", pe="rope")
     shutil.copyfile("results/synthetic/clean/distance/rope/seed0/train.nc", "copy.nc")

@@ -300,11 +300,11 @@ def test_a_damaged_device_check_report_is_one_line_naming_the_field_and_its_fall
     (tmp_path / REPORT).write_text(edit((ROOT / REPORT).read_text()))
     monkeypatch.chdir(tmp_path)  # the message names the report relative to the working directory
     monkeypatch.setenv(rates.REPORT_ENV, str(tmp_path / REPORT))
-    rates._read_once.cache_clear()
+    rates.forget_reports()
     try:
         plan.main([str(ROOT / arg) if arg.endswith(".yaml") else arg for arg in PLAN_COMMANDS[command]])
     finally:
-        rates._read_once.cache_clear()
+        rates.forget_reports()
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(said) and lines[0].endswith(f"; {fallback}"), err
@@ -320,11 +320,11 @@ def test_a_report_of_a_tiny_check_is_not_used_and_the_plan_says_so(tmp_path, mon
     (tmp_path / "tiny.json").write_text(json.dumps({**report, "tiny": True}))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(rates.REPORT_ENV, "tiny.json")
-    rates._read_once.cache_clear()
+    rates.forget_reports()
     try:
         plan.main(["--configfile", str(ROOT / "config.paper.yaml"), "--totals"])
     finally:
-        rates._read_once.cache_clear()
+        rates.forget_reports()
     out, err = capsys.readouterr()
     assert (
         not err and "(ASSUMED H100 rates, unmeasured (tiny.json is a --tiny check, which the plans do not use))" in out
