@@ -46,13 +46,13 @@ def alternatives(names):
 
 wildcard_constraints:
     model=alternatives(MODELS + TRAJECTORY_MODELS),
-    variant=r"trained|random-seed\d+|step\d+",
-    shard=r"\d+-\d+",
+    variant=paths.WILDCARD_PATTERNS["variant"],
+    shard=paths.WILDCARD_PATTERNS["shard"],
     experiment=alternatives(SYN.experiments),
     task=alternatives(SYN.tasks),
     dataset=alternatives(SYN.datasets),
     pe=alternatives(SYN.pes),
-    seed=r"\d+",
+    seed=paths.WILDCARD_PATTERNS["seed"],
     collection=alternatives([paths.collection_suffix(which) for which in COLLECTIONS]),
 
 

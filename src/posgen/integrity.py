@@ -12,9 +12,12 @@ the same content need not remake what was made from it (``--settle-unchanged``).
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import itertools
 import json
 import os
+import shlex
 import sys
 import zlib
 from contextlib import contextmanager
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from posgen.paths import RESULTS
+from posgen.paths import RESULTS, identity
 
 
 class StoreError(OSError):
@@ -101,6 +104,74 @@ def verified_read(wrapper, key: tuple, read):
             where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
             raise damaged(path, f"variable {name} ({where}): {EDITED}")
     return data[tuple(rest)]
+
+
+# Global attr of every per-job .nc/.h5 (posgen.paths.IDENTIFIED): JSON of what the file is, from the path it was
+# written to (posgen.paths.identity: paper, file name, model, variant, shard; experiment, task, pe, seed; dataset;
+# collection), checked against the path it is read from, so that a valid file in another's place is refused.
+IDENTITY_ATTR = "posgen_identity"
+# attrs that named a file's model, variant or classifier before IDENTITY_ATTR existed: checked in its absence
+LEGACY_IDENTITY = ("model", "variant", "experiment", "task", "pe", "seed")
+IDENTITY_ORDER = ("model", "variant", "shard", "experiment", "task", "pe", "seed", "dataset", "collection")
+
+
+def identity_attr(path: str | Path) -> str | None:
+    """:data:`IDENTITY_ATTR` of a file written to ``path``; None where the path says nothing."""
+    found = identity(path)
+    return None if found is None else json.dumps(found, sort_keys=True)
+
+
+def _text(value) -> str:
+    """An attr as text, whatever numpy type h5py gives it (netCDF stores a number as an array of one)."""
+    value = np.asarray(value)
+    value = value.reshape(()).item() if value.size == 1 else value.tolist()
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def described(found: dict) -> str:
+    """What an identity says, in words: ``the train.nc of experiment clean, task distance, pe rope, seed 0``."""
+    keys = ", ".join(f"{key} {found[key]}" for key in IDENTITY_ORDER if key in found)
+    name = found.get("file", "file")
+    return f"the {name} of {keys}" if keys else f"the {name}"
+
+
+def check_identity(path: str | Path, attrs) -> None:
+    """Refuse, in one line naming ``path``, a file whose recorded identity (``attrs``, its global attrs) is not the
+    one its path says (another classifier's, variant's, shard's or collection's file in its place); a file written
+    before :data:`IDENTITY_ATTR` is checked on its own model, variant and classifier attrs."""
+    expected = identity(path)
+    if expected is None:
+        return
+    if IDENTITY_ATTR in attrs:
+        try:
+            claimed = json.loads(_text(attrs[IDENTITY_ATTR]))
+        except ValueError:
+            claimed = None
+        if not isinstance(claimed, dict):
+            raise damaged(path, f"its attribute {IDENTITY_ATTR} is not a JSON object ({EDITED})")
+        claimed = {key: _text(value) for key, value in claimed.items()}
+    else:
+        legacy = {key: _text(attrs[key]) for key in LEGACY_IDENTITY if key in expected and key in attrs}
+        claimed = {"file": expected["file"], **legacy}
+        expected = {key: value for key, value in expected.items() if key in claimed}
+    differ = [key for key in {**expected, **claimed} if claimed.get(key) != expected.get(key)]
+    if differ:
+        says = ", ".join(f"{key} {expected[key]}" if key in expected else f"no {key}" for key in differ)
+        raise damaged(path, f"another file in its place: it is {described(claimed)} (its path: {says})")
+
+
+def check_rows(path: str | Path, columns: dict) -> None:
+    """Refuse, in one line naming ``path``, a table (a per-model CSV) whose rows are of another model than its path
+    says: ``columns`` maps a column to its values, checked where the path names that column's key."""
+    expected = identity(path) or {}
+    for key, values in columns.items():
+        others = sorted({str(value) for value in values} - {expected[key]}) if key in expected else []
+        if others:
+            raise damaged(
+                path,
+                f"another file in its place: its rows are of {key} {', '.join(others)} (its path: "
+                f"{key} {expected[key]})",
+            )
 
 
 # Global attrs of every posgen .nc/.h5: a digest of the whole file's data (from its variables' digests), and the
@@ -253,17 +324,38 @@ def out_of_date(paths, records: dict[str, dict] | None = None) -> dict[str, tupl
     return found
 
 
+# A printed remake command longer than this reads its files from `python -m posgen.integrity` itself
+HINT_LIMIT = 300
+
+
+def remake_files(found: dict[str, tuple[str, str]], records: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """(forced, targets) of the out-of-date files ``found`` (:func:`out_of_date` over ``records``): those made
+    directly from an input that changed or is gone, whose jobs Snakemake must be forced to rerun (their mtimes may
+    say they are up to date), and those nothing out of date was made from, which Snakemake then remakes with every
+    file between."""
+    forced = sorted(name for name, (_, why) in found.items() if why != "is itself out of date")
+    read = {source for name in found for source in records.get(name, {})}
+    return forced, sorted(name for name in found if name not in read)
+
+
+def remake_hint(forced: list[str], targets: list[str], paths=()) -> str:
+    """The one command that remakes what :func:`remake_files` lists: the files themselves where the command is short
+    (:data:`HINT_LIMIT`), else read from this module (``--targets``, ``--forced``) over the same ``paths``."""
+    command = f"snakemake --cores all {shlex.join(targets)} --forcerun {shlex.join(forced)}"
+    if len(command) > HINT_LIMIT:
+        listed = shlex.join(["python", "-m", "posgen.integrity", *(str(p) for p in paths if str(p) != RESULTS)])
+        command = f"snakemake --cores all $({listed} --targets) --forcerun $({listed} --forced)"
+    return f"{command} (with the run's own --configfile, if it had one)"
+
+
 def stale(paths) -> list[str]:
-    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one command that remakes them
-    all: Snakemake forced to rerun their jobs (their mtimes may say they are up to date)."""
-    found = out_of_date(paths)
+    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one short command that remakes
+    them all (:func:`remake_hint`)."""
+    records = _lineage(paths)
+    found = out_of_date(paths, records)
     lines = [f"{name}: made from {source}, which {why}" for name, (source, why) in sorted(found.items())]
     if found:
-        targets = " ".join(sorted(found))
-        lines.append(
-            f"remake them: snakemake --cores all {targets} --forcerun {targets} "
-            "(with the run's own --configfile, if it had one)"
-        )
+        lines.append(f"remake them: {remake_hint(*remake_files(found, records), paths)}")
     return lines
 
 
@@ -307,6 +399,50 @@ def settle_unchanged(paths) -> list[str]:
     return settled
 
 
+# Where Snakemake marks the outputs of a job that has started and not ended (its file-based records: one file per
+# output, named by the output's path in URL-safe base64, long names cut into folders whose names start with @)
+INCOMPLETE_DIR = Path(".snakemake/incomplete")
+
+
+def incomplete_files(workdir: str | Path = ".") -> list[str]:
+    """The outputs Snakemake marks incomplete in ``workdir`` (a run killed while their jobs ran), as it names them."""
+    root = Path(workdir) / INCOMPLETE_DIR
+    names = []
+    for marker in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
+        encoded = "".join(part.removeprefix("@") for part in marker.relative_to(root).parts)
+        try:
+            names.append(base64.urlsafe_b64decode(encoded).decode())
+        except (binascii.Error, ValueError):  # Snakemake's own bookkeeping (migration_underway)
+            continue
+    return names
+
+
+def incomplete() -> list[str]:
+    """One line per output Snakemake marks incomplete (its "Incomplete files", which a rerun refuses until told
+    ``--rerun-incomplete``): whether it is there (then whole: posgen renames a file into place only once written)
+    and made from the inputs there now; then what to run."""
+    names = sorted(incomplete_files())
+    if not names:
+        return []
+    found = out_of_date([name for name in names if Path(name).is_file()])
+    lines = []
+    for name in names:
+        if not Path(name).is_file():
+            lines.append(f"{name}: not there (its job was killed before it wrote it)")
+        elif name in found:
+            source, why = found[name]
+            lines.append(f"{name}: there and whole, but made from {source}, which {why}")
+        else:
+            made = ", made from the inputs there now" if recorded_inputs(Path(name)) is not None else ""
+            lines.append(f"{name}: there and whole{made}")
+    lines.append(
+        "Snakemake marks these incomplete because the job writing them was killed before it ended; redo that job "
+        "with: snakemake --cores all --rerun-incomplete (with the run's own --configfile, if it had one; after "
+        "snakemake --unlock if the run was killed)"
+    )
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m posgen.integrity",
@@ -314,7 +450,15 @@ def main(argv=None) -> int:
         "another file, and the command that remakes them.",
     )
     parser.add_argument("paths", nargs="*", default=[RESULTS], help=f"files or folders (default: {RESULTS})")
-    parser.add_argument(
+    listing = parser.add_mutually_exclusive_group()
+    listing.add_argument("--targets", action="store_true", help="print only the files the remake command targets")
+    listing.add_argument("--forced", action="store_true", help="print only the files it forces Snakemake to remake")
+    listing.add_argument(
+        "--incomplete",
+        action="store_true",
+        help="list the files Snakemake marks incomplete (a killed run), whether each is whole, and what to run",
+    )
+    listing.add_argument(
         "--settle-unchanged",
         action="store_true",
         help="first give every file remade with the content its dependants were made from an mtime just after "
@@ -324,6 +468,15 @@ def main(argv=None) -> int:
     if args.settle_unchanged:
         settled = settle_unchanged(args.paths)
         print(f"{len(settled)} files remade with unchanged content settled: {' '.join(settled) or '-'}")
+    if args.incomplete:
+        lines = incomplete()
+        print("\n".join(lines) if lines else f"Snakemake marks no file incomplete here ({INCOMPLETE_DIR})")
+        return 1 if lines else 0
+    if args.targets or args.forced:
+        records = _lineage(args.paths)
+        forced, targets = remake_files(out_of_date(args.paths, records), records)
+        print(" ".join(forced if args.forced else targets))
+        return 0
     lines = stale(args.paths)
     print("\n".join(lines) if lines else "every file was made from the inputs there now")
     return 1 if lines else 0

@@ -150,6 +150,24 @@ def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str, trus
     for p in files:
         if any(p.match(pattern) for pattern in keep):
             shutil.copy2(p, dest / p.name)
+    unreadable_weights(dest, src, label)
+
+
+def unreadable_weights(folder: Path, src: Path, label: str) -> None:
+    """Refuse, in one line naming the source's file, a copied safetensors file whose header cannot be read (a
+    truncated or overwritten file in the source): acquiring it would only copy the damage, so the source is what to
+    fix. Reads each file's header, not its tensors."""
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(path, "pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors words a damaged file without its path
+            what = f"{shown(src / path.name)} cannot be read ({type(err).__name__}: {str(err).splitlines()[0]})"
+            if label.startswith("local:"):
+                raise ModelSourceError(f"{label}: {what}; fix or replace it in the source folder") from None
+            raise ModelSourceError(f"{label}: {what}; delete this cached copy so that it is downloaded again") from None
 
 
 def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, allow_pickle: bool = False) -> dict:
@@ -267,7 +285,7 @@ def verify_checkpoint(model_dir: str | Path, weights: bool = True) -> dict:
         if digest != recorded:
             raise CheckpointError(
                 f"{shown(path)}: sha256 {digest[:12]}... differs from {recorded[:12]}... recorded in manifest.json "
-                f"(changed or corrupted on disk); {reacquire(model_dir)}"
+                f"(changed or corrupted on disk); {reacquire(model_dir, [name])}"
             )
     return manifest
 
@@ -314,9 +332,31 @@ def acquire_series(
     return write_manifest(dest, series)
 
 
-def reacquire(model_dir: str | Path) -> str:
-    """What acquires the model folder ``model_dir`` anew: Snakemake's rule get_model writes its manifest."""
-    return f"re-run get_model: delete {shown(model_dir)} and run: {remake_command(Path(model_dir) / 'manifest.json')}"
+def reacquire(model_dir: str | Path, names=()) -> str:
+    """What acquires the model folder ``model_dir`` anew: Snakemake's rule get_model writes its manifest. Where the
+    damaged files ``names`` are the same bytes in its ``local:`` source folder (the acquisition copied the damage),
+    acquiring again would copy them again: the source is to be fixed first."""
+    again = f"delete {shown(model_dir)} and run: {remake_command(Path(model_dir) / 'manifest.json')}"
+    for name in names:
+        source = damaged_source(model_dir, name)
+        if source is not None:
+            return f"its source folder holds the same damaged file: fix or replace {shown(source / name)}, then {again}"
+    return f"re-run get_model: {again}"
+
+
+def damaged_source(model_dir: str | Path, name: str) -> Path | None:
+    """The ``local:`` source folder of ``model_dir`` (its manifest's source) whose ``name`` has the bytes of the
+    acquired ``name``; None for another kind of source, or a source whose file differs or is gone."""
+    try:
+        source = str(json.loads((Path(model_dir) / "manifest.json").read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    kind, _, spec = source.partition(":")
+    folder = Path(spec).expanduser()
+    ours, theirs = Path(model_dir) / name, folder / name
+    if kind != "local" or not ours.is_file() or not theirs.is_file():
+        return None
+    return folder if sha256_file(ours) == sha256_file(theirs) else None
 
 
 def read_manifest(model_dir: str | Path) -> dict:
@@ -418,10 +458,10 @@ def load_model(
         except Exception as err:  # noqa: BLE001 - safetensors/torch word a damaged file without its path
             if not _is_unreadable_weights(err):
                 raise
-            weights = ", ".join(sorted(p.name for p in model_dir.glob("*.safetensors"))) or "weights"
+            names = sorted(p.name for p in model_dir.glob("*.safetensors"))
             raise CheckpointError(
-                f"{shown(model_dir)}/{weights}: cannot be read ({type(err).__name__}: {str(err).splitlines()[0]}); "
-                f"{reacquire(model_dir)}"
+                f"{shown(model_dir)}/{', '.join(names) or 'weights'}: cannot be read ({type(err).__name__}: "
+                f"{str(err).splitlines()[0]}); {reacquire(model_dir, names)}"
             ) from None
     else:
         if device_map:

@@ -9,6 +9,7 @@ figures. Standard library only (the Snakefile imports it while parsing).
 from __future__ import annotations
 
 import itertools
+import re
 
 RESULTS = "results"
 MODELS_DIR = "resources/models"
@@ -103,6 +104,51 @@ def in_collection(template: str, which: str) -> str:
 def classifier_file(template: str, experiment: str, task: str, pe: str, seed) -> str:
     """``template`` (a CLASSIFIER_DIR file) of one classifier."""
     return template.format(experiment=experiment, task=task, pe=pe, seed=seed)
+
+
+# ------------------------------------------------------------------------------------------ per-job identity
+
+# The files whose path says what they are, by paper, the more specific first (a collection's training.nc before a
+# model's): a .nc/.h5 records it and is checked on every read (posgen.integrity.check_identity), a per-model CSV
+# table on its rows (posgen.integrity.check_rows).
+IDENTIFIED = {
+    "synthetic": (TASK_DATA, CURVES, *ANALYSES.values(), *COLLECTION_PARTS.values(), *COLLECTION_TABLES.values()),
+    "llm": (QK, SHARD_TABLE, TABLE, *MODEL_SUMMARY.values(), TRAINING_LOG, *TRAJECTORY_TABLE.values(), WINDOWS),
+}
+# what a wildcard may match in a path (rules/common.smk constrains Snakemake's wildcards with the same ones)
+WILDCARD_PATTERNS = {
+    "variant": r"trained|random-seed\d+|step\d+",
+    "shard": r"\d+-\d+",
+    "seed": r"\d+",
+    "collection": r"(?:/[^/]+)?",
+}
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{(\w+)\}", template)  # literal, wildcard, literal, ...
+    body = "".join(
+        re.escape(part) if i % 2 == 0 else f"(?P<{part}>{WILDCARD_PATTERNS.get(part, '[^/]+')})"
+        for i, part in enumerate(parts)
+    )
+    return re.compile(f"(?:^|/){body}$")
+
+
+_IDENTIFIED = [(paper, _pattern(template)) for paper, templates in IDENTIFIED.items() for template in templates]
+
+
+def identity(path) -> dict[str, str] | None:
+    """What the file at ``path`` is, from its path: ``paper`` (llm or synthetic), ``file`` (its name) and the
+    wildcards of its template (model, variant, shard; experiment, task, pe, seed; dataset; collection), as text;
+    None for a path outside the workflow's per-job files."""
+    text = str(path).replace("\\", "/")
+    for paper, pattern in _IDENTIFIED:
+        found = pattern.search(text)
+        if found:
+            wildcards = {name: value for name, value in found.groupdict().items() if name != "table"}
+            if "collection" in wildcards:
+                wildcards["collection"] = collection_name(wildcards["collection"])
+            return {"paper": paper, "file": text.rpartition("/")[2], **wildcards}
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------ figures

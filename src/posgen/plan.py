@@ -49,7 +49,7 @@ from pathlib import Path
 from posgen.config import schema_default, schema_defaults
 from posgen.numerics import TOKEN_BLOCK
 from posgen.paths import MODELS_DIR
-from posgen.rates import Rates, device_rates, gpu_report
+from posgen.rates import Rates, committed_rates
 from posgen.shapes import SHAPES
 from posgen.workflow.sharding import parse_shard, rule_shards, rule_windows
 from posgen.workflow.steps import GPU_RULES, MODEL_JOB_RULES, planned_rules, step_variants
@@ -310,7 +310,7 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
     """Expected figures of one ``rule`` job over the windows ``samples = (start, stop)`` (perturb and cap: over
     their own ``perturb.n_samples`` windows)."""
     opts = config_options(cfg)
-    rates = device_rates(device, gpu_report())[0]
+    rates = committed_rates(device)[0]
     start, stop = samples
     n = stop - start
     T = cfg["seq_len"]
@@ -551,7 +551,7 @@ def main(argv=None) -> None:
         raise SystemExit(f"posgen.plan: {err.args[0]}") from None
     opts = config_options(cfg)
     unit = "GPU" if args.device == "gpu" else "CPU"
-    rates = device_rates(args.device, gpu_report())[1]
+    rates = committed_rates(args.device)[1]
     print(
         f"plan for {' '.join(args.configfile)} on {args.device} ({rates}): {cfg['n_samples']} windows x {cfg['seq_len']} tokens, "
         f"{opts['shards']} shard(s), analysis {opts['analysis']}, keep_qk {opts['keep_qk']} in {opts['qk_dtype']}"

@@ -23,12 +23,15 @@ from posgen.integrity import (
     CONTENT_ATTR,
     DIGEST_ATTR,
     EDITED,
+    IDENTITY_ATTR,
     INPUTS_ATTR,
     StoreError,
     attrs_digest,
+    check_identity,
     content_digest,
     damaged,
     digest,
+    identity_attr,
     input_digests,
     record_lineage,
     shown,
@@ -223,16 +226,35 @@ def atomic_path(path: str | Path):
             print(f"removed {shown(tmp)}, the unfinished temporary of {shown(path)}", file=sys.stderr)
 
 
+def size_text(n_bytes: int) -> str:
+    """``n_bytes`` in words with three significant digits: ``512 bytes``, ``41.3 kB``, ``2.71 GB``."""
+    if n_bytes < 1000:
+        return f"{n_bytes} bytes"
+    for unit, scale in (("kB", 1e3), ("MB", 1e6), ("GB", 1e9), ("TB", 1e12)):
+        text = f"{n_bytes / scale:.3g}"
+        if float(text) < 1000:
+            return f"{text} {unit}"
+    return f"{n_bytes / 1e12:,.0f} TB"
+
+
 def require_space(path: str | Path, n_bytes: int) -> None:
-    """Refuse, in one line naming ``path``, a write of ``n_bytes`` that its file system has no room for: checked
-    before a large write whose size is known (qk.h5, checkpoints), so that a job does not compute for hours to
-    fail at its last step."""
+    """Refuse, in one line naming ``path``, a write of ``n_bytes`` that its file system has no room for (bytes, or a
+    file to hold them: a disk full of small files runs out of inodes first): checked before a large write whose
+    size is known (qk.h5, checkpoints), so that a job does not compute for hours to fail at its last step. The
+    numbers are shown as they are, in bytes where rounding would make them look the same."""
     path = Path(path)
     folder = next(parent for parent in (path.parent, *path.parent.parents) if parent.exists())
     free = shutil.disk_usage(folder).free
+    where = shown(folder)
     if n_bytes > free:
+        needs, has = size_text(n_bytes), size_text(free)
+        if needs == has:
+            needs, has = f"{n_bytes:,} bytes", f"{free:,} bytes"
+        raise StoreError(f"{shown(path)}: cannot write (needs {needs}, {has} free on {where})")
+    stats = os.statvfs(folder)
+    if stats.f_files and not stats.f_favail:  # a file system with inodes, every one in use
         raise StoreError(
-            f"{shown(path)}: cannot write (needs {n_bytes / 1e9:.2f} GB, {free / 1e9:.2f} GB free on {folder})"
+            f"{shown(path)}: cannot write (no file can be created: 0 of {stats.f_files:,} inodes free on {where})"
         )
 
 
@@ -245,7 +267,7 @@ def write_netcdf(ds: xr.Dataset, path: str | Path, compression: int = 1) -> None
         for name, var in ds.data_vars.items()
         if var.dtype.kind in "fiu" and var.ndim > 0 and var.size > 0  # an empty variable has no chunk to check
     }
-    ds = with_digests(ds)
+    ds = with_identity(with_digests(ds), path)
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf", encoding=encoding)
         with h5py.File(tmp, "r+") as f:  # the attrs digest of what was stored, as a reader will see it
@@ -269,21 +291,37 @@ def with_digests(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
+def with_identity(ds: xr.Dataset, path: str | Path) -> xr.Dataset:
+    """A shallow copy of ``ds`` whose attrs say what the file at ``path`` is (:data:`IDENTITY_ATTR`, from the path),
+    none inherited from a file read earlier."""
+    ds = ds.copy(deep=False)
+    ds.attrs = {key: value for key, value in ds.attrs.items() if key != IDENTITY_ATTR}
+    found = identity_attr(path)
+    if found:
+        ds.attrs[IDENTITY_ATTR] = found
+    return ds
+
+
 def open_dataset(path: str | Path, lazy: bool = True) -> xr.Dataset:
-    """Open a posgen file with its named dims; ``lazy`` maps on-disk chunks to dask chunks."""
+    """Open a posgen file with its named dims; ``lazy`` maps on-disk chunks to dask chunks. A per-job file must be
+    the one its path names (posgen.integrity.check_identity): another's in its place is refused in one line."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{shown(path)}: no such file")
     if path.is_dir():
         raise IsADirectoryError(f"{shown(path)}: is a directory, not a posgen file")
+    ds = None
     try:
         ds = xr.open_dataset(path, engine="h5netcdf", chunks={} if lazy else None)
         with h5py.File(path, "r") as f:
             recorded = f.attrs.get(ATTRS_ATTR)
             if recorded is not None and attrs_digest(f.attrs) != np.asarray(recorded).tolist():
                 raise damaged(path, f"its attributes: {EDITED}")
+            check_identity(path, f.attrs)  # another classifier's, variant's or shard's file in its place
         return ds
     except StoreError:
+        if ds is not None:
+            ds.close()
         raise
     except OSError as err:
         # h5py words a truncated or overwritten file as a ~25-frame traceback without the path
@@ -426,6 +464,8 @@ class QKWriter:
         self.whole = {}  # the digests of the variables written whole, by name
         self._write_rope(rope)
         f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
+        if identity_attr(self.path):  # what the file is, from its path
+            f.attrs[IDENTITY_ATTR] = identity_attr(self.path)
         f.attrs[INPUTS_ATTR] = input_digests()
         self.written = np.zeros(n_samples, dtype=bool)
         self.closed = False

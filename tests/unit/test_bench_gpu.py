@@ -85,11 +85,13 @@ def test_plan_uses_a_committed_cuda_report_and_labels_the_rest_assumed(tiny_repo
     assert cost.reference("gpu")[1] == 1.0
 
 
-def test_an_unreadable_report_names_its_file(tmp_path):
-    path = tmp_path / "gpu-report.json"
-    path.write_text("{not json")
-    with pytest.raises(ValueError, match="gpu-report.json: not a readable device-check report"):
-        gpu_report(path)
+def test_an_unreadable_report_names_its_file_and_is_not_used(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpu-report.json").write_text("{not json")
+    assert gpu_report("gpu-report.json") is None
+    assert device.unused_because("gpu-report.json") == "gpu-report.json is unreadable"
+    err = capsys.readouterr().err
+    assert err.startswith("gpu-report.json: not a readable JSON file (") and err.count("\n") == 1, err
 
 
 def test_a_failed_part_says_where_it_stopped():

@@ -20,6 +20,7 @@ from posgen.integrity import (
     StoreError,
     current_digest,
     digest,
+    incomplete_files,
     main,
     record_inputs,
     settle_unchanged,
@@ -139,7 +140,8 @@ def test_tables_record_their_inputs_and_dependants_of_stale_files_are_stale_to_a
         "b.nc: made from a.nc, which has changed since",
         "c.csv: made from b.nc, which is itself out of date",
         "d.md: made from a.nc, which has changed since",
-        "remake them: snakemake --cores all b.nc c.csv d.md --forcerun b.nc c.csv d.md",
+        # the files made from nothing out of date as targets, those made directly from a.nc forced (issue 53)
+        "remake them: snakemake --cores all d.md --forcerun b.nc d.md",
     ]
     # a lineage that cannot be kept is a line in the log, not a failed job: the file itself is written
     (LINEAGE_DIR / "f.csv.json").mkdir(parents=True)  # a folder where the record would go
@@ -152,6 +154,34 @@ def test_tables_record_their_inputs_and_dependants_of_stale_files_are_stale_to_a
     with atomic_path("e.csv") as tmp:
         tmp.write_text("x\n")
     assert not (LINEAGE_DIR / "e.csv.json").exists()
+
+
+def test_the_remake_command_of_many_files_stays_short_and_lists_them_through_the_module(
+    tmp_path, monkeypatch, job_inputs, capsys
+):
+    """A changed input read by 40 files, each read by a table (issue 53: a printed command of 6,169 characters):
+    the command reads its targets and forced files from `python -m posgen.integrity`, which prints each list."""
+    monkeypatch.chdir(tmp_path)
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.5]))}), "a.nc")
+    for i in range(40):
+        job_inputs(["a.nc"])
+        write_netcdf(xr.Dataset({"r": ("head", np.array([float(i)]))}), f"results/m/part{i:02d}.nc")
+        job_inputs([f"results/m/part{i:02d}.nc"])
+        with atomic_path(f"results/m/table{i:02d}.csv") as tmp:
+            tmp.write_text(f"{i}\n")
+    job_inputs([])
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.75]))}), "a.nc")
+    lines = stale(["."])
+    assert len(lines) == 81 and len(lines[-1]) < 300, lines[-1]
+    assert lines[-1] == (
+        "remake them: snakemake --cores all $(python -m posgen.integrity . --targets) --forcerun "
+        "$(python -m posgen.integrity . --forced) (with the run's own --configfile, if it had one)"
+    )
+    capsys.readouterr()
+    assert main([".", "--targets"]) == 0
+    assert capsys.readouterr().out.split() == [f"results/m/table{i:02d}.csv" for i in range(40)]
+    assert main([".", "--forced"]) == 0
+    assert capsys.readouterr().out.split() == [f"results/m/part{i:02d}.nc" for i in range(40)]
 
 
 def test_a_file_remade_with_the_same_content_is_settled_before_what_was_made_from_it(tmp_path, monkeypatch, job_inputs):
@@ -228,3 +258,34 @@ def test_every_stored_value_is_under_a_digest(tmp_path, monkeypatch, edit, what)
     with pytest.raises(StoreError) as info:
         open_dataset(tmp_path / "train.nc", lazy=False).load()
     assert str(info.value).startswith(f"train.nc: {what}: {EDITED}; delete it and run: snakemake --cores all train.nc")
+
+
+def test_the_files_snakemake_marks_incomplete_are_listed_with_what_they_are(tmp_path, monkeypatch, job_inputs, capsys):
+    """After a killed run Snakemake refuses to go on until told --rerun-incomplete (issue 53): `python -m
+    posgen.integrity --incomplete` says which files, whether each is there and whole, and what to run."""
+    import base64
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--incomplete"]) == 0 and "Snakemake marks no file incomplete here" in capsys.readouterr().out
+    write_netcdf(xr.Dataset({"r": ("head", np.array([0.5]))}), "a.nc")
+    job_inputs(["a.nc"])
+    long = "results/" + "/".join(["x" * 60] * 5) + "/b.nc"  # a marker name past the name limit: cut into folders
+    for name in ("results/m/b.nc", long):
+        write_netcdf(xr.Dataset({"r": ("head", np.array([1.0]))}), name)
+    job_inputs([])
+    for name in ("results/m/b.nc", "results/m/c.nc", long):  # Snakemake's records of the killed job's outputs
+        encoded = base64.urlsafe_b64encode(name.encode()).decode()
+        chunks = [encoded[i : i + 254] for i in range(0, len(encoded), 254)]
+        marker = Path(".snakemake/incomplete", *["@" + c for c in chunks[:-1]], chunks[-1])
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text('{"external_jobid": null}')
+    assert sorted(incomplete_files()) == sorted(["results/m/b.nc", "results/m/c.nc", long])
+    assert main(["--incomplete"]) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:3] == [
+        "results/m/b.nc: there and whole, made from the inputs there now",
+        "results/m/c.nc: not there (its job was killed before it wrote it)",
+        f"{long}: there and whole, made from the inputs there now",
+    ]
+    assert lines[3].startswith("Snakemake marks these incomplete because the job writing them was killed before it")
+    assert "snakemake --cores all --rerun-incomplete" in lines[3] and len(lines) == 4

@@ -147,6 +147,45 @@ def test_changed_weights_are_refused_before_loading(tiny_source, tmp_path):
     load_model(tmp_path / "m", "random-seed0")
 
 
+def test_a_damaged_local_source_is_refused_at_acquisition_naming_the_source(tiny_source, tmp_path, monkeypatch):
+    """A truncated model.safetensors in a `local:` folder (issue 53): acquiring it would copy the damage, and the
+    hint to acquire it again would copy it again; get_model refuses, naming the source's file."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_source("llama"), "src")
+    weights = tmp_path / "src/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5000])
+    with pytest.raises(ModelSourceError) as info:
+        acquire("local:src", tmp_path / "m")
+    message = str(info.value)
+    assert (
+        message.startswith("local:src: src/model.safetensors cannot be read (SafetensorError: ") and "\n" not in message
+    )
+    assert message.endswith("; fix or replace it in the source folder"), message
+    assert not (tmp_path / "m").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_copy_as_damaged_as_its_local_source_says_to_fix_the_source(tiny_source, tmp_path, monkeypatch):
+    """A folder acquired before its source was checked, the same truncated weights in both: the hint names the
+    source's file to fix first, not an acquisition that would copy it again."""
+    from posgen.models import CheckpointError, sha256_file
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_source("llama"), "src")
+    acquire("local:src", tmp_path / "m")
+    for folder in ("src", "m"):
+        weights = tmp_path / folder / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:5000])
+    manifest = json.loads((tmp_path / "m/manifest.json").read_text())
+    manifest["files"]["model.safetensors"] = sha256_file(tmp_path / "m/model.safetensors")
+    (tmp_path / "m/manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as info:
+        load_model(tmp_path / "m")
+    assert str(info.value).endswith(
+        "; its source folder holds the same damaged file: fix or replace src/model.safetensors, then delete m and "
+        "run: snakemake --cores all m/manifest.json (with the run's own --configfile, if it had one)"
+    ), str(info.value)
+
+
 @pytest.mark.parametrize("variant", ["trained", "random-seed0"])
 def test_device_map_auto_gives_the_same_model(tiny_source, tmp_path, variant):
     """device_map: auto (accelerate) loads the same weights as a plain load; on a CPU-only machine it stays there."""

@@ -231,6 +231,106 @@ def test_a_gpu_study_is_priced_no_faster_than_the_measured_small_classifier_rate
     assert "total: 24 classifiers" in capsys.readouterr().out
 
 
+# The device-check report damaged (issue 53 item 2): the damage, the line posgen.plan prints, and whether the plans
+# then use none of the report (the header says why) or all of it but the damaged field
+def _edit(change):
+    def damaged(text: str) -> str:
+        report = json.loads(text)
+        change(report)
+        return json.dumps(report)
+
+    return damaged
+
+
+def _set(*keys, value):
+    def change(report):
+        for key in keys[:-1]:
+            report = report[key]
+        report[keys[-1]] = value
+
+    return _edit(change)
+
+
+REPORT = "docs/gpu/gpu-report.json"
+UNUSED = "the plans do not use the report (the ASSUMED GPU rates and issue 38's H100 classifier rate instead)"
+DAMAGED_REPORTS = {
+    "truncated": (
+        lambda text: text[: len(text) // 2],
+        f"{REPORT}: not a readable JSON file (Expecting ",
+        UNUSED,
+    ),
+    "forward-a-string": (
+        _set("rates", "forward", value="fast"),
+        f'{REPORT}: rates.forward is "fast", not a positive number',
+        "the plans use the ASSUMED forward rate instead",
+    ),
+    "layers-a-string": (
+        _set("rates", "classifier", "layers", value="six"),
+        f'{REPORT}: rates.classifier.layers is "six", not a positive integer',
+        "the plans use issue 38's H100 classifier rate instead",
+    ),
+    "steps-per-s-null": (
+        _set("parts", "classifier", "float32_steps_per_s", value=None),
+        f"{REPORT}: parts.classifier.float32_steps_per_s is null, not a positive number",
+        "the plans use rates.classifier.seconds_per_step instead",
+    ),
+    "device-name-missing": (
+        _edit(lambda report: report.pop("device_name")),
+        f"{REPORT}: device_name is missing",
+        UNUSED,
+    ),
+    "tiny-a-string": (_set("tiny", value="false"), f'{REPORT}: tiny is "false", not true or false', UNUSED),
+}
+PLAN_COMMANDS = {
+    "totals": ["--configfile", "config.paper.yaml", "--totals"],
+    "decisive_study": ["--configfile", "config.paper.yaml", "--study", "decisive_study"],
+    "decisive_gpu": ["--configfile", "config.yaml", "config.ensemble.yaml", "--study", "decisive_gpu"],
+}
+
+
+@pytest.mark.parametrize("command", list(PLAN_COMMANDS))
+@pytest.mark.parametrize("damage", list(DAMAGED_REPORTS))
+def test_a_damaged_device_check_report_is_one_line_naming_the_field_and_its_fallback(
+    damage, command, tmp_path, monkeypatch, capsys
+):
+    from posgen import rates
+
+    edit, said, fallback = DAMAGED_REPORTS[damage]
+    (tmp_path / "docs/gpu").mkdir(parents=True)
+    (tmp_path / REPORT).write_text(edit((ROOT / REPORT).read_text()))
+    monkeypatch.chdir(tmp_path)  # the message names the report relative to the working directory
+    monkeypatch.setenv(rates.REPORT_ENV, str(tmp_path / REPORT))
+    rates.forget_reports()
+    try:
+        plan.main([str(ROOT / arg) if arg.endswith(".yaml") else arg for arg in PLAN_COMMANDS[command]])
+    finally:
+        rates.forget_reports()
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said) and lines[0].endswith(f"; {fallback}"), err
+    assert out.strip().splitlines()[-1].startswith("total: ")
+    if command == "totals" and fallback == UNUSED:  # the header says why the rates are assumed, not "no report"
+        assert f"ASSUMED H100 rates, unmeasured ({REPORT} is " in out.splitlines()[0], out
+
+
+def test_a_report_of_a_tiny_check_is_not_used_and_the_plan_says_so(tmp_path, monkeypatch, capsys):
+    from posgen import rates
+
+    report = json.loads((ROOT / REPORT).read_text())
+    (tmp_path / "tiny.json").write_text(json.dumps({**report, "tiny": True}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(rates.REPORT_ENV, "tiny.json")
+    rates.forget_reports()
+    try:
+        plan.main(["--configfile", str(ROOT / "config.paper.yaml"), "--totals"])
+    finally:
+        rates.forget_reports()
+    out, err = capsys.readouterr()
+    assert (
+        not err and "(ASSUMED H100 rates, unmeasured (tiny.json is a --tiny check, which the plans do not use))" in out
+    )
+
+
 def test_cli_prints_jobs_and_totals(capsys):
     plan.main(["--configfile", str(ROOT / "config.yaml"), "--device", "cpu", "--models-dir", "no-models"])
     out = capsys.readouterr().out

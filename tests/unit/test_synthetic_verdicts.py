@@ -349,3 +349,33 @@ def test_a_swapped_reinitialised_or_truncated_checkpoint_stops_with_one_line(two
         _load(two_seeds, 1, truncated)
     assert str(info.value).startswith("truncated.pt: not a readable classifier checkpoint (")
     assert "\n" not in str(info.value) and info.value.__cause__ is None
+
+
+def test_an_analysis_names_the_curves_in_anothers_place_not_the_checkpoint(tmp_path, monkeypatch):
+    """rope's train.nc in ALiBi's place (issue 53): the analysis refuses naming train.nc, which was replaced, and not
+    model.pt, whose weights no longer match the digest the replaced train.nc recorded."""
+    from posgen.experiments import AnalysisOptions
+    from posgen.synthetic.analysis import analyse_job
+
+    monkeypatch.chdir(tmp_path)
+    write_task(TINY_TASK, "distance.nc")
+    folder = "results/synthetic/clean/distance/{}/seed0"
+    for pe in ("alibi", "rope"):
+        files = (f"{folder.format(pe)}/model.pt", f"{folder.format(pe)}/train.nc")
+        train_job("distance.nc", {0: files}, pe=pe, options=TINY_TRAIN, experiment="clean")
+    curves = f"{folder.format('alibi')}/train.nc"
+    (tmp_path / curves).write_bytes((tmp_path / folder.format("rope") / "train.nc").read_bytes())
+    outputs = {part: f"{folder.format('alibi')}/{part}.nc" for part in ("ablation", "toeplitz", "probe")}
+    with pytest.raises(StoreError) as info:
+        analyse_job(
+            "distance.nc",
+            f"{folder.format('alibi')}/model.pt",
+            curves,
+            outputs,
+            key=("clean", "distance", "alibi", 0),
+            options=AnalysisOptions(ablation_samples=8, toeplitz_samples=3),
+        )
+    assert str(info.value).startswith(
+        f"{curves}: another file in its place: it is the train.nc of experiment clean, task distance, pe rope, seed 0"
+    )
+    assert not [name for name in outputs.values() if (tmp_path / name).exists()]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 import yaml
 
+from posgen import paths
 from posgen.corpus import CorpusError, cut_windows, load_text, read_windows, windows_job, write_windows
 from posgen.models import CheckpointError, acquire, load_model
 from posgen.store import StoreError, open_dataset, write_netcdf
@@ -468,3 +470,67 @@ def test_windows_job_refuses_a_damaged_model_folder_and_its_hint_restores_it(dam
     run.snakemake(*_hinted_command(last))
     restored = {p.name: p.read_bytes() for p in model.iterdir() if p.is_file()}
     assert restored[name] == clean[name] and restored.keys() == clean.keys()
+
+
+def test_a_classifiers_curves_in_anothers_place_stop_the_gather_naming_them(damaged_workflow):
+    """rope's train.nc in ALiBi's place (same experiment and task, its mtime kept, both files intact; issue 53): the
+    forced gather stops with one line naming train.nc, and so does a forced analysis (not model.pt); every table
+    stays as it was, and the hinted command remakes the file and, rerun, the same tables."""
+    run = damaged_workflow
+    folder = run.workdir / "results/synthetic/clean/distance"
+    alibi = folder / "alibi/seed0/train.nc"
+    stat = alibi.stat()
+    shutil.copyfile(folder / "rope/seed0/train.nc", alibi)
+    os.utime(alibi, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    rel = alibi.relative_to(run.workdir)
+    said = (
+        f"StoreError: {rel}: another file in its place: it is the train.nc of experiment clean, task distance, "
+        f"pe rope, seed 0 (its path: pe alibi); delete it and run: snakemake --cores all {rel} "
+        "(with the run's own --configfile, if it had one)"
+    )
+    tables = {p: p.read_bytes() for p in (run.workdir / "results").rglob("*") if p.suffix in (".csv", ".md")}
+    before = _outputs(run.workdir)
+    proc = run.snakemake("--cores", "1", "--forcerun", "synthetic_gather", check=False)
+    assert proc.returncode != 0
+    lines = (run.workdir / "logs/synthetic/gather.log").read_text().strip().splitlines()
+    assert lines[-1] == said and not any(line.startswith("Traceback") for line in lines), lines
+    gathered = [run.workdir / paths.in_collection(t, "run") for t in paths.COLLECTION_PARTS.values()]
+    assert _outputs(run.workdir) == {p: b for p, b in before.items() if p not in gathered}  # Snakemake removed those
+    assert {p: p.read_bytes() for p in tables} == tables
+    # the analysis of the task names train.nc too, not the checkpoint its digest no longer matches
+    target = folder / "alibi/seed0/ablation.nc"
+    analyses = [p for part in ("ablation", "toeplitz", "probe") for p in folder.glob(f"*/seed*/{part}.nc")]
+    log = "logs/synthetic/analyse/clean/distance.log"  # clean: one analysis job per task, which Snakemake empties
+    last = _forced_failure(run, target, "synthetic_analyse_task_clean", log, [p for p in analyses if p != target])
+    assert last == said
+    alibi.unlink()  # the hinted command, then the run: the same tables as before the swap
+    run.snakemake(*_hinted_command(last))
+    run.snakemake("--cores", "2")
+    assert {p: p.read_bytes() for p in tables} == tables
+
+
+def test_get_model_refuses_a_damaged_local_source_and_names_it(damaged_workflow, tiny_source, tmp_path):
+    """A truncated model.safetensors in the models entry's `local:` folder (issue 53): get_model stops naming the
+    source's file and saying to fix it there (acquiring it again would copy the same damage); once the source is
+    fixed, the same command acquires it."""
+    source = tmp_path / "source"
+    shutil.copytree(tiny_source("llama"), source)
+    weights = source / "model.safetensors"
+    clean = weights.read_bytes()
+    weights.write_bytes(clean[:5000])
+    config = yaml.safe_load(damaged_workflow.configfile.read_text())
+    config["models"][0]["source"] = f"local:{source}"
+    run = make_run(damaged_workflow.workdir, config)
+    model = run.workdir / "resources/models/tiny-llama"
+    shutil.rmtree(model)  # what the hint of a damaged acquired copy says to do first
+    manifest = str((model / "manifest.json").relative_to(run.workdir))
+    proc = run.snakemake("--cores", "1", manifest, check=False)
+    assert proc.returncode != 0 and not model.exists()
+    last = (run.workdir / "logs/get_model/tiny-llama.log").read_text().strip().splitlines()[-1]
+    assert last == (
+        f"ModelSourceError: local:{source}: {weights} cannot be read (SafetensorError: Error while deserializing "
+        "header: incomplete metadata, file not fully covered); fix or replace it in the source folder"
+    )
+    weights.write_bytes(clean)
+    run.snakemake("--cores", "1", manifest)
+    assert (model / "model.safetensors").read_bytes() == clean

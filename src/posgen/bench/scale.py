@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from posgen.bench.context import in_child, report, shape_model_dir, sweep
-from posgen.rates import device_rates, gpu_report
+from posgen.rates import committed_rates
 from posgen.shapes import SHAPES
 
 VARIANT = "random-seed0"  # built from config.json alone: no weights on disk
@@ -282,7 +282,7 @@ def extrapolate(paper_config: Path) -> None:
         cpu = plan.totals(plan.plan(cfg, device="cpu"))
         gpu = plan.totals(plan.plan(cfg, device="gpu"))
         print(f"{label:44s} {gpu['jobs']:5d} {gpu['disk_gb']:9.1f} {cpu['hours']:10.1f} {gpu['hours']:11.1f}")
-    print(f"* GPU-hours from posgen.plan's GPU rates: {device_rates('gpu', gpu_report())[1]}")
+    print(f"* GPU-hours from posgen.plan's GPU rates: {committed_rates('gpu')[1]}")
 
 
 def run_stages(
@@ -400,7 +400,7 @@ def main(argv=None):
     shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
     plan_device = "gpu" if device == "cuda" else "cpu"  # posgen.plan's name for the kind of device
-    rates, label = device_rates(plan_device, gpu_report())
+    rates, label = committed_rates(plan_device)
     predicted = predictions(shape, cfg, rates)
     print(
         f"{args.shape}: {n_layers} of {depth} layers, {args.windows} window(s) x {args.seq_len} tokens, "

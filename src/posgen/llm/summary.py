@@ -19,7 +19,7 @@ import pandas as pd
 import xarray as xr
 
 from posgen.config import VARIANT_TRAINED, variant_order
-from posgen.integrity import shown
+from posgen.integrity import check_rows, shown
 from posgen.layer_types import LAYER_TYPES
 from posgen.rules import value
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
@@ -372,6 +372,8 @@ def concat_tables(csv_paths, csv_path) -> pd.DataFrame:
     """results/summary.csv: the per-model summary.csv files one after another, their text kept verbatim."""
     # read as text: the cells (digits, config_hash) are copied, never re-parsed and re-printed
     tables = [pd.read_csv(path, dtype=str, keep_default_na=False) for path in csv_paths]
+    for path, one in zip(csv_paths, tables):
+        check_rows(path, {"model": one.get("model", [])})  # another model's table in its place
     table = pd.concat(tables, ignore_index=True)
     with atomic_path(csv_path) as tmp:
         table.to_csv(tmp, index=False)
