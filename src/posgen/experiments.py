@@ -156,6 +156,8 @@ SIZE_KEYS = {
     "count": ("n_samples", "seq_len", "n_triggers", "max_count"),
 }
 DATA_KEYS = ("data_seed", "vocab_size", "test_fraction")
+# a data job's params: the task, the data settings and the sizes of both tasks (those the task lacks: None)
+TASK_PARAMS = ("task", *DATA_KEYS, *sorted({key for keys in SIZE_KEYS.values() for key in keys}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,11 +295,10 @@ class TaskOptions:
     def params(self) -> dict:
         """Every option as a param of its own: the task, the data settings and the sizes of both tasks (None for
         the keys this task lacks), so that every data job's rule has the same params."""
-        every = sorted({key for keys in SIZE_KEYS.values() for key in keys})
         return {
+            **dict.fromkeys(TASK_PARAMS),
             "task": self.task,
             **{key: getattr(self, key) for key in DATA_KEYS},
-            **dict.fromkeys(every),
             **self.size,
         }
 

@@ -39,32 +39,6 @@ class StepJob:
     def of(cls, input=None, output=None, params=None, wildcards=None, threads: int = 1) -> StepJob:
         return cls(*(Named(dict(x or {})) for x in (input, output, params, wildcards)), threads=threads)
 
-    def model_run(self, out: str = "nc"):
-        """The job's :class:`posgen.model_run.ModelRun` (rules extract, perturb, cap, head_ablation): the model
-        folder beside its manifest, the windows, output ``out``, the wildcards and the shared params (dtype,
-        device, the model's device_map, config_hash); the shard wildcard, where the rule has one."""
-        from posgen.model_run import ModelRun
-        from posgen.workflow.sharding import parse_shard
-
-        p, w = self.params, self.wildcards
-        shard = w.get("shard")
-        return ModelRun(
-            model_dir=Path(self.input.manifest).parent,
-            windows=Path(self.input.windows),
-            out=Path(self.output[out]),
-            model=w.model,
-            variant=w.variant,
-            dtype=p.dtype,
-            device=p.device,
-            device_map=p.device_map or None,
-            samples=parse_shard(shard) if shard else None,
-            config_hash=p.config_hash,
-        )
-
-    def picked(self, *names: str) -> dict:
-        """The params ``names`` as keywords of the job's function."""
-        return {name: self.params[name] for name in names}
-
 
 def resolve(name: str):
     """The object ``"module:attribute"`` names (a step's runner, a figure's drawing function or loader)."""

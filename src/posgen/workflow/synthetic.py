@@ -16,6 +16,7 @@ from posgen import paths
 from posgen.config import config_hash
 from posgen.experiments import (
     COLLECTIONS,
+    TASK_PARAMS,
     AnalysisOptions,
     TaskOptions,
     TrainOptions,
@@ -146,8 +147,7 @@ class SyntheticPlan:
         raise KeyError(f"step {step!r}: not a step of the second paper")
 
     def _task_params(self) -> dict:
-        keys = TaskOptions("distance", 0, 0, 0.0, ()).params()
-        out = {key: (lambda w, key=key: self.task_options(w.dataset).params()[key]) for key in keys}
+        out = {key: (lambda w, key=key: self.task_options(w.dataset).params()[key]) for key in TASK_PARAMS}
         out["config_hash"] = lambda w: config_hash(self.datasets[w.dataset][1])
         return out
 
@@ -165,11 +165,11 @@ class SyntheticPlan:
         else:
             chosen = lambda w: [[w.pe, seed] for _, seed in self.unit_classifiers(experiment)]  # noqa: E731
         parts = ("train",) if step == "synthetic_train" else ("train", "analysis")
-        options = (
-            (lambda e: self.train_options(e).params())
-            if step == "synthetic_train"
-            else (lambda e: self.analysis_options(e).params())
-        )
+        kind = TrainOptions if step == "synthetic_train" else AnalysisOptions
+
+        def options(of: str) -> dict:  # the experiment ``of``'s options, one param each
+            return kind.of_experiment(self.experiments[of]).params()
+
         keys = options(next(iter(self.experiments))) if self.experiments else {}
         out = {
             "experiment": experiment if experiment else (lambda w: w.experiment),
