@@ -101,3 +101,53 @@ def test_raw_float32_sums_would_fail():
     centred = float(m.qq[0, 0, 0, 0]) / len(w64) - mean**2
     assert abs(centred / reference - 1) < 1e-7
     assert abs(raw / reference - 1) > 1e-5  # the tolerance of the r tests above
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("flag", "torch.backends.cuda.matmul.allow_tf32 = True"),
+        ("precision", "torch.set_float32_matmul_precision('high')"),
+        ("env", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1"),
+    ],
+)
+def test_the_decomposition_refuses_tf32_in_one_line_naming_the_setting(setting, named, monkeypatch):
+    """TF32 rounds float32 products to a 10-bit mantissa, far outside the 1e-5 the statistics are checked to: each
+    way of allowing it stops the analysis before it runs (issue 52 item 4), and its default runs."""
+    from posgen.device import PrecisionError
+
+    Decomposer([100], 100)  # the defaults: full float32
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    try:
+        if setting == "flag":
+            torch.backends.cuda.matmul.allow_tf32 = True
+        elif setting == "precision":
+            torch.set_float32_matmul_precision("high")
+        else:
+            monkeypatch.setenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "1")
+        with pytest.raises(PrecisionError) as info:
+            Decomposer([100], 100)
+    finally:
+        torch.set_float32_matmul_precision(before[1])
+        torch.backends.cuda.matmul.allow_tf32 = before[0]
+        monkeypatch.delenv("TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", raising=False)
+    assert "\n" not in str(info.value) and named in str(info.value), str(info.value)
+    Decomposer([100], 100)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: the CPU-vs-CUDA parity runs on a GPU only")
+def test_cuda_equals_the_cpu_float64_reference_with_the_bound_and_a_shared(both):
+    """The same unit on CUDA (float32 products, the bound and Method A-shared on) against the CPU's float64
+    reference: every r within 1e-5, and the bound holding at every entry (issue 52 item 4). Skipped without CUDA."""
+    ref, _ = both
+    q, k = heads_with_mean(RATIOS, T, D_HEAD)
+    rope = LayerRope(inv_freq(D_HEAD, 500000.0), D_HEAD**-0.5)
+    gpu = Decomposer([0, 250, 1000], 1000, device="cuda", precision="float32")
+    heldout = np.ascontiguousarray(k[:, ::-1])
+    res = gpu.unit(q, k, np.arange(len(RATIOS)), rope, with_bound=True, heldout_k=heldout)
+    for name in ("r", "r_f", "r_g", "r_sweep"):
+        finite = np.isfinite(ref[name])
+        assert np.array_equal(finite, np.isfinite(res[name])), name
+        assert np.abs(res[name][finite] - ref[name][finite]).max() < 1e-5, name
+    # check_bound raised inside unit() had any entry broken the bound; its slack is recorded
+    assert np.isfinite(res["bound_slack_min"]).all()

@@ -27,7 +27,7 @@ from posgen.decomposition.drift import (
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
 from posgen.decomposition.operands import DRIFT_SET, SHARED_SET, UnitOperands, unit_operands
-from posgen.device import resolve_device
+from posgen.device import require_full_precision, resolve_device
 from posgen.layer_types import used_dummy_distance
 from posgen.numerics import TOKEN_BLOCK
 from posgen.rope_table import LayerRope
@@ -65,6 +65,7 @@ class Decomposer:
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"decomposition.precision: {precision!r} is not one of {sorted(PRECISIONS)}")
+        require_full_precision()
         self.precision = precision
         self.bound_rows = int(bound_rows)
         self.dummy_distances = [int(D) for D in dummy_distances]
