@@ -3,7 +3,7 @@ import sys
 
 from posgen.allocator import keep_freed_memory
 
-NAMES = ["extract", "decompose", "synthetic", "scale", "init", "gpu"]
+NAMES = ["extract", "decompose", "synthetic", "scale", "init", "gpu", "ops"]
 
 if len(sys.argv) < 2 or sys.argv[1] not in NAMES:
     sys.exit(f"usage: python -m posgen.bench {{{'|'.join(NAMES)}}} [options]")

@@ -1,0 +1,160 @@
+"""Work you can count on a CPU (issue 52 item 6): the torch operations the fused analysis dispatches, and its host
+synchronisation points, per (window, layer) of a model shape. On a GPU each dispatched operation is at least one
+kernel launch and each host sync a stall, so the count is the launch cost in advance.
+
+    python -m posgen.bench ops --shape llama-3.1-8b --tokens 512 [--bound] [--heldout]
+
+Counts one ``Decomposer.unit`` (the per-window path; ``--bound`` adds the error and bound pass of the bound
+windows; ``--heldout`` Method A-shared) on random q/k of the shape's heads (one layer), beside one decoder layer of
+the model's own forward pass at that length (random init, eager attention). ``kernels`` leaves out the operations
+that only change a view (:data:`VIEW_OPS`), which launch nothing on a GPU. Host syncs: reads of a tensor's value into Python (``item``, ``float``, ``bool``, ``nonzero``, ``tolist``,
+``numpy``), counted by torch's dispatch mode and by wrapping ``Tensor.tolist`` / ``Tensor.numpy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from posgen.decomposition import Decomposer
+from posgen.rope_table import LayerRope
+from posgen.shapes import SHAPES
+
+SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.equal")
+# operations that only reshape a tensor's view of its storage: dispatched, but no kernel runs on a GPU
+VIEW_OPS = (
+    "aten.view",
+    "aten._unsafe_view",
+    "aten.select",
+    "aten.slice",
+    "aten.permute",
+    "aten.unsqueeze",
+    "aten.squeeze",
+    "aten.transpose",
+    "aten.t",
+    "aten.expand",
+    "aten.as_strided",
+    "aten.alias",
+    "aten.detach",
+    "aten.diagonal",
+    "aten.unbind",
+    "aten.split",
+    "aten.split_with_sizes",
+)
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts every aten operation dispatched inside it, by name (``aten.mm``), and the host syncs among them."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def total(self) -> int:
+        return sum(self.ops.values())
+
+    @property
+    def kernels(self) -> int:
+        """The operations that run a kernel (every one but the views)."""
+        return sum(n for name, n in self.ops.items() if name not in VIEW_OPS)
+
+    @property
+    def syncs(self) -> int:
+        return sum(n for name, n in self.ops.items() if name in SYNC_OPS)
+
+
+@contextlib.contextmanager
+def counted_reads():
+    """Counts ``Tensor.tolist`` and ``Tensor.numpy`` calls (reads to the host that dispatch no aten operation)."""
+    reads = collections.Counter()
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+    def wrap(name):
+        def read(self, *args, **kwargs):
+            reads[name] += 1
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    for name in originals:
+        setattr(torch.Tensor, name, wrap(name))
+    try:
+        yield reads
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def count(fn) -> dict:
+    """Operations, host syncs and reads of one call of ``fn``."""
+    with counted_reads() as reads, OpCounter() as ops:
+        fn()
+    return {
+        "ops": ops.total,
+        "kernels": ops.kernels,
+        "syncs": ops.syncs + sum(reads.values()),
+        "by_op": dict(ops.ops.most_common(12)),
+    }
+
+
+def layer_inputs(shape: dict, n_tokens: int, seed: int = 0):
+    """Random pre-RoPE q (H, T, d), k (H_kv, T, d) with a shared mean, the KV groups and the layer's RoPE."""
+    rng = np.random.default_rng(seed)
+    n_heads, n_kv = shape["num_attention_heads"], shape.get("num_key_value_heads") or shape["num_attention_heads"]
+    d = shape.get("head_dim") or shape["hidden_size"] // n_heads
+    theta = float((shape.get("rope_parameters") or {}).get("rope_theta", shape.get("rope_theta", 10000.0)))
+    q = (rng.standard_normal((n_heads, n_tokens, d)) + 1.0).astype(np.float32)
+    k = (rng.standard_normal((n_kv, n_tokens, d)) + 1.0).astype(np.float32)
+    inv_freq = (theta ** (-np.arange(d // 2) / (d // 2))).astype(np.float32)
+    return q, k, np.arange(n_heads) // (n_heads // n_kv), LayerRope(inv_freq, d**-0.5)
+
+
+def forward_layer_ops(shape: dict, n_tokens: int) -> dict:
+    """Operations of one decoder layer of the shape's model on ``n_tokens`` tokens (random init, eager)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**{**shape, "num_hidden_layers": 1})
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.zeros(1, n_tokens, dtype=torch.long)
+    with torch.inference_mode():
+        embedded = model.get_input_embeddings()(ids)
+        positions = torch.arange(n_tokens)[None]
+        rotary = model.model.rotary_emb(embedded, positions)
+        layer = model.model.layers[0]
+        return count(lambda: layer(embedded, position_embeddings=rotary, position_ids=positions))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m posgen.bench ops", description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--bound", action="store_true", help="the bound windows' path (the error and bound pass)")
+    parser.add_argument("--heldout", action="store_true", help="Method A-shared on (held-out mean keys)")
+    parser.add_argument("--no-forward", action="store_true", help="skip the forward layer (needs transformers)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    shape = SHAPES[args.shape]
+    q, k, kv, rope = layer_inputs(shape, args.tokens)
+    heldout = np.ascontiguousarray(k[:, ::-1]) if args.heldout else None
+    dec = Decomposer([0, 250, 500, 1000, 2000], 1000, device="cpu")
+    dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout)  # the first call builds the cached designs
+    analysis = count(lambda: dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout))
+    forward = None if args.no_forward else forward_layer_ops(shape, args.tokens)
+    result = {"shape": args.shape, "tokens": args.tokens, "bound": args.bound, "heldout": args.heldout}
+    result.update(analysis_ops=analysis["ops"], analysis_kernels=analysis["kernels"], analysis_syncs=analysis["syncs"])
+    if forward is not None:
+        result.update(forward_layer_ops=forward["ops"], forward_layer_kernels=forward["kernels"])
+    result["analysis_top_ops"] = analysis["by_op"]
+    print(json.dumps(result))

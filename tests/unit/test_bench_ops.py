@@ -1,0 +1,44 @@
+"""The operation counter of ``python -m posgen.bench ops`` (issue 52 item 6) on cases whose counts are known."""
+
+import json
+
+import torch
+
+from posgen.bench import ops
+
+
+def test_counts_each_dispatched_operation_and_leaves_views_out_of_kernels():
+    a = torch.ones(4, 3)
+    b = torch.ones(3, 2)
+
+    def fn():
+        c = a @ b  # one mm
+        c = c.t()  # a view: dispatched, no kernel
+        return c + 1.0  # one add
+
+    counted = ops.count(fn)
+    assert counted["by_op"] == {"aten.mm": 1, "aten.t": 1, "aten.add": 1}
+    assert (counted["ops"], counted["kernels"], counted["syncs"]) == (3, 2, 0)
+
+
+def test_counts_every_read_to_the_host_as_a_sync():
+    x = torch.arange(5.0)
+    tolist = torch.Tensor.tolist
+
+    def fn():
+        float(x.sum())  # _local_scalar_dense
+        x.tolist()
+        x.numpy()
+        bool((x > 2).any())
+
+    counted = ops.count(fn)
+    assert counted["syncs"] == 4
+    assert torch.Tensor.tolist is tolist  # the wrapped reads are restored afterwards
+
+
+def test_the_command_counts_a_layer_of_a_small_shape(capsys):
+    ops.main(["--shape", "smollm2-135m", "--tokens", "64", "--no-forward"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["analysis_ops"] >= result["analysis_kernels"] > 0
+    assert result["analysis_syncs"] >= 0
+    assert "forward_layer_ops" not in result
