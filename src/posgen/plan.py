@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posgen.config import schema_default, schema_defaults
-from posgen.numerics import TOKEN_BLOCK
+from posgen.numerics import DENSE_TOKENS, SMOOTH_DEGREE, TOKEN_BLOCK
 from posgen.paths import MODELS_DIR
 from posgen.rates import Rates, committed_rates
 from posgen.shapes import SHAPES
@@ -296,11 +296,17 @@ def _activation_bytes(shape: Shape, n_tokens: int, dtype: str, n_windows: int = 
 
 
 def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
-    """Working set of one layer's analysis: the moments' Grams, Method B's vectors, the error blocks."""
+    """Working set of one layer's analysis: the moments' Grams, Method B's vectors, the error blocks. On a GPU
+    the device layout (posgen.decomposition.Decomposer ``batched``): every KV head's Grams at once, and up to
+    DENSE_TOKENS Method B's factorised normal matrices (two sinks, kept for the job) and their construction."""
     T, H, d = n_tokens, shape.n_heads, shape.head_dim
     method_b = 12 * H * 3 * T * 8  # the conjugate gradients' vectors and the FFT sums
     h = H // shape.n_kv_heads
     grams = 3 * (T // TOKEN_BLOCK + 1) * h * (2 * d) ** 2 * 8  # one KV head's query Grams and sums
+    if device == "gpu":
+        grams *= shape.n_kv_heads
+        if T <= DENSE_TOKENS:
+            method_b += (2 + 2) * (2 * T) ** 2 * 8  # two inverses, and a build's reduced matrix and mask blocks
     operands = (H + shape.n_kv_heads) * T * d * 8 * 8  # rotated q/k, keys [x | f | phi | g] in float64
     block = 2**28 if device == "gpu" else 2**20
     return method_b + grams + operands + 8 * block * 4
@@ -337,11 +343,12 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         # the fused path checks them in memory; the store path keeps the reference windows' (posgen.llm.extract)
         stored_refs = [] if fused else [s for s in opts["ref_samples"] if s in kept]
         ref_disk = len(stored_refs) * n_ref_layers * shape.logits_bytes(T)
-        # Method A-shared's held-out windows: one more pass each per job, their mean key stored (float32) and summed
-        # on the host (float64)
+        # Method A-shared's held-out windows: one more pass each per job, their mean key summed on the host
+        # (float64) and its coefficients on the smooth basis stored (float64)
         heldout = cfg.get("heldout_windows", 0)
         heldout_bytes = shape.n_layers * shape.n_kv_heads * T * shape.head_dim * 4 if heldout else 0
-        disk = qk_disk + ref_disk + (n * n_results if fused else 0) + heldout_bytes
+        coef_bytes = shape.n_layers * shape.n_kv_heads * (SMOOTH_DEGREE + 1) * shape.head_dim * 8 if heldout else 0
+        disk = qk_disk + ref_disk + (n * n_results if fused else 0) + coef_bytes
         heldout_s = heldout * CAPTURE_OVERHEAD * forward_flops(shape, T) / rates.forward
         seconds = load_s + forward_s + heldout_s + disk / rates.disk
         activations = _activation_bytes(shape, T, dtype) + qk_window + shape.logits_bytes(T) * n_ref_layers

@@ -43,9 +43,13 @@ from posgen.version import VERSION
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)
 QK_DTYPES = ("float32", "float16")
-# qk.h5's mean key at every position over the held-out windows (layer, kv_head, token, dim), float32: Method
-# A-shared's source (docs/method.md section 3C); its count is the attribute ``heldout_windows``
-HELDOUT_K = "k_heldout_mean"
+# qk.h5's coefficients of the mean key at every position over the held-out windows on Method A-drift's smooth basis
+# (layer, kv_head, basis, dim), float64: Method A-shared's source, which reads the mean only through that fit
+# (docs/method.md section 3C; posgen.decomposition.drift.heldout_coefficients); the count of windows is the
+# attribute ``heldout_windows``. Files written before it hold the mean itself, HELDOUT_MEAN (layer, kv_head, token,
+# dim), float32: 0.54 GB a shard for the Llama-3.1-8B shape at 4,096 tokens, against 2.4 MB of coefficients.
+HELDOUT_COEF = "k_heldout_coef"
+HELDOUT_MEAN = "k_heldout_mean"
 
 # attrs of qk.h5 (the model, its weights and the capture) that every output derived from it carries
 CARRIED_ATTRS = (
@@ -485,11 +489,14 @@ class QKWriter:
         var = self.file.create_variable("self_check_rel_error", ("layer",), "f8", data=errors)
         var.attrs[DIGEST_ATTR] = self.whole["self_check_rel_error"] = digest(errors)
 
-    def write_heldout_mean(self, mean: np.ndarray, n_windows: int) -> None:
-        """:data:`HELDOUT_K`, the mean key over ``n_windows`` held-out windows, (layer, kv_head, token, dim)."""
-        mean = np.asarray(mean, dtype=np.float32)
-        var = self.file.create_variable(HELDOUT_K, ("layer", "kv_head", "token", "dim"), "f4", data=mean)
-        var.attrs[DIGEST_ATTR] = self.whole[HELDOUT_K] = digest(mean)
+    def write_heldout_coefficients(self, coefficients: np.ndarray, n_windows: int) -> None:
+        """:data:`HELDOUT_COEF`, the coefficients of the mean key over ``n_windows`` held-out windows, (layer,
+        kv_head, basis, dim)."""
+        coefficients = np.asarray(coefficients, dtype=np.float64)
+        self.file.dimensions["basis"] = coefficients.shape[2]
+        dims = ("layer", "kv_head", "basis", "dim")
+        var = self.file.create_variable(HELDOUT_COEF, dims, "f8", data=coefficients)
+        var.attrs[DIGEST_ATTR] = self.whole[HELDOUT_COEF] = digest(coefficients)
         self.file.attrs["heldout_windows"] = int(n_windows)
 
     def holds(self, sample: int) -> bool:

@@ -28,6 +28,9 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     assert forward["seconds"] > 0 and fused["seconds"] > 0 and forward["init_s_per_billion"] > 0
     assert {"moments", "method_b", "bound"} <= set(fused["steps"])
     assert report["parts"]["long_window"]["setup"][2] == 512
+    layouts = report["parts"]["layouts"]
+    assert layouts["device"]["syncs"] == 1 < layouts["host"]["syncs"]
+    assert layouts["device"]["ops"] < layouts["host"]["ops"] and layouts["max_rel_difference"] < 1e-6
     classifier = report["parts"]["classifier"]
     assert classifier["float32_steps_per_s"] > 0 and classifier["ensemble_members"] == 3
     rates = report["rates"]
@@ -38,6 +41,7 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     markdown = (tiny_report / "gpu-report.md").read_text()
     assert "| full_depth: smollm2-135m x 2 layers, 2 x 128 tokens | plain forward |" in markdown
     assert "Rates for posgen.plan" in markdown
+    assert "| device |" in markdown and "device / host time" in markdown
 
 
 def test_a_part_past_its_budget_is_reported_not_waited_for(tmp_path):

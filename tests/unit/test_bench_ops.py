@@ -37,8 +37,12 @@ def test_counts_every_read_to_the_host_as_a_sync():
 
 
 def test_the_command_counts_a_layer_of_a_small_shape(capsys):
-    ops.main(["--shape", "smollm2-135m", "--tokens", "64", "--no-forward"])
+    ops.main(["--shape", "llama-3.1-8b", "--tokens", "128", "--no-forward"])
     result = json.loads(capsys.readouterr().out)
-    assert result["analysis_ops"] >= result["analysis_kernels"] > 0
-    assert result["analysis_syncs"] >= 0
+    host, device = result["host"], result["device"]
+    assert host["analysis_ops"] >= host["analysis_kernels"] > 0
+    # the device layout: fewer operations (KV heads and loops batched) and one read of the results
+    assert device["analysis_ops"] < host["analysis_ops"] / 2
+    assert device["analysis_syncs"] == 1 < host["analysis_syncs"]
+    assert result["max_abs_difference"] < 1e-6
     assert "forward_layer_ops" not in result

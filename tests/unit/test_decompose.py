@@ -12,7 +12,7 @@ import xarray as xr
 from posgen.decomposition import SINKS, Decomposer, decompose_store
 from posgen.decomposition.design import AdditiveDesign, fit_sinks, stack_sinks, w_sums
 from posgen.decomposition.mask import MaskInfo
-from posgen.decomposition.moments import band_factors, masked_moments
+from posgen.decomposition.moments import Blocks, band_factors, masked_moments
 from posgen.decomposition.options import DecompositionOptions
 from posgen.layer_types import layer_type, layer_types, used_dummy_distance
 from posgen.rope import causal_mask, rotate
@@ -102,8 +102,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["host", "device"])
 @pytest.mark.parametrize("case", CASES)
-def test_matches_direct_computation(case):
+def test_matches_direct_computation(case, batched):
     c = {
         "T": 24,
         "H": 4,
@@ -118,7 +119,9 @@ def test_matches_direct_computation(case):
     }
     q, k, kv = random_qk(c["H"], c["H_kv"], c["T"], c["d"])
     rope = LayerRope(inv_freq(c["d"]), c["d"] ** -0.5, c["amp"], c["window"])
-    dec = Decomposer(c["Ds"], c["D0"], device="cpu", block_elems=c.get("block_elems"), block=c["block"])
+    dec = Decomposer(
+        c["Ds"], c["D0"], device="cpu", block_elems=c.get("block_elems"), block=c["block"], batched=batched
+    )
     res = dec.unit(q, k, kv, rope)
     sweep = [used_dummy_distance(D, c["window"], c["T"]) for D in c["Ds"]]  # inside a sliding window
     ref = direct(q, k, kv, rope, sweep, c["D0"])
@@ -330,7 +333,8 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
         gD = torch.einsum("Dfe,nhte->Dnhtf", rotations, q0) @ keys[None, :, None, :, k * d :].transpose(-1, -2) * m
         q0_keys = torch.randn(n, T, 2 * d, generator=g, dtype=torch.float64) - 0.3  # two sets against q0
         vs = [q0 @ q0_keys[:, None, :, p * d : (p + 1) * d].transpose(-1, -2) * m for p in range(2)]
-        got = masked_moments(q, q0, rotations, keys, q0_keys, window, block)
+        host = masked_moments(q, q0, rotations, keys, q0_keys, window, block)
+        device = masked_moments(q, q0, rotations, keys, q0_keys, window, block, batched=True)
         want = {
             "qq": torch.stack([torch.stack([(xa * xb).sum((-1, -2)) for xb in xs], -1) for xa in xs], -2),
             "qg": torch.stack([(xa * gD).sum((-1, -2)) for xa in xs], -1),
@@ -345,9 +349,10 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
             "v_col0": torch.stack([v[..., 0] for v in vs], 2),
         }
         for name, value in want.items():
-            np.testing.assert_allclose(
-                getattr(got, name), value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window}"
-            )
+            for layout, got in (("host", host), ("device", device)):
+                np.testing.assert_allclose(
+                    getattr(got, name), value, rtol=1e-12, atol=1e-9, err_msg=f"{name} T={T} w={window} {layout}"
+                )
         # only the first key sets' sums with g_D: the same numbers, the rest left out
         fewer = masked_moments(q, q0, rotations, keys, q0_keys, window, block, g_sets=2)
         np.testing.assert_allclose(fewer.qg, want["qg"][..., :2], rtol=1e-12, atol=1e-9)
@@ -359,6 +364,76 @@ def test_masked_moments_and_w_sums_match_dense_matrices():
                 dense = (q[kv, h_] @ keys[kv, :, :d].T - shift[kv, h_]) * m
                 for part, ref in zip(mine, dense_sums(dense)):
                     np.testing.assert_allclose(part[kv, h_], ref[0], atol=1e-9)
+
+
+@pytest.mark.parametrize("window", [0, 7, 40, 200])
+def test_block_sums_as_a_scan_equal_the_loop(window):
+    """over_full's scan (the device layout) and its loop give the same sums over the query blocks each key block
+    is counted by in full."""
+    blocks = Blocks(300, window, 16, "cpu")
+    x = torch.randn(3, blocks.nb, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(window))
+    loop = blocks.over_full(x.clone(), 1)
+    scan = blocks.over_full(x.clone(), 1, scan=True)
+    np.testing.assert_allclose(scan, loop, rtol=1e-13, atol=1e-12)
+    # key block c by its definition: the query blocks c < b <= last[c]
+    for c in range(blocks.nb - 1):
+        want = x[:, c + 1 : int(blocks.last[c]) + 1].sum(1)
+        np.testing.assert_allclose(scan[:, c], want, rtol=1e-13, atol=1e-12)
+
+
+def test_batched_key_chunks_and_kv_heads_give_the_host_layout_sums():
+    """Past one key chunk (600 keys) and with several KV heads in one call, the device layout's masked moments
+    are the host layout's in float32 products: the same products, summed in another order."""
+    g = torch.Generator().manual_seed(3)
+    T, n, h, k, d, Ds = 600, 3, 2, 2, 8, (0, 9, 250)
+    q = torch.randn(n, h, T, d, generator=g, dtype=torch.float64) + 1
+    q0 = torch.randn(n, h, T, d, generator=g, dtype=torch.float64)
+    rotations = torch.stack([rotate(torch.eye(d), torch.tensor(D), inv_freq(d)).T for D in Ds]).double()
+    keys = torch.randn(n, T, (k + 1) * d, generator=g, dtype=torch.float64) + 0.5
+    q0_keys = torch.randn(n, T, 2 * d, generator=g, dtype=torch.float64)
+    for window in (0, 100):
+        host = masked_moments(q, q0, rotations, keys, q0_keys, window, 32, dtype=torch.float32)
+        device = masked_moments(q, q0, rotations, keys, q0_keys, window, 32, dtype=torch.float32, batched=True)
+        one = masked_moments(q[1:2], q0[1:2], rotations, keys[1:2], q0_keys[1:2], window, 32, dtype=torch.float32)
+        for name in ("qq", "qg", "gg", "qv", "vv"):
+            np.testing.assert_allclose(getattr(device, name), getattr(host, name), rtol=1e-6, err_msg=name)
+        np.testing.assert_allclose(host.qq[1:2], one.qq, rtol=1e-12)  # a KV head's sums do not see the others
+
+
+def test_the_device_layout_reads_back_once_and_gives_the_host_layout_numbers():
+    """Decomposer(batched=True): one host read per (sample, layer) outside the bound windows where the host layout
+    takes dozens, and every statistic, the bound's included, within rounding of the host layout's (Method B by the
+    factorised normal matrix, not conjugate gradients)."""
+    from posgen.bench.ops import count
+
+    q, k, kv = random_qk(H=4, H_kv=2, T=80, d=16, seed=5)
+    rope = LayerRope(inv_freq(16, 500.0).numpy(), 0.25, 1.0, 0)  # as a RopeTable's row: numpy
+    heldout = k.flip(1).numpy()
+    runs = {}
+    for batched in (False, True):
+        dec = Decomposer([0, 20, 60], 20, batched=batched)
+        dec.unit(q, k, kv, rope, heldout_k=heldout)  # designs and band factors cached
+        runs[batched] = dec.unit(q, k, kv, rope, heldout_k=heldout)
+        runs[batched, "syncs"] = count(lambda: dec.unit(q, k, kv, rope, with_bound=False, heldout_k=heldout))["syncs"]
+    assert runs[True, "syncs"] == 1 and runs[False, "syncs"] > 20
+    assert runs[True].keys() == runs[False].keys()
+    for name, value in runs[False].items():
+        np.testing.assert_allclose(runs[True][name], value, rtol=1e-7, atol=1e-9, err_msg=name)
+    assert runs[True]["lstsq_residual"].max() < 1e-11
+
+
+def test_conjugate_gradients_reading_their_residual_every_few_steps_reach_the_same_fit():
+    g = torch.Generator().manual_seed(2)
+    T = 300
+    q = torch.randn(2, T, 8, dtype=torch.float64, generator=g) + 1.0
+    k = torch.randn(1, T, 8, dtype=torch.float64, generator=g) + torch.linspace(0, 2, T)[:, None]
+    fits = []
+    for every in (1, 5):
+        design = AdditiveDesign(T, 64, "with", "cpu", check_every=every)
+        fits.append(design.fit(*design.rhs(w_sums(q, k, 64, torch.zeros(2, dtype=torch.float64))), tol=1e-11))
+    for (_, resid, sums), every in zip(fits, (1, 5)):
+        assert float(resid.max()) < 1e-11, every
+    np.testing.assert_allclose(fits[1][2]["sum_yy"], fits[0][2]["sum_yy"], rtol=1e-10)
 
 
 def test_band_factors_are_rope_angles_and_refuse_other_matrices():

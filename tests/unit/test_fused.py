@@ -8,6 +8,7 @@ import xarray as xr
 
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
+from posgen.decomposition.drift import heldout_coefficients
 from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.bands import band_stats
 from posgen.llm.extract import default_options, extract
@@ -113,8 +114,8 @@ def test_fused_shards_gather_to_the_store_path(both_paths):
 
 
 def test_the_held_out_mean_key_is_the_mean_over_the_held_out_windows(both_paths):
-    """qk.h5's k_heldout_mean against the keys of the held-out windows extracted as ordinary windows; every
-    shard computes the same; Method A-shared is finite on both paths."""
+    """qk.h5's k_heldout_coef against the coefficients of the mean of the keys of the held-out windows extracted as
+    ordinary windows; every shard computes the same; Method A-shared is finite on both paths."""
     tmp, shards = both_paths
     store = open_dataset(tmp / "store" / "qk.h5", lazy=False)
     assert store.attrs["heldout_windows"] == N_HELDOUT
@@ -125,10 +126,11 @@ def test_the_held_out_mean_key_is_the_mean_over_the_held_out_windows(both_paths)
     common = {"model": "m"}
     extract(tiny_job(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), **default_options())
     keys = open_dataset(tmp / "held" / "qk.h5", lazy=False)["k"].values  # (sample, layer, kv_head, T, d)
-    np.testing.assert_allclose(store["k_heldout_mean"].values, keys.mean(0), rtol=1e-5, atol=1e-6)
+    want = heldout_coefficients(keys.mean(0), keys.shape[-2]).numpy()  # (layer, kv_head, basis, d)
+    np.testing.assert_allclose(store["k_heldout_coef"].values, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     for shard in shards:
         fused = open_dataset(tmp / "fused" / shard / "qk.h5", lazy=False)
-        np.testing.assert_array_equal(fused["k_heldout_mean"].values, store["k_heldout_mean"].values)
+        np.testing.assert_array_equal(fused["k_heldout_coef"].values, store["k_heldout_coef"].values)
     decomposition = open_dataset(tmp / "store" / "decomposition.nc", lazy=False)
     assert np.isfinite(decomposition["r"].sel({"method": "A-shared"})).all()
     assert decomposition.attrs["heldout_windows"] == N_HELDOUT

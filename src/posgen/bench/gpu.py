@@ -7,6 +7,8 @@ test suite runs so that it cannot rot):
     extraction (capture + analysis in memory) on 2 windows of 4096 tokens: seconds per window, fused / forward,
     peak GPU memory, the init's seconds per billion parameters and the seconds of each analysis step;
 (b) one layer of the same shape at 32k tokens, forward and fused;
+(b') the fused analysis's two layouts (posgen.decomposition.Decomposer ``batched``) on one layer of the 8B shape
+    at 4096 tokens: seconds per layer, operations and host syncs each, and their agreement;
 (c) the second paper's classifier at the authors' size (config.paper.yaml: 6 layers x 16 heads, width 256, FFN
     512, batch 512, distance task of 122 tokens): optimiser steps/s of one classifier in float32, TF32 and
     bfloat16, and of an ensemble of 3 seeds;
@@ -42,7 +44,9 @@ WINDOWS = {
 }
 # the self-check's whole-window logits: none for the long window (H T^2 floats per layer; the schema's advice)
 REF_LAYERS = {"full_depth": (0, -1), "long_window": ()}
-SHARES = {"full_depth": 0.45, "long_window": 0.2, "classifier": 0.3}  # of the budget; the rest is slack
+# (shape, tokens) of part (b')
+LAYOUTS = {False: ("llama-3.1-8b", 4096), True: ("smollm2-135m", 128)}
+SHARES = {"full_depth": 0.4, "long_window": 0.15, "layouts": 0.1, "classifier": 0.3}  # of the budget; rest slack
 DUMMY_DISTANCES = [0, 250, 500, 1000, 2000]
 CLASSIFIER_STEPS = {False: 30, True: 3}
 
@@ -140,6 +144,20 @@ def report_markdown(report: dict) -> str:
             lines.append(f"| {label} | {stage} | {value['seconds']:.3f} | {value['peak_gpu_gb']:.1f} | {init} | |")
             for step, seconds in value.get("steps", {}).items():
                 lines.append(f"| | step {step} | {seconds / n_windows:.3f} | | | all windows' mean |")
+    layouts = report["parts"].get("layouts", {})
+    if "host" in layouts:
+        name, tokens = layouts["setup"]
+        lines += ["", f"Fused analysis, one layer of {name} at {tokens} tokens:", ""]
+        lines += ["| layout | s/layer | operations | kernels | host syncs |", "|---|---|---|---|---|"]
+        for layout in ("host", "device"):
+            v = layouts[layout]
+            lines.append(f"| {layout} | {v['seconds_per_layer']:.4f} | {v['ops']} | {v['kernels']} | {v['syncs']} |")
+        lines += [
+            "",
+            f"device / host time {layouts['device_over_host']:.3f}; largest difference of r "
+            f"{layouts['max_abs_difference_r']:.2e}, over every statistic "
+            f"{layouts['max_rel_difference']:.2e} of its largest value.",
+        ]
     classifier = report["parts"].get("classifier", {})
     lines += ["", "| classifier | steps/s |", "|---|---|"]
     if "timed_out" in classifier:
@@ -181,6 +199,7 @@ def attempt(function, *args, **kwargs) -> dict:
 def main(argv=None) -> dict:
     import torch
 
+    from posgen.bench.ops import compare_layouts  # torch at import: inside the check, as above
     from posgen.device import resolve_device
 
     parser = argparse.ArgumentParser(prog="python -m posgen.bench gpu", description=__doc__)
@@ -215,6 +234,10 @@ def main(argv=None) -> dict:
         did_not_fit += [f"{part} {stage}" for stage, value in stages.items() if "timed_out" in value]
         failed += [f"{part}: {stages['failed']}"] if "failed" in stages else []
         parts[part] = {"setup": [name, layers, tokens, n_windows], **stages}
+    share = max(min(SHARES["layouts"] * args.budget_s, deadline - time.monotonic()), 1.0)
+    parts["layouts"] = attempt(in_child, compare_layouts, *LAYOUTS[args.tiny], device, timeout=share)
+    did_not_fit += ["layouts"] if "timed_out" in parts["layouts"] else []
+    failed += [f"layouts: {parts['layouts']['failed']}"] if "failed" in parts["layouts"] else []
     share = max(min(SHARES["classifier"] * args.budget_s, deadline - time.monotonic()), 1.0)
     parts["classifier"] = attempt(in_child, _classifier, args.tiny, device, timeout=share)
     did_not_fit += ["classifier"] if "timed_out" in parts["classifier"] else []

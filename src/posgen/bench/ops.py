@@ -2,10 +2,11 @@
 synchronisation points, per (window, layer) of a model shape. On a GPU each dispatched operation is at least one
 kernel launch and each host sync a stall, so the count is the launch cost in advance.
 
-    python -m posgen.bench ops --shape llama-3.1-8b --tokens 512 [--bound] [--heldout]
+    python -m posgen.bench ops --shape llama-3.1-8b --tokens 512 [--bound] [--heldout] [--layout host|device|both]
 
 Counts one ``Decomposer.unit`` (the per-window path; ``--bound`` adds the error and bound pass of the bound
-windows; ``--heldout`` Method A-shared) on random q/k of the shape's heads (one layer), beside one decoder layer of
+windows; ``--heldout`` Method A-shared; ``--layout``: the CPU's layout, the device layout of ``Decomposer(batched=True)``, or both side by
+side with their largest difference) on random q/k of the shape's heads (one layer), beside one decoder layer of
 the model's own forward pass at that length (random init, eager attention). ``kernels`` leaves out the operations
 that only change a view (:data:`VIEW_OPS`), which launch nothing on a GPU. Host syncs: reads of a tensor's value into Python (``item``, ``float``, ``bool``, ``nonzero``, ``tolist``,
 ``numpy``), counted by torch's dispatch mode and by wrapping ``Tensor.tolist`` / ``Tensor.numpy``.
@@ -136,6 +137,60 @@ def forward_layer_ops(shape: dict, n_tokens: int) -> dict:
         return count(lambda: layer(embedded, position_embeddings=rotary, position_ids=positions))
 
 
+def compare_layouts(shape_name: str, n_tokens: int, device: str, repeats: int = 3) -> dict:
+    """One layer of ``shape_name`` at ``n_tokens`` through both layouts on ``device`` (Method A-shared on, no
+    bound): median seconds per layer of each after a first call (cached designs), the operations and host
+    syncs each dispatches, and their largest differences: of r, and over every statistic relative to its largest
+    value (``python -m posgen.bench gpu``'s part "layouts")."""
+    import time
+
+    shape = SHAPES[shape_name]
+    q, k, kv, rope = layer_inputs(shape, n_tokens)
+    heldout = np.ascontiguousarray(k[:, ::-1])
+    dev = torch.device(device)
+    q_dev, k_dev = torch.from_numpy(q).to(dev), torch.from_numpy(k).to(dev)
+
+    def synced():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    out, values = {"setup": [shape_name, n_tokens]}, {}
+    for layout in ("host", "device"):
+        dec = Decomposer(DISTANCES, DISTANCES[3], device=device, batched=layout == "device")
+
+        def one():
+            return dec.unit(q_dev, k_dev, kv, rope, with_bound=False, heldout_k=heldout)
+
+        values[layout] = one()  # builds the cached designs
+        seconds = []
+        for _ in range(repeats):
+            t0 = synced()
+            one()
+            seconds.append(synced() - t0)
+        counted = count(one)
+        out[layout] = {
+            "seconds_per_layer": float(np.median(seconds)),
+            "ops": counted["ops"],
+            "kernels": counted["kernels"],
+            "syncs": counted["syncs"],
+        }
+    r_host, r_device = values["host"]["r"], values["device"]["r"]
+    out["max_abs_difference_r"] = float(np.nanmax(np.abs(r_host - r_device)))
+    out["max_rel_difference"] = max(
+        float(np.abs(host - device)[both].max() / np.abs(host)[both].max()) if both.any() else 0.0
+        for n, host in values["host"].items()
+        if n != "lstsq_residual"  # a residual of ~1e-13: its relative change says nothing
+        for device in [values["device"][n]]
+        for both in [np.isfinite(host) & np.isfinite(device)]  # the bound's statistics: NaN without the bound
+    )
+    out["device_over_host"] = out["device"]["seconds_per_layer"] / out["host"]["seconds_per_layer"]
+    return out
+
+
+DISTANCES = [0, 250, 500, 1000, 2000]  # the schema's dummy distances; Method A's D is 1000
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posgen.bench ops", description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
@@ -143,18 +198,31 @@ def main(argv=None) -> None:
     parser.add_argument("--bound", action="store_true", help="the bound windows' path (the error and bound pass)")
     parser.add_argument("--heldout", action="store_true", help="Method A-shared on (held-out mean keys)")
     parser.add_argument("--no-forward", action="store_true", help="skip the forward layer (needs transformers)")
+    parser.add_argument("--layout", choices=("host", "device", "both"), default="both")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     shape = SHAPES[args.shape]
     q, k, kv, rope = layer_inputs(shape, args.tokens)
     heldout = np.ascontiguousarray(k[:, ::-1]) if args.heldout else None
-    dec = Decomposer([0, 250, 500, 1000, 2000], 1000, device="cpu")
-    dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout)  # the first call builds the cached designs
-    analysis = count(lambda: dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout))
-    forward = None if args.no_forward else forward_layer_ops(shape, args.tokens)
+    layouts = ["host", "device"] if args.layout == "both" else [args.layout]
     result = {"shape": args.shape, "tokens": args.tokens, "bound": args.bound, "heldout": args.heldout}
-    result.update(analysis_ops=analysis["ops"], analysis_kernels=analysis["kernels"], analysis_syncs=analysis["syncs"])
-    if forward is not None:
+    values = {}
+    for layout in layouts:
+        dec = Decomposer(DISTANCES, DISTANCES[3], device="cpu", batched=layout == "device")
+        dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout)  # the first call builds cached designs
+        analysis = count(lambda: values.__setitem__(layout, dec.unit(q, k, kv, rope, args.bound, heldout)))
+        result[layout] = {
+            "analysis_ops": analysis["ops"],
+            "analysis_kernels": analysis["kernels"],
+            "analysis_syncs": analysis["syncs"],
+            "analysis_top_ops": analysis["by_op"],
+        }
+    if len(values) == 2:  # the two layouts' largest difference over every statistic (NaN where both are)
+        result["max_abs_difference"] = max(
+            float(np.nanmax(np.abs(values["host"][name] - values["device"][name]), initial=0.0))
+            for name in values["host"]
+        )
+    if not args.no_forward:
+        forward = forward_layer_ops(shape, args.tokens)
         result.update(forward_layer_ops=forward["ops"], forward_layer_kernels=forward["kernels"])
-    result["analysis_top_ops"] = analysis["by_op"]
     print(json.dumps(result))

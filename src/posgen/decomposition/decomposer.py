@@ -13,7 +13,7 @@ import torch
 
 from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
-from posgen.decomposition.design import LSTSQ_TOL, AdditiveDesign, fit_sinks, w_sums
+from posgen.decomposition.design import CG_CHECK_EVERY, LSTSQ_TOL, AdditiveDesign, fit_sinks, w_sums
 from posgen.decomposition.drift import (
     BASES,
     SMOOTH_DEGREE,
@@ -25,11 +25,11 @@ from posgen.decomposition.drift import (
     shared_share,
 )
 from posgen.decomposition.mask import SINKS
-from posgen.decomposition.moments import MOMENT_NAMES, Moments, masked_moments, moments_by_sink
+from posgen.decomposition.moments import MOMENT_NAMES, Moments, band_factors, masked_moments, moments_by_sink
 from posgen.decomposition.operands import DRIFT_SET, SHARED_SET, UnitOperands, unit_operands
 from posgen.device import require_full_precision, resolve_device
 from posgen.layer_types import used_dummy_distance
-from posgen.numerics import TOKEN_BLOCK
+from posgen.numerics import DENSE_TOKENS, TOKEN_BLOCK
 from posgen.rope_table import LayerRope
 from posgen.stats import pearson_from_sums
 
@@ -38,6 +38,19 @@ SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient stati
 FG_METHODS = ("A", "A-drift", "A-shared")  # the constructions with an f and a g term (r_f, r_g); B has none
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
+
+
+def to_host(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Every statistic in one copy to the host (one synchronisation, not one per statistic), float64."""
+    flat = torch.cat([value.reshape(-1).to(torch.float64) for value in out.values()])  # (sum of sizes,)
+    host = flat.cpu().numpy()
+    parts = np.split(host, np.cumsum([value.numel() for value in out.values()])[:-1])
+    return {name: part.reshape(value.shape) for (name, value), part in zip(out.items(), parts)}
+
+
+def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """``parts`` concatenated along ``dim``; a lone part as it is (the device layout's one call)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
 class Decomposer:
@@ -50,6 +63,13 @@ class Decomposer:
     blocks of :func:`masked_moments`; ``precision`` the dtype of its products (float32: centred, with the mean parts
     in float64; method.md section 4, "Precision"); ``bound_rows`` the query rows of the pass for the error and the
     bound (0: all; method.md section 5).
+
+    ``batched`` (default: on a CUDA device) is the device layout, the same statistics in few large operations and
+    no host read inside a layer's analysis but the one copy of its results: every KV head in one
+    :func:`masked_moments` call with its loops batched, RoPE's band factors checked once per layer, Method B by
+    the mask's factorised normal matrix where it holds at most :data:`DENSE_TOKENS` tokens (else conjugate
+    gradients reading their residual every :data:`CG_CHECK_EVERY` steps), and its residual checked on the
+    copied results. Off (the CPU's layout), one KV head at a time keeps the working set in cache.
     """
 
     def __init__(
@@ -62,6 +82,7 @@ class Decomposer:
         block: int = TOKEN_BLOCK,
         precision: str = "float32",
         bound_rows: int = 0,
+        batched: bool | None = None,
     ):
         if precision not in PRECISIONS:
             raise ValueError(f"decomposition.precision: {precision!r} is not one of {sorted(PRECISIONS)}")
@@ -73,12 +94,14 @@ class Decomposer:
             raise ValueError("decomposition.dummy_distances: empty")
         self.dummy_distance = int(dummy_distance)
         self.device = resolve_device(device)
+        self.batched = self.device.type == "cuda" if batched is None else bool(batched)
         self.lstsq_tol = float(lstsq_tol)
         self.block_elems = block_elems or (2**20 if self.device.type == "cpu" else 2**28)
         self.block = int(block)
         self._designs: dict = {}
         self._tables: dict = {}
         self._bases: dict = {}
+        self._band_factors: dict = {}
         self.max_residual = 0.0
 
     @classmethod
@@ -95,11 +118,28 @@ class Decomposer:
         )
 
     def design(self, n_tokens: int, window: int, sink: str) -> AdditiveDesign:
-        """Method B's normal equations of one mask (matrix-free), cached."""
+        """Method B's normal equations of one mask (matrix-free; in the device layout factorised once where the
+        mask has at most :data:`DENSE_TOKENS` tokens), cached."""
         key = (n_tokens, window, sink)
         if key not in self._designs:
-            self._designs[key] = AdditiveDesign(n_tokens, window, sink, self.device)
+            design = AdditiveDesign(n_tokens, window, sink, self.device, check_every=self._check_every)
+            if self.batched and n_tokens <= DENSE_TOKENS:
+                design._factorise(self.device)  # one product per solve instead of 15-25 steps of ~70 operations
+            self._designs[key] = design
         return self._designs[key]
+
+    @property
+    def _check_every(self) -> int:
+        return CG_CHECK_EVERY if self.batched else 1
+
+    def band_factors(self, ops: UnitOperands) -> torch.Tensor:
+        """RoPE's band factors of ``ops.rotations`` (:func:`band_factors`), computed and checked once per layer's
+        RoPE and dummy distances (the check reads a value back to the host)."""
+        rope = ops.rope
+        key = (np.asarray(rope.inv_freq).tobytes(), float(rope.attention_scaling), tuple(ops.distances))
+        if key not in self._band_factors:
+            self._band_factors[key] = band_factors(ops.rotations.double())
+        return self._band_factors[key]
 
     def basis(self, n_tokens: int) -> dict[str, torch.Tensor]:
         """The smooth position bases: per sink, those of the position shares (:func:`position_basis`; their first
@@ -158,7 +198,9 @@ class Decomposer:
             H = ops.q.shape[0]
             for name in BOUND_STATISTICS:
                 out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
-        result = {name: value.cpu().numpy().astype(np.float64) for name, value in out.items()}
+        result = to_host(out) if self.batched else {k: v.cpu().numpy().astype(np.float64) for k, v in out.items()}
+        if self.batched:  # Method B's residual, read with the results rather than on its own
+            self.check_residual(result["lstsq_residual"], q.shape[-2], ops.window)
         if with_bound:
             self.check_bound(ops, result["bound_slack_min"])
         return result
@@ -198,30 +240,35 @@ class Decomposer:
         # kbar(j)))^T, the two side by side
         g_sets = torch.cat([ops.g_drift @ rot64[i_dummy], ops.g_shared @ rot64[i_dummy]], -1)  # (H_kv, T, 2 d)
         chunks = {"A": [], "A-drift": [], "A-shared": []}
-        for i in range(len(groups.used)):
-            one = groups.used[i : i + 1]  # this KV head, as a length-1 index
+        n_kv = len(groups.used)
+        step = n_kv if self.batched else 1  # KV heads per call
+        w = self.band_factors(ops) if self.batched else None
+        for i in range(0, n_kv, step):
+            some = groups.used[i : i + step]  # these KV heads
             part = masked_moments(
-                q_kv[i : i + 1],
-                q0_kv[i : i + 1],
+                q_kv[i : i + step],
+                q0_kv[i : i + step],
                 rot64,
-                ops.keys[one],
-                g_sets[one],
+                ops.keys[some],
+                g_sets[some],
                 ops.window,
                 self.block,
                 g_sets=DRIFT_SET,  # A-drift's and A-shared's f sets meet only their own g (q0 sets): no g_D sums
                 dtype=PRECISIONS[self.precision],
+                batched=self.batched,
+                w=w,
             )
-            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[one])  # (1, d, nD): R_D^T shift
-            gamma = q0_kv[i : i + 1] @ r_shift[:, None]  # (1, h, T, nD)
-            gamma = gamma.permute(3, 0, 1, 2)  # (nD, 1, h, T)
+            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[some])  # (n, d, nD): R_D^T shift
+            gamma = q0_kv[i : i + step] @ r_shift[:, None]  # (n, h, T, nD)
+            gamma = gamma.permute(3, 0, 1, 2)  # (nD, n, h, T)
             chunks["A"].append(moments_by_sink(part, gamma, ops.window))
-            chunks["A-drift"].append(drift_moments(part, DRIFT_SET, 0))  # (1, h) each
+            chunks["A-drift"].append(drift_moments(part, DRIFT_SET, 0))  # (n, h) each
             chunks["A-shared"].append(drift_moments(part, SHARED_SET, 1))
         return {
             method: {
                 sink: Moments(
                     **{
-                        name: groups.to_heads(torch.cat([getattr(c[sink], name) for c in parts], -2))
+                        name: groups.to_heads(_joined([getattr(c[sink], name) for c in parts], -2))
                         for name in MOMENT_NAMES
                     }
                 )
@@ -312,17 +359,13 @@ class Decomposer:
         b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
         cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
         designs = {sink: self.design(T, ops.window, sink) for sink in SINKS}
-        fits = fit_sinks(designs, {sink: designs[sink].rhs(b_sums) for sink in SINKS}, tol=self.lstsq_tol * 1e-3)
+        rhs = {sink: designs[sink].rhs(b_sums) for sink in SINKS}
+        fits = fit_sinks(designs, rhs, tol=self.lstsq_tol * 1e-3, early_stop=not self.batched)
         for sink in SINKS:
             m, n = moments[sink], ops.counts[sink]
             _, resid, bs = fits[sink]  # bs: sums of x, yhat
-            worst = float(resid.max())
-            self.max_residual = max(self.max_residual, worst)
-            if not worst < self.lstsq_tol:
-                raise RuntimeError(
-                    f"additive fit: relative normal residual {worst:.3g} above tolerance "
-                    f"{self.lstsq_tol:.3g} (T={T}, window={ops.window}, sink={sink})"
-                )
+            if not self.batched:
+                self.check_residual(resid.cpu().numpy(), T, ops.window, sink)
             # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w
             sums = {
                 "n": torch.full_like(mu_w, n),
@@ -339,6 +382,17 @@ class Decomposer:
             for name in SUMS:
                 cols[name].append(sums[name])
         return {name: torch.stack(parts, -1) for name, parts in cols.items()}  # (H, sink)
+
+    def check_residual(self, resid: np.ndarray, n_tokens: int, window: int, sink: str = "") -> None:
+        """Raises where Method B's relative normal residual ``resid`` is not below ``lstsq_tol``; keeps the worst."""
+        worst = float(np.max(resid))
+        self.max_residual = max(self.max_residual, worst)
+        if not worst < self.lstsq_tol:
+            where = f", sink={sink}" if sink else ""
+            raise RuntimeError(
+                f"additive fit: relative normal residual {worst:.3g} above tolerance "
+                f"{self.lstsq_tol:.3g} (T={n_tokens}, window={window}{where})"
+            )
 
     def error_and_bound(self, ops: UnitOperands) -> dict:
         """The error of A and the bound of method.md section 5, entry by entry (:func:`error_and_bound`)."""

@@ -15,6 +15,7 @@ CG_RTOL = 1e-12  # the conjugate gradients' default target, relative normal resi
 CG_MAX_STEPS = 1000  # they take 15-25 steps on the masks tried
 CG_STALL = 50  # steps without a better residual after which they stop
 CG_ENOUGH = 1e-10  # a residual they reach or the dense solve takes over (narrow windows)
+CG_CHECK_EVERY = 5  # the device layout's steps between reads of the residual (each read stalls a GPU)
 
 
 def w_sums(q: torch.Tensor, k: torch.Tensor, window: int, shift: torch.Tensor):
@@ -59,7 +60,7 @@ class AdditiveDesign:
     to 0.
     """
 
-    def __init__(self, n_tokens: int, window: int, sink: str, device, causal: bool = True):
+    def __init__(self, n_tokens: int, window: int, sink: str, device, causal: bool = True, check_every: int = 1):
         T = n_tokens
         if T < 3 or (window and window < 2):
             raise ValueError(f"additive fit needs >= 3 tokens and a window >= 2 (got T={T}, window={window})")
@@ -67,6 +68,7 @@ class AdditiveDesign:
             raise ValueError(f"bidirectional additive fit takes no window and sink 'with' (got {window}, {sink!r})")
         f64 = torch.float64
         self.n_tokens, self.window, self.sink, self.causal = T, window, sink, causal
+        self.check_every = int(check_every)  # conjugate gradients' steps between reads of the residual
         self.drop = float(sink == "without")  # 1 where key column 0 is dropped; per row in a stack (stack_sinks)
         self.inverse = None  # the dense solve's, once factorised
         if causal:
@@ -265,7 +267,8 @@ class AdditiveDesign:
         an unknown no entry counts, whose r is 0), from theta = 0. r is projected onto N's range first (the null
         space is the fit's gauge), so the iterates stay there. Stops at the relative residual ``rtol`` or when
         ``CG_STALL`` steps have not improved on the best (rounding's floor, or a stall); returns the best iterate
-        and whether its relative residual reached ``rtol``, or at least ``CG_ENOUGH``."""
+        and whether its relative residual reached ``rtol``, or at least ``CG_ENOUGH``. The residual is read every
+        ``check_every`` steps (1: every step)."""
         split = [self.n_delta, self.n_tokens, self.n_tokens]
         if self.null is not None:  # a stack's rows come projected (stack_sinks)
             r = r - (r @ self.null) @ self.null_proj
@@ -277,13 +280,14 @@ class AdditiveDesign:
         p = z.clone()
         rz = (resid * z).sum(-1, keepdim=True)  # (h, 1)
         best, best_theta, since = float("inf"), theta, 0
-        for _ in range(CG_MAX_STEPS):
-            worst = float((torch.linalg.vector_norm(resid, dim=-1, keepdim=True) / r_norm).max())
-            if worst < best:
-                best, best_theta, since = worst, theta, 0
-            since += 1
-            if best <= rtol or since > CG_STALL:
-                break
+        for step in range(CG_MAX_STEPS):
+            if step % self.check_every == 0:
+                worst = float((torch.linalg.vector_norm(resid, dim=-1, keepdim=True) / r_norm).max())
+                if worst < best:
+                    best, best_theta, since = worst, theta, 0
+                since += self.check_every
+                if best <= rtol or since > CG_STALL:
+                    break
             n_p = torch.cat(self.normal(*torch.split(p, split, -1)), -1)  # N p
             p_np = torch.linalg.vecdot(p, n_p).unsqueeze(-1)  # (h, 1)
             alpha = rz / torch.where(p_np > 0, p_np, 1.0) * (p_np > 0)  # 0 for a row already solved
@@ -303,13 +307,14 @@ class AdditiveDesign:
         nc = self.nac_t(a, pa) + self.m_t(b, pb) + c * self.cnt_c
         return na, nb, nc
 
-    def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2, theta=None):
+    def fit(self, ra, rb, rc, tol: float = 0.0, refine: int = 2, theta=None, early_stop: bool = True):
         """Solve and score: (a, b, c), relative normal residual, and sums over the mask (float64).
 
         Conjugate gradients to ``tol`` (or :data:`CG_RTOL`); the dense solve (bidirectional, or a causal mask
         they stalled on) with up to ``refine`` steps of iterative refinement (residual from the mask structure,
         not the factor) while the residual exceeds ``tol``. The residual reported is that of the returned
-        solution. ``theta``, (a, b, c) solved already (:func:`fit_sinks`), skips the solve.
+        solution. ``theta``, (a, b, c) solved already (:func:`fit_sinks`), skips the solve. ``early_stop=False``
+        takes every refinement step without reading the residual back (the device layout).
         ``sum_y = sum(yhat)``, ``sum_yy = sum(yhat^2) = theta.N theta``, ``sum_xy = sum(x yhat) = theta.r``.
         """
         r = torch.cat([ra, rb, rc], -1)
@@ -319,7 +324,7 @@ class AdditiveDesign:
         for step in range(refine + 1):
             n_theta = torch.cat(self.normal(a, b, c), -1)
             resid = torch.linalg.vector_norm(n_theta - r, dim=-1) / r_norm
-            if step == refine or float(resid.max()) <= tol:
+            if step == refine or (early_stop and float(resid.max()) <= tol):
                 break
             da, db, dc = self.solve(*torch.split(r - n_theta, [self.n_delta, self.n_tokens, self.n_tokens], -1))
             a, b, c = a + da, b + db, c + dc
@@ -352,12 +357,12 @@ def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesig
     return stack
 
 
-def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
+def fit_sinks(designs: dict, rhs: dict, tol: float, early_stop: bool = True) -> dict:
     """:meth:`AdditiveDesign.fit` of each sink handling's design of one mask, ``{sink: design}`` with
     ``{sink: (ra, rb, rc)}``. Causal matrix-free designs share one set of conjugate gradients over their stacked
     rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens),
     each design takes its dense solve (factorised once, cached with the design), as it would have after its own
-    conjugate gradients stalled; a dense design fits on its own."""
+    conjugate gradients stalled; a dense design fits on its own. ``early_stop`` as in :meth:`AdditiveDesign.fit`."""
     sinks = list(designs)
     if all(d.causal and d.inverse is None for d in designs.values()):
         rows = [rhs[sink][0].shape[0] for sink in sinks]
@@ -369,4 +374,4 @@ def fit_sinks(designs: dict, rhs: dict, tol: float) -> dict:
             return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
         for design in designs.values():  # where the stack stalls each design would too: the dense solve at once
             design._factorise(r.device)
-    return {sink: designs[sink].fit(*rhs[sink], tol=tol) for sink in sinks}
+    return {sink: designs[sink].fit(*rhs[sink], tol=tol, early_stop=early_stop) for sink in sinks}

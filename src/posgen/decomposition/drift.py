@@ -32,11 +32,11 @@ import torch
 
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MaskedMoments, Moments
+from posgen.numerics import SMOOTH_DEGREE
 
 # Polynomial degree of the smooth basis. A fit of M = degree + 1 functions explains a share (M - 1) / (T - 1) of
 # pure noise (0.7 % at T = 1200), and on SmolLM2's random-init keys the share grows by 1.6 points from degree 8
 # to 16 (docs/method.md section 3C): the drift is smooth, and degree 8 holds it.
-SMOOTH_DEGREE = 8
 BASES = {"linear": 1, "smooth": SMOOTH_DEGREE}  # basis name -> polynomial degree in the position
 
 
@@ -92,6 +92,27 @@ def position_share(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 def drift_fit(k64: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """The keys' fit over tokens 1..T-1 on :func:`drift_basis`, evaluated at every token: ``kbar(j) (..., T, d)``."""
     return basis @ (basis[1:].T @ k64[..., 1:, :])
+
+
+def heldout_coefficients(mean_k, n_tokens: int) -> torch.Tensor:
+    """The coefficients of the held-out mean keys ``mean_k (..., T, d)`` on :func:`drift_basis` (over tokens
+    1..T-1): ``(..., M, d)`` float64, what qk.h5 stores for Method A-shared (``k_heldout_coef``): its shared function
+    reads the mean keys only through this fit, ``drift_basis @ coefficients`` (:func:`heldout_fit`)."""
+    basis = drift_basis(n_tokens, SMOOTH_DEGREE)  # (T, M)
+    mean_k = mean_k if torch.is_tensor(mean_k) else torch.from_numpy(np.asarray(mean_k))
+    return basis[1:].T @ mean_k.double()[..., 1:, :]  # (..., M, d)
+
+
+def heldout_fit(coefficients, n_tokens: int, device=None) -> torch.Tensor:
+    """The held-out mean keys' fit at every token from :func:`heldout_coefficients`: ``(..., T, d)`` float64."""
+    coefficients = coefficients if torch.is_tensor(coefficients) else torch.from_numpy(np.asarray(coefficients))
+    basis = drift_basis(n_tokens, SMOOTH_DEGREE, device)  # (T, M)
+    if coefficients.shape[-2] != basis.shape[1]:
+        raise ValueError(
+            f"held-out key coefficients: {coefficients.shape[-2]} basis functions, the {n_tokens}-token basis has "
+            f"{basis.shape[1]}"
+        )
+    return basis @ coefficients.to(device, torch.float64)
 
 
 def shared_drift(mean_k: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

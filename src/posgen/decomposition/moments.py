@@ -79,7 +79,8 @@ class Blocks:
         # row's window start; so key block c is counted in full by query blocks c < b <= last[c] (full_lo ascends)
         self.full_lo = torch.minimum(-(-self.lo[:, -1] // block), self.b_idx)
         self.last = torch.searchsorted(self.full_lo, self.b_idx, right=True) - 1  # >= c, as full_lo[c] <= c
-        self.ends = (self.last[:-1] + 1).tolist()  # per key block c < nb - 1: the first query block past last[c]
+        self.ends_t = self.last[:-1] + 1  # per key block c < nb - 1: the first query block past last[c]
+        self.ends = self.ends_t.tolist()
         self.cols, self.valid = self._ragged()
 
     def _ragged(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,10 +111,14 @@ class Blocks:
             return x.view(x.shape[0], self.nb, self.block, x.shape[-1])
         return x[:, cols.clamp(min=0)]
 
-    def over_full(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+    def over_full(self, x: torch.Tensor, dim: int, scan: bool = False) -> torch.Tensor:
         """Per key block c < nb - 1 (the last is counted in full by no query block): the sum of x over the query
-        blocks c < b <= last[c], along dim. Sums in place: x is overwritten."""
+        blocks c < b <= last[c], along dim. Sums in place: x is overwritten. ``scan``: the suffix sums as one
+        cumulative sum and the differences as two gathers, a fixed handful of operations (a GPU's launches)
+        where the loop takes 2 nb; the loop is faster on a CPU (``python -m posgen.bench ops`` counts both)."""
         nb = self.nb
+        if scan:
+            return self._over_full_scan(x, dim)
         for b in range(nb - 2, -1, -1):  # suffix sums, in place; a loop of adds beats torch.cumsum on CPU
             x.select(dim, b).add_(x.select(dim, b + 1))
         if not self.window:
@@ -126,6 +131,17 @@ class Blocks:
             else:
                 x.select(dim, c).copy_(x.select(dim, c + 1))
         return x.narrow(dim, 0, nb - 1)
+
+    def _over_full_scan(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """:meth:`over_full` in a fixed number of operations: suffix[b] = sum of x over blocks b' >= b."""
+        suffix = x.flip(dim).cumsum(dim).flip(dim)  # (..., b, ...)
+        if not self.window:
+            return suffix.narrow(dim, 1, self.nb - 1)  # key block c: the query blocks b > c
+        shape = list(suffix.shape)
+        shape[dim] = 1
+        padded = torch.cat([suffix, suffix.new_zeros(shape)], dim)  # slot nb: the empty suffix
+        # key block c: the suffix at c + 1 less that at ends[c]
+        return padded.index_select(dim, self.b_idx[1:]) - padded.index_select(dim, self.ends_t)
 
 
 KEY_CHUNK = 256  # keys per product of _full_blocks' q-g sums, in the products' dtype; summed over chunks in float64
@@ -147,6 +163,8 @@ def masked_moments(
     block: int = TOKEN_BLOCK,
     g_sets: int | None = None,
     dtype: torch.dtype = torch.float64,
+    batched: bool = False,
+    w: torch.Tensor | None = None,
 ) -> MaskedMoments:
     """Sums over the counted entries of ``x_a = q Ka^T``, ``g_D = (q0 R_D^T) Kg^T`` and ``v_p = q0 Vp^T`` and
     of their products.
@@ -174,6 +192,11 @@ def masked_moments(
     Index names in the shape comments: a, b key sets K_a (a = k: Kg); p, p' the V sets; D dummy distances; e, f
     dims; l, m bands and x, y, z, w in {0, 1} the two dims (l and l + d/2) of a band; b query blocks, c key
     blocks, r rows of a block; j ragged key columns; F, G every form (the x_a, then the g_D, then the v_p).
+
+    ``batched``: loops over token blocks and key chunks as single operations (:meth:`Blocks.over_full`'s scan;
+    every key chunk in one batched product), the device layout (``Decomposer(batched=...)``); the same sums in
+    another order. ``w``: ``band_factors(rotations)`` computed and checked already (the caller's, once per layer),
+    else they are here.
     """
     f64 = torch.float64
     q, q0, rotations = q.to(f64), q0.to(f64), rotations.to(f64)
@@ -185,12 +208,21 @@ def masked_moments(
     kg_rot = kg_rot.view(n, T, -1, d)  # (n, T, D, e)
     q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)
     if dtype == f64:
-        qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets)
+        qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets, batched, w)
     else:
         q_mean, q0_mean = q.mean(2, keepdim=True), q0.mean(2, keepdim=True)  # (n, h, 1, e): means over tokens
         q_c, q0_c = q - q_mean, q0 - q0_mean  # centred queries
         qq, qg, gg, qv, vv = _products(
-            q_c.to(dtype), q0_c.to(dtype), rotations, keys.to(dtype), q0_keys.to(dtype), window, block, g_sets
+            q_c.to(dtype),
+            q0_c.to(dtype),
+            rotations,
+            keys.to(dtype),
+            q0_keys.to(dtype),
+            window,
+            block,
+            g_sets,
+            batched,
+            w,
         )
         means = _mean_parts((q_mean, q_c), (q0_mean, q0_c), kg_rot, keys, q0_keys, window)  # (n, h, F, G)
         G, V = slice(k, k + rotations.shape[0]), slice(k + rotations.shape[0], means.shape[-1])
@@ -214,16 +246,17 @@ def masked_moments(
     )
 
 
-def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: int):
+def _products(q, q0, rotations, keys, q0_keys, window: int, block: int, g_sets: int, batched=False, w=None):
     """qq, qg, gg, qv, vv over the counted entries, products in the dtype of q, sums float64; ``rotations``
-    float64 (the contractions with R_D after the sums over keys are float64)."""
+    float64 (the contractions with R_D after the sums over keys are float64); ``batched`` and ``w`` as in
+    :func:`masked_moments`."""
     blocks = _blocks(q.shape[2], window, block, q.device)
     qb = _by_block(q, block)  # (n, b, (h, r), e)
     q0b = _by_block(q0, block)  # (n, b, (h, r), e)
     pad = (0, 0, 0, blocks.nb * block - q.shape[2])
     kp = torch.nn.functional.pad(keys, pad)  # (n, (c, r), (k + 1) d), zero-padded
     vp = torch.nn.functional.pad(q0_keys, pad)  # (n, (c, r), p d), zero-padded
-    full = _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks, g_sets)
+    full = _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks, g_sets, batched, w)
     return _add_ragged(*full, qb, q0b, kp, vp, rotations, blocks)
 
 
@@ -287,7 +320,7 @@ def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
     )
 
 
-def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
+def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int, batched=False, w=None):
     """qq, qg, gg, qv, vv over the key blocks that query blocks count in full: the query blocks' Gram matrices,
     summed over the query blocks that count each key block, against the keys. The last key block is counted in
     full by no query block, so c runs over the first nc = nb - 1."""
@@ -307,14 +340,14 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     s_q = torch.stack([s.view(n, nb, h, d, d).transpose(2, 3) for s in (s_qq, s_q0)], 3)  # (n, b, e, q | q0, h, e')
     del s_qq, s_q0
     s_q = s_q.view(n, nb, d, 2 * h * d)  # (n, b, e, (q | q0, h, e'))
-    s_q = blocks.over_full(s_q.double(), 1).to(qb.dtype)  # (n, c, e, (q | q0, h, e')): summed in float64
+    s_q = blocks.over_full(s_q.double(), 1, batched).to(qb.dtype)  # (n, c, e, (q | q0, h, e')): summed in float64
     s_q = s_q.reshape(n * nc, d, 2 * h * d)  # ((n, c), e, (q | q0, h, e'))
     # q0 against q0 per query block and head (blocks of each head's own tokens, so no copy), summed likewise
     q0_blocks = torch.nn.functional.pad(q0, (0, 0, 0, nb * block - q0.shape[2]))  # (n, h, (b, r), e)
     q0_blocks = q0_blocks.view(n * h * nb, block, d)  # ((n, h, b), r, e)
     s_00 = torch.bmm(q0_blocks.transpose(1, 2).contiguous(), q0_blocks)  # ((n, h, b), e, e')
     s_00 = s_00.view(n, h, nb, d * d)  # (n, h, b, (e, e'))
-    s_00 = blocks.over_full(s_00.double(), 2)  # (n, h, c, (e, e')), float64
+    s_00 = blocks.over_full(s_00.double(), 2, batched)  # (n, h, c, (e, e')), float64
     # key side: y = K_a[j]^T (summed query Grams) for key j = (c, r), the q and the q0 half apart (each
     # contiguous, so that the contractions below are plain batched products)
     kb = kp[:, : nc * block].reshape(n, nc, block, k + 1, d)  # (n, c, r, a, e)
@@ -337,9 +370,12 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     y_0 = y_0.view(n, nc * block, k * h * d)  # (n, (c, r), (a, h, e))
     kg = kb[..., k, :]  # (n, c, r, f)
     kg_t = kg.reshape(n, nc * block, d).transpose(1, 2)  # (n, f, (c, r))
-    m = torch.zeros(n, d, g_sets * h * d, dtype=torch.float64, device=qb.device)  # (n, f, (a, h, e)): a < g_sets
-    for j0 in range(0, nc * block, KEY_CHUNK):  # products over a chunk of keys, their sums over chunks float64
-        m += torch.bmm(kg_t[..., j0 : j0 + KEY_CHUNK], y_0[:, j0 : j0 + KEY_CHUNK, : g_sets * h * d])
+    if batched:
+        m = _key_chunks_batched(kg_t, y_0[..., : g_sets * h * d])  # (n, f, (a, h, e)): a < g_sets
+    else:
+        m = torch.zeros(n, d, g_sets * h * d, dtype=torch.float64, device=qb.device)  # (n, f, (a, h, e))
+        for j0 in range(0, nc * block, KEY_CHUNK):  # products over a chunk of keys, their sums over chunks float64
+            m += torch.bmm(kg_t[..., j0 : j0 + KEY_CHUNK], y_0[:, j0 : j0 + KEY_CHUNK, : g_sets * h * d])
     del y_0
     m = m.view(n, d, g_sets, h, d)  # (n, f, a, h, e)
     m = m.permute(0, 3, 2, 1, 4)  # (n, h, a, f, e)
@@ -355,7 +391,7 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     herm_q, sym_q = _complex_grams(s_00.view(n, h, nc, d, d))  # (n, h, c, l, m) each
     p_abs = (herm_q * herm_k.conj()).sum(2)  # (n, h, l, m): sum_c over the products of |z|^2
     p_sq = (sym_q.conj() * sym_k).sum(2)  # (n, h, l, m): the same of z^2
-    w = band_factors(rotations)  # (D, l)
+    w = band_factors(rotations) if w is None else w  # (D, l)
     z_abs = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_abs, w)  # (D, n, h): sum |z|^2
     z_sq = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_sq, w.conj())  # (D, n, h): sum z^2
     gg = 0.5 * (z_abs.real + z_sq.real)  # (D, n, h)
@@ -366,6 +402,21 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int):
     y = y.view(n, h, nc, block, p, d)  # (n, h, c, r, p, f)
     vv = torch.einsum("nhcrpf,ncrqf->nhpq", y, v.view(n, nc, block, p, d))  # (n, h, p, p')
     return qq, qg, gg, qv, vv
+
+
+def _key_chunks_batched(kg_t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``kg_t (n, f, keys) @ y (n, keys, X)`` as :data:`KEY_CHUNK`-key products in the operands' dtype, every chunk
+    in one batched product, summed over chunks in float64: ``(n, f, X)``."""
+    n, f, nk = kg_t.shape
+    nch = -(-nk // KEY_CHUNK)
+    pad = nch * KEY_CHUNK - nk
+    a = torch.nn.functional.pad(kg_t, (0, pad))  # (n, f, (ch, K)), zero keys past the end
+    a = a.view(n, f, nch, KEY_CHUNK).transpose(1, 2)  # (n, ch, f, K)
+    a = a.reshape(n * nch, f, KEY_CHUNK)  # ((n, ch), f, K)
+    b = torch.nn.functional.pad(y, (0, 0, 0, pad))  # (n, (ch, K), X)
+    b = b.reshape(n * nch, KEY_CHUNK, y.shape[-1])  # ((n, ch), K, X)
+    m = torch.bmm(a, b)  # ((n, ch), f, X)
+    return m.view(n, nch, f, y.shape[-1]).sum(1, dtype=torch.float64)  # (n, f, X)
 
 
 def band_factors(rotations: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,9 @@ class KVGroups:
             raise ValueError(f"kv_group {kv_group.tolist()}: every KV head must serve the same number of query heads")
         self.n_heads = len(kv_group)
         self.per_kv = int(per_kv[0])
-        self.order = torch.as_tensor(np.argsort(kv_group, kind="stable"), device=device)  # query heads by KV head
+        order = np.argsort(kv_group, kind="stable")
+        self.order = torch.as_tensor(order, device=device)  # query heads by KV head
+        self.from_order = torch.as_tensor(np.argsort(order), device=device)  # back to the original head order
         self.used = torch.as_tensor(used, device=device)  # (kv_head,) the KV heads that some query head reads
 
     def by_kv(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,9 +42,7 @@ class KVGroups:
 
     def to_heads(self, x: torch.Tensor) -> torch.Tensor:
         """(..., kv_head, h) -> (..., head), in the original head order."""
-        out = torch.empty(x.shape[:-2] + (self.n_heads,), dtype=x.dtype, device=x.device)
-        out[..., self.order] = x.reshape(*x.shape[:-2], self.n_heads)
-        return out
+        return x.reshape(*x.shape[:-2], self.n_heads).index_select(-1, self.from_order)
 
 
 @dataclass(frozen=True)

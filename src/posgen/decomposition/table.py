@@ -10,12 +10,12 @@ from tqdm import tqdm
 
 from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
 from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
-from posgen.decomposition.drift import BASES, SMOOTH_DEGREE
+from posgen.decomposition.drift import BASES, SMOOTH_DEGREE, heldout_coefficients, heldout_fit
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.options import DecompositionOptions
 from posgen.integrity import shown
 from posgen.rope_table import PARAMETERS, RopeTable
-from posgen.store import HELDOUT_K, carried_attrs, open_dataset, provenance, read_rope, write_netcdf
+from posgen.store import HELDOUT_COEF, HELDOUT_MEAN, carried_attrs, open_dataset, provenance, read_rope, write_netcdf
 
 
 def _check_store(ds: xr.Dataset, path) -> None:
@@ -31,8 +31,9 @@ class DecompositionTable:
     ``rope`` is the model's RoPE table: qk.h5's (the store path, :func:`posgen.store.read_rope`) or the capture's
     (the fused path); ``samples`` the windows' global indices. The error of A and the bound run on windows with a
     global index below ``bound_samples`` (0: all), so every shard of a sharded run agrees with the unsharded one.
-    ``heldout_k`` (layer, kv_head, token, dim): the mean key at every position over ``heldout_windows`` held-out
-    windows, Method A-shared's source (None: A-shared is NaN).
+    ``heldout_coef`` (layer, kv_head, basis, dim): the coefficients of the mean key at every position over
+    ``heldout_windows`` held-out windows (:func:`~posgen.decomposition.drift.heldout_coefficients`), Method
+    A-shared's source (None: A-shared is NaN).
     """
 
     def __init__(
@@ -42,7 +43,7 @@ class DecompositionTable:
         samples,
         n_tokens: int,
         bound_samples: int,
-        heldout_k=None,
+        heldout_coef=None,
         heldout_windows: int = 0,
     ):
         self.dec = dec
@@ -53,13 +54,13 @@ class DecompositionTable:
         self.kv_group = rope.kv_group
         self.layers = [rope.layer(layer) for layer in range(rope.n_layers)]
         self.arrays: dict[str, np.ndarray] = {}
-        self.heldout_k = heldout_k
-        self.heldout_windows = int(heldout_windows) if heldout_k is not None else 0
+        self.heldout_coef = heldout_coef
+        self.heldout_windows = int(heldout_windows) if heldout_coef is not None else 0
 
     def add(self, sample: int, layer: int, q, k) -> None:
         """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE."""
         with_bound = not self.bound_samples or sample < self.bound_samples
-        heldout = None if self.heldout_k is None else self.heldout_k[layer]
+        heldout = None if self.heldout_coef is None else heldout_fit(self.heldout_coef[layer], self.n_tokens)
         result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound, heldout_k=heldout)
         position = int(np.flatnonzero(self.samples == sample)[0])
         for name, value in result.items():
@@ -119,6 +120,16 @@ class DecompositionTable:
         )
 
 
+def heldout_source(ds: xr.Dataset):
+    """Method A-shared's source in a qk.h5 dataset: its held-out key coefficients, those of the mean keys a file
+    written before them holds, or None."""
+    if HELDOUT_COEF in ds:
+        return ds[HELDOUT_COEF].values
+    if HELDOUT_MEAN in ds:
+        return heldout_coefficients(ds[HELDOUT_MEAN].values, ds.sizes["token"]).numpy()
+    return None
+
+
 def decompose_dataset(
     ds: xr.Dataset,
     options: DecompositionOptions,
@@ -132,14 +143,14 @@ def decompose_dataset(
     the carried attrs of ``ds``; ``what`` names ``ds`` in errors. ``options`` as in :func:`decompose_store`."""
     _check_store(ds, what)
     dec = Decomposer.from_options(options)
-    heldout = ds[HELDOUT_K].values if HELDOUT_K in ds else None
+    heldout = heldout_source(ds)
     table = DecompositionTable(
         dec,
         read_rope(ds),
         ds["sample"].values,
         ds.sizes["token"],
         options.bound_samples,
-        heldout_k=heldout,
+        heldout_coef=heldout,
         heldout_windows=int(ds.attrs.get("heldout_windows", 0)),
     )
     units = [(s_, l_) for s_ in range(ds.sizes["sample"]) for l_ in range(ds.sizes["layer"])]

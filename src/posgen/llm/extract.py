@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from posgen import rope
 from posgen.config import schema_defaults
 from posgen.corpus import read_windows
+from posgen.decomposition.drift import heldout_coefficients
 from posgen.llm.capture import Capture
 from posgen.llm.first_token import first_token_replaced
 from posgen.llm.fused import Analysis
@@ -305,6 +306,8 @@ def extract(
             )
             heldout_ids = windows["heldout_token_id"].values if "heldout_token_id" in windows else token_id[:0]
             heldout_k = heldout_mean_keys(model, capture, heldout_ids, positions, run.label)
+            # Method A-shared reads them only through their smooth fit: its coefficients are what is kept
+            heldout_coef = None if heldout_k is None else heldout_coefficients(heldout_k, n_tokens).numpy()
             # every shard self-checks its first window, so that no job goes unchecked
             passes = captured_windows(model, capture, token_id, shard, positions, set(ref_samples) | {start}, run.label)
             first_pass = next(passes)  # the RoPE table is read after a whole window's pass (dynamic RoPE)
@@ -315,10 +318,10 @@ def extract(
             # reference layer, 58 of the 106 GB a paper run would keep
             refs = (list(ref_samples) if analysis is None else [], ref_layers)
             writer = open_writer(run.out, capture, params, attrs, kept, n_tokens, refs, (compression, qk_dtype))
-            if heldout_k is not None:
-                writer.write_heldout_mean(heldout_k, len(heldout_ids))
+            if heldout_coef is not None:
+                writer.write_heldout_coefficients(heldout_coef, len(heldout_ids))
             if analysis is not None:
-                analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_k, len(heldout_ids))
+                analysis.start(params, n_tokens, capture.n_kv_heads, shard, heldout_coef, len(heldout_ids))
             for sample, q, k, t0 in itertools.chain([first_pass], passes):
                 error, logits_ref = check_window(capture, q, k, params, rtol, layer_errors, ref_layers)
                 worst = max(worst, error)

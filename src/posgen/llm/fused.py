@@ -60,10 +60,11 @@ class Analysis:
         self.bands: BandTable | None = None
 
     def start(
-        self, rope: RopeTable, n_tokens: int, n_kv_heads: int, samples, heldout_k=None, heldout_windows: int = 0
+        self, rope: RopeTable, n_tokens: int, n_kv_heads: int, samples, heldout_coef=None, heldout_windows: int = 0
     ) -> None:
-        """Called once the model's RoPE table is known (after the first forward pass); ``heldout_k`` the mean key
-        over ``heldout_windows`` held-out windows (qk.h5's ``k_heldout_mean``), or None."""
+        """Called once the model's RoPE table is known (after the first forward pass); ``heldout_coef`` the
+        coefficients of the mean key over ``heldout_windows`` held-out windows (qk.h5's ``k_heldout_coef``), or
+        None."""
         samples = np.asarray(samples, dtype=np.int64)
         self.decomposition = DecompositionTable(
             self.decomposer,
@@ -71,7 +72,7 @@ class Analysis:
             samples,
             n_tokens,
             self.bound_samples,
-            heldout_k=heldout_k,
+            heldout_coef=heldout_coef,
             heldout_windows=heldout_windows,
         )
         self.bands = BandTable(rope_dataset(rope, n_tokens, n_kv_heads), len(samples))
