@@ -4,7 +4,7 @@ kernel launch and each host sync a stall, so the count is the launch cost in adv
 
     python -m posgen.bench ops --shape llama-3.1-8b --tokens 512 [--bound] [--heldout] [--layout host|device|both]
 
-Counts one ``Decomposer.unit`` (the per-window path; ``--bound`` adds the error and bound pass of the bound
+Counts one ``Decomposer.unit`` (its per-layer path ``statistics`` and the copy ``to_host``, once per window; ``--bound`` adds the error and bound pass of the bound
 windows; ``--heldout`` Method A-shared; ``--layout``: the CPU's layout, the device layout of ``Decomposer(batched=True)``, or both side by
 side with their largest difference) on random q/k of the shape's heads (one layer), beside one decoder layer of
 the model's own forward pass at that length (random init, eager attention). ``kernels`` leaves out the operations
@@ -97,6 +97,16 @@ def counted_reads():
             setattr(torch.Tensor, name, original)
 
 
+def counted_unit(dec: Decomposer, q, k, kv, rope, with_bound: bool, heldout) -> tuple[dict, dict]:
+    """One (sample, layer) through ``dec``, counted in its two parts: the per-layer path
+    (:meth:`Decomposer.statistics`, ``"layer"``) and the copy to the host with its checks (:meth:`Decomposer.
+    to_host`, ``"copy"``: once per window for all its layers); and the unit's statistics."""
+    held = {}
+    layer = count(lambda: held.__setitem__("unit", dec.statistics(q, k, kv, rope, with_bound, heldout)))
+    copy = count(lambda: held.__setitem__("host", dec.to_host([held["unit"]])[0]))
+    return {"layer": layer, "copy": copy}, held["host"]
+
+
 def count(fn) -> dict:
     """Operations, host syncs and reads of one call of ``fn``."""
     with counted_reads() as reads, OpCounter() as ops:
@@ -168,12 +178,12 @@ def compare_layouts(shape_name: str, n_tokens: int, device: str, repeats: int = 
             t0 = synced()
             one()
             seconds.append(synced() - t0)
-        counted = count(one)
+        counted, _ = counted_unit(dec, q_dev, k_dev, kv, rope, False, heldout)
         out[layout] = {
             "seconds_per_layer": float(np.median(seconds)),
-            "ops": counted["ops"],
-            "kernels": counted["kernels"],
-            "syncs": counted["syncs"],
+            "ops": counted["layer"]["ops"] + counted["copy"]["ops"],
+            "kernels": counted["layer"]["kernels"] + counted["copy"]["kernels"],
+            "syncs": counted["layer"]["syncs"],  # in the per-layer path; the copy's one is per window
         }
     r_host, r_device = values["host"]["r"], values["device"]["r"]
     out["max_abs_difference_r"] = float(np.nanmax(np.abs(r_host - r_device)))
@@ -210,12 +220,14 @@ def main(argv=None) -> None:
     for layout in layouts:
         dec = Decomposer(DISTANCES, DISTANCES[3], device="cpu", batched=layout == "device")
         dec.unit(q, k, kv, rope, with_bound=args.bound, heldout_k=heldout)  # the first call builds cached designs
-        analysis = count(lambda: values.__setitem__(layout, dec.unit(q, k, kv, rope, args.bound, heldout)))
+        counted, values[layout] = counted_unit(dec, q, k, kv, rope, args.bound, heldout)
+        layer, copy = counted["layer"], counted["copy"]
         result[layout] = {
-            "analysis_ops": analysis["ops"],
-            "analysis_kernels": analysis["kernels"],
-            "analysis_syncs": analysis["syncs"],
-            "analysis_top_ops": analysis["by_op"],
+            "analysis_ops": layer["ops"] + copy["ops"],  # one (sample, layer), its copy to the host included
+            "analysis_kernels": layer["kernels"] + copy["kernels"],
+            "layer_syncs": layer["syncs"],  # host reads in the per-layer path
+            "copy_syncs": copy["syncs"],  # and in the copy of a window's statistics (once per window)
+            "analysis_top_ops": layer["by_op"],
         }
     if len(values) == 2:  # the two layouts' largest difference over every statistic (NaN where both are)
         result["max_abs_difference"] = max(

@@ -133,20 +133,22 @@ def error_and_bound(ops: UnitOperands, table: BoundTable, device, block_elems: i
     }
 
 
-def check_bound(ops: UnitOperands, slack_min: np.ndarray) -> None:
-    """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -tolerance.
-
-    float32 error carries rounding of order eps * s |q| |k| sqrt(d), and the float32 rotation angles add
-    :func:`angle_rtol` (linear in the window length): the tolerance is ``BOUND_RTOL + angle_rtol`` times
-    ``s |q|max |k|max`` per head.
-    """
+def bound_tolerance(ops: UnitOperands) -> torch.Tensor:
+    """How far below 0 the bound's slack may dip, per head, ``(H,)`` float64 on the device: float32 error carries
+    rounding of order eps * s |q| |k| sqrt(d), and the float32 rotation angles add :func:`angle_rtol` (linear in
+    the window length): ``BOUND_RTOL + angle_rtol`` times ``s |q|max |k|max``."""
     rope = ops.rope
     s, amp = float(rope.scaling), float(rope.attention_scaling)
     q_max = ops.q.norm(dim=-1).amax(-1)  # (H,)
     k_max = ops.k.norm(dim=-1).amax(-1)[ops.kv]  # (H,)
     scale = s * amp * amp * q_max * k_max  # (H,)
-    rtol = BOUND_RTOL + angle_rtol(ops.q.shape[1], rope.inv_freq)
-    tol = (rtol * scale.double()[:, None]).cpu().numpy()
+    return (BOUND_RTOL + angle_rtol(ops.q.shape[1], rope.inv_freq)) * scale.double()
+
+
+def check_bound(slack_min: np.ndarray, tol: np.ndarray) -> None:
+    """Raises unless the bound of method.md section 5 holds: ``slack_min (H, sink)`` >= -``tol (H,)``
+    (:func:`bound_tolerance`), naming the head and sink."""
+    tol = np.broadcast_to(np.asarray(tol, dtype=np.float64)[:, None], slack_min.shape)
     worst = slack_min + tol
     if (worst < 0).any():
         h_bad, s_bad = np.unravel_index(int(np.argmin(worst / tol)), worst.shape)

@@ -8,11 +8,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
-from posgen.decomposition.bound import BoundTable, check_bound, error_and_bound
+from posgen.decomposition.bound import BoundTable, bound_tolerance, check_bound, error_and_bound
 from posgen.decomposition.design import CG_CHECK_EVERY, LSTSQ_TOL, AdditiveDesign, fit_sinks, w_sums
 from posgen.decomposition.drift import (
     BASES,
@@ -40,12 +42,28 @@ VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
 
 
-def to_host(out: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Every statistic in one copy to the host (one synchronisation, not one per statistic), float64."""
-    flat = torch.cat([value.reshape(-1).to(torch.float64) for value in out.values()])  # (sum of sizes,)
+TOL = "_bound_tol"  # the bound's tolerance per head, copied with a unit's statistics and checked, not kept
+
+
+@dataclass(frozen=True)
+class UnitStatistics:
+    """One (sample, layer)'s statistics on the analysis device (:meth:`Decomposer.statistics`), before the copy
+    to the host and the checks that read them: the bound's tolerance per head (None: no bound), the window."""
+
+    tensors: dict[str, torch.Tensor]
+    bound_tol: torch.Tensor | None
+    n_tokens: int
+    window: int
+
+
+def to_host(units: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]:
+    """Every statistic of every unit in one copy to the host (one synchronisation, not one per statistic and
+    unit), float64, shaped as on the device."""
+    values = [value for unit in units for value in unit.values()]
+    flat = torch.cat([value.reshape(-1).to(torch.float64) for value in values])  # (sum of sizes,)
     host = flat.cpu().numpy()
-    parts = np.split(host, np.cumsum([value.numel() for value in out.values()])[:-1])
-    return {name: part.reshape(value.shape) for (name, value), part in zip(out.items(), parts)}
+    parts = iter(np.split(host, np.cumsum([value.numel() for value in values])[:-1]))
+    return [{name: next(parts).reshape(value.shape) for name, value in unit.items()} for unit in units]
 
 
 def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -164,12 +182,17 @@ class Decomposer:
         return used_dummy_distance(self.dummy_distance, rope.sliding_window, n_tokens)
 
     def unit(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True, heldout_k=None) -> dict[str, np.ndarray]:
-        """All statistics of one (sample, layer): q (H, T, d), k (H_kv, T, d) pre-RoPE; arrays per head.
+        """All statistics of one (sample, layer): q (H, T, d), k (H_kv, T, d) pre-RoPE; arrays per head, checked.
 
         ``with_bound=False`` skips the error of A and the section 5 bound, the one pass over every entry (and,
         for the bound, every band); their statistics are then NaN. ``heldout_k`` (H_kv, T, d): the mean key at
         every position over held-out windows, Method A-shared's source (None: its statistics are NaN).
         """
+        return self.to_host([self.statistics(q, k, kv_group, rope, with_bound, heldout_k)])[0]
+
+    def statistics(self, q, k, kv_group, rope: LayerRope, with_bound: bool = True, heldout_k=None) -> UnitStatistics:
+        """:meth:`unit`'s statistics left on the analysis device and not yet checked; :meth:`to_host` copies and
+        checks those of many units at once (a window's layers: one host read per window)."""
         ops = self.operands(q, k, kv_group, rope, heldout_k)
         moments = self.moments(ops)
         a = self.method_a(ops, moments)
@@ -192,18 +215,26 @@ class Decomposer:
                 out[name][:, METHODS.index("A-shared")] = float("nan")
             for name in ("k_shared_share", "k_scaled_share"):
                 out[name] = torch.full_like(out[name], float("nan"))
+        tol = None
         if with_bound:
             out.update(self.error_and_bound(ops))
+            tol = bound_tolerance(ops)
         else:
             H = ops.q.shape[0]
             for name in BOUND_STATISTICS:
-                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64)
-        result = to_host(out) if self.batched else {k: v.cpu().numpy().astype(np.float64) for k, v in out.items()}
-        if self.batched:  # Method B's residual, read with the results rather than on its own
-            self.check_residual(result["lstsq_residual"], q.shape[-2], ops.window)
-        if with_bound:
-            self.check_bound(ops, result["bound_slack_min"])
-        return result
+                out[name] = torch.full((H, len(SINKS)), float("nan"), dtype=torch.float64, device=ops.q.device)
+        return UnitStatistics(out, tol, ops.q.shape[1], ops.window)
+
+    def to_host(self, units: list[UnitStatistics]) -> list[dict[str, np.ndarray]]:
+        """The statistics of ``units`` in one copy to the host (float64), then the checks that read them: Method
+        B's residual (:meth:`check_residual`) and the bound (:meth:`check_bound`)."""
+        tensors = [dict(unit.tensors, **({} if unit.bound_tol is None else {TOL: unit.bound_tol})) for unit in units]
+        hosts = to_host(tensors)
+        for unit, host in zip(units, hosts):
+            self.check_residual(host["lstsq_residual"], unit.n_tokens, unit.window)
+            if unit.bound_tol is not None:
+                self.check_bound(host["bound_slack_min"], host.pop(TOL))
+        return hosts
 
     def operands(self, q, k, kv_group, rope: LayerRope, heldout_k=None) -> UnitOperands:
         """Checks the shapes and rotates once (:func:`unit_operands`)."""
@@ -399,6 +430,6 @@ class Decomposer:
         table = self.table(ops.rope.inv_freq, ops.q.shape[1], ops.window, ops.dummy_distance)
         return error_and_bound(ops, table, self.device, self.block_elems, self.bound_rows)
 
-    def check_bound(self, ops: UnitOperands, slack_min: np.ndarray) -> None:
+    def check_bound(self, slack_min: np.ndarray, tol: np.ndarray) -> None:
         """Raises unless the bound of method.md section 5 holds (:func:`check_bound`)."""
-        check_bound(ops, slack_min)
+        check_bound(slack_min, tol)

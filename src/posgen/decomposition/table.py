@@ -56,20 +56,32 @@ class DecompositionTable:
         self.arrays: dict[str, np.ndarray] = {}
         self.heldout_coef = heldout_coef
         self.heldout_windows = int(heldout_windows) if heldout_coef is not None else 0
+        self.pending: list = []  # (sample position, layer, UnitStatistics) not yet copied to the host
 
     def add(self, sample: int, layer: int, q, k) -> None:
-        """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE."""
+        """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE. Its
+        statistics stay on the analysis device until :meth:`flush` (called once a window's layers are in)."""
         with_bound = not self.bound_samples or sample < self.bound_samples
         heldout = None if self.heldout_coef is None else heldout_fit(self.heldout_coef[layer], self.n_tokens)
-        result = self.dec.unit(q, k, self.kv_group, self.layers[layer], with_bound=with_bound, heldout_k=heldout)
+        unit = self.dec.statistics(q, k, self.kv_group, self.layers[layer], with_bound=with_bound, heldout_k=heldout)
         position = int(np.flatnonzero(self.samples == sample)[0])
-        for name, value in result.items():
-            if name not in self.arrays:
-                self.arrays[name] = np.full((len(self.samples), len(self.layers)) + value.shape, np.nan)
-            self.arrays[name][position, layer] = value
+        self.pending.append((position, layer, unit))
+
+    def flush(self) -> None:
+        """The pending units' statistics to the host in one copy, checked (:meth:`Decomposer.to_host`)."""
+        if not self.pending:
+            return
+        results = self.dec.to_host([unit for _, _, unit in self.pending])
+        for (position, layer, _), result in zip(self.pending, results):
+            for name, value in result.items():
+                if name not in self.arrays:
+                    self.arrays[name] = np.full((len(self.samples), len(self.layers)) + value.shape, np.nan)
+                self.arrays[name][position, layer] = value
+        self.pending = []
 
     def dataset(self, attrs: dict) -> xr.Dataset:
         """decomposition.nc (docs/data-model.md); ``attrs`` are added to the provenance."""
+        self.flush()
         dec, n_samples = self.dec, len(self.samples)
         used = np.array([dec.layer_distance(rope, self.n_tokens) for rope in self.layers], dtype=np.int64)
         coords = {
@@ -159,6 +171,8 @@ def decompose_dataset(
         q = ds["q"].isel(sample=s_, layer=l_).values
         k = ds["k"].isel(sample=s_, layer=l_).values
         table.add(int(table.samples[s_]), l_, q, k)
+        if l_ == ds.sizes["layer"] - 1:
+            table.flush()  # a window's layers: one copy to the host
     return table.dataset({**(attrs or {}), **carried_attrs(ds)})
 
 

@@ -82,6 +82,7 @@ class Analysis:
         for layer in range(q.shape[0]):
             self.decomposition.add(sample, layer, q[layer], k[layer])
             self.bands.add(layer, q[layer], k[layer])
+        self.decomposition.flush()  # the window's statistics to the host in one copy
 
     def write(self, attrs: dict) -> None:
         """decomposition.nc and bands.nc, each with ``attrs`` (qk.h5's carried attrs) in its provenance."""
