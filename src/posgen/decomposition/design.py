@@ -362,7 +362,9 @@ def fit_sinks(designs: dict, rhs: dict, tol: float, early_stop: bool = True) -> 
     ``{sink: (ra, rb, rc)}``. Causal matrix-free designs share one set of conjugate gradients over their stacked
     rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens),
     each design takes its dense solve (factorised once, cached with the design), as it would have after its own
-    conjugate gradients stalled; a dense design fits on its own. ``early_stop`` as in :meth:`AdditiveDesign.fit`."""
+    conjugate gradients stalled; a dense design fits on its own. ``early_stop=False`` (the device layout) takes
+    one refinement step of a dense solve without reading its residual: one reaches rounding's floor (relative
+    normal residual 4e-12 -> 4e-14 at 512 tokens, 1.4e-10 -> 2.6e-13 at 2,048; a second changes nothing)."""
     sinks = list(designs)
     if all(d.causal and d.inverse is None for d in designs.values()):
         rows = [rhs[sink][0].shape[0] for sink in sinks]
@@ -374,4 +376,5 @@ def fit_sinks(designs: dict, rhs: dict, tol: float, early_stop: bool = True) -> 
             return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
         for design in designs.values():  # where the stack stalls each design would too: the dense solve at once
             design._factorise(r.device)
-    return {sink: designs[sink].fit(*rhs[sink], tol=tol, early_stop=early_stop) for sink in sinks}
+    refine = 2 if early_stop else 1
+    return {sink: designs[sink].fit(*rhs[sink], tol=tol, refine=refine, early_stop=early_stop) for sink in sinks}

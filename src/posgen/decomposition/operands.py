@@ -138,9 +138,9 @@ def unit_operands(
         ],
         -1,
     )
-    eye = torch.eye(d, device=dev)
-    # rotate() turns each row, so the rotated identity is R_D^T; transposed, R_D (nD, d, d)
-    rotations = torch.stack([rotate(eye, torch.tensor(D), theta).T for D in distances])
+    eye = torch.eye(d, device=dev).expand(len(distances), d, d)  # (nD, d, d)
+    # rotate() turns each row, so the rotated identity is R_D^T (every D at once: a position per D); transposed, R_D
+    rotations = rotate(eye, torch.tensor(distances, device=dev)[:, None], theta).transpose(-1, -2)  # (nD, d, d)
     return UnitOperands(
         q=q,
         k=k,
