@@ -16,7 +16,7 @@ from posgen.synthetic import cost
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
-    gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--budget-s", "400", "--threads", "1"])
+    gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--budget-s", "1000", "--threads", "1"])
     return out
 
 
@@ -42,6 +42,11 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     assert "| full_depth: smollm2-135m x 2 layers, 2 x 128 tokens | plain forward |" in markdown
     assert "Rates for posgen.plan" in markdown
     assert "| device |" in markdown and "device / host time" in markdown
+    # the paper smoke: the workflow through Snakemake, every first-paper step, its results current
+    smoke = report["parts"]["paper_smoke"]
+    assert smoke["jobs"] >= smoke["targets"] > 0 and smoke["integrity"]["current"], smoke
+    assert {"extract", "perturb", "cap", "head_ablation", "summarize"} <= set(smoke["rules"])
+    assert "Paper smoke (smollm2-135m x 2 layers" in markdown
 
 
 def test_a_part_past_its_budget_is_reported_not_waited_for(tmp_path):

@@ -12,7 +12,10 @@ test suite runs so that it cannot rot):
 (c) the second paper's classifier at the authors' size (config.paper.yaml: 6 layers x 16 heads, width 256, FFN
     512, batch 512, distance task of 122 tokens): optimiser steps/s of one classifier in float32, TF32 and
     bfloat16, and of an ensemble of 3 seeds;
-(d) the rates these imply for ``posgen.plan`` (forward, moments and error FLOP/s; seconds per classifier step).
+(d) the rates these imply for ``posgen.plan`` (forward, moments and error FLOP/s; seconds per classifier step);
+(e) the paper smoke (posgen.bench.smoke): the real workflow through Snakemake on config.paper.yaml reduced to one
+    random-init model of the 8B shape (4 layers), two variants, 8 windows of 4096 tokens, every step of the first
+    paper, and ``python -m posgen.integrity`` over its results.
 
 Each part runs in its own process with what is left of its share of the budget; a part that does not finish is
 killed and reported as not fitting, never waited for. Writes ``DIR/gpu-report.json`` (what ``posgen.plan`` reads
@@ -46,7 +49,8 @@ WINDOWS = {
 REF_LAYERS = {"full_depth": (0, -1), "long_window": ()}
 # (shape, tokens) of part (b')
 LAYOUTS = {False: ("llama-3.1-8b", 4096), True: ("smollm2-135m", 128)}
-SHARES = {"full_depth": 0.4, "long_window": 0.15, "layouts": 0.1, "classifier": 0.3}  # of the budget; rest slack
+# of the budget; the rest is slack
+SHARES = {"full_depth": 0.3, "long_window": 0.1, "layouts": 0.05, "classifier": 0.2, "paper_smoke": 0.3}
 DUMMY_DISTANCES = [0, 250, 500, 1000, 2000]
 CLASSIFIER_STEPS = {False: 30, True: 3}
 
@@ -158,6 +162,19 @@ def report_markdown(report: dict) -> str:
             f"{layouts['max_abs_difference_r']:.2e}, over every statistic "
             f"{layouts['max_rel_difference']:.2e} of its largest value.",
         ]
+    smoke = report["parts"].get("paper_smoke", {})
+    if "seconds" in smoke and "rules" in smoke:
+        shape, layers, windows, tokens = smoke["setup"]
+        lines += [
+            "",
+            f"Paper smoke ({shape} x {layers} layers, 2 variants, {windows} x {tokens} tokens, through Snakemake): "
+            f"{smoke['jobs']} jobs in {smoke['seconds']:.0f} s; integrity: {smoke['integrity']['said']}",
+            "",
+            "| rule | jobs | seconds | peak RSS GB |",
+            "|---|---|---|---|",
+        ]
+        for rule, v in smoke["rules"].items():
+            lines.append(f"| {rule} | {v['jobs']} | {v['seconds']:.1f} | {v['peak_rss_gb']:.2f} |")
     classifier = report["parts"].get("classifier", {})
     lines += ["", "| classifier | steps/s |", "|---|---|"]
     if "timed_out" in classifier:
@@ -200,6 +217,7 @@ def main(argv=None) -> dict:
     import torch
 
     from posgen.bench.ops import compare_layouts  # torch at import: inside the check, as above
+    from posgen.bench.smoke import run_smoke
     from posgen.device import resolve_device
 
     parser = argparse.ArgumentParser(prog="python -m posgen.bench gpu", description=__doc__)
@@ -209,6 +227,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--tiny", action="store_true", help="small sizes (the test suite's CPU run)")
     parser.add_argument("--dtype", default="bfloat16", help="of the 8B-shape model (config.paper.yaml's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke-cores", type=int, default=2, help="snakemake --cores of the paper smoke")
     args = parser.parse_args(argv)
     device = resolve_device(args.device).type
     start = time.monotonic()
@@ -242,6 +261,10 @@ def main(argv=None) -> dict:
     parts["classifier"] = attempt(in_child, _classifier, args.tiny, device, timeout=share)
     did_not_fit += ["classifier"] if "timed_out" in parts["classifier"] else []
     failed += [f"classifier: {parts['classifier']['failed']}"] if "failed" in parts["classifier"] else []
+    share = max(min(SHARES["paper_smoke"] * args.budget_s, deadline - time.monotonic()), 1.0)
+    parts["paper_smoke"] = attempt(run_smoke, args.tiny, device, PAPER_CONFIG, args.smoke_cores, share)
+    did_not_fit += ["paper_smoke"] if "timed_out" in parts["paper_smoke"] else []
+    failed += [f"paper_smoke: {parts['paper_smoke']['failed']}"] if "failed" in parts["paper_smoke"] else []
     report = {
         "device_name": device_name(device),
         "device": device,
