@@ -28,7 +28,9 @@ def angle_rtol(n_tokens: int, inv_freq) -> float:
     """The rounding of float32 rotation angles in a logit over ``n_tokens`` positions, relative to s |q| |k|:
     each band's two angles p theta_l (p < T) are off by at most u p theta_l (u = eps / 2) before cos/sin, so a
     logit moves by at most |q| |k| u (i + j) theta_max < |q| |k| eps T theta_max (docs/method.md section 5)."""
-    return ANGLE_EPS * n_tokens * torch.as_tensor(inv_freq).max().item()  # numpy or torch, any device
+    if isinstance(inv_freq, np.ndarray):  # a RopeTable's row: read on the host, no device sync
+        return ANGLE_EPS * n_tokens * float(inv_freq.max())
+    return ANGLE_EPS * n_tokens * torch.as_tensor(inv_freq).max().item()  # torch, any device
 
 
 def band_norms(x: torch.Tensor) -> torch.Tensor:
