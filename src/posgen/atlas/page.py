@@ -312,13 +312,13 @@ def classifier_figures(classifiers: pd.DataFrame, training_path) -> tuple[list[d
     return keys, figures
 
 
-def verdict_tables(reproduction, models: list[str], classifiers: list[dict], stats: dict) -> str:
-    """Both papers' verdict tables as HTML, each row's last cell linking to the heads or classifiers it was
-    decided on."""
+def verdict_tables(reproduction, models: list[str], classifiers: list[dict], stats: dict) -> tuple[str, dict]:
+    """(both papers' verdict tables as HTML, each row's last cell linking to the heads or classifiers it was
+    decided on; {classifier key: [(row id, claim)]}, the rows each classifier decided)."""
     if not reproduction:
-        return "<p>No reproduction.md in this run.</p>"
+        return "<p>No reproduction.md in this run.</p>", {}
     rows = parse(reproduction)
-    out = []
+    out, decided = [], {}
     for paper, title in ((1, "Han &amp; Ji 2025: attention logits in LLMs"), (2, "arXiv 2505.13027: classifiers")):
         body = []
         for i, row in enumerate(r for r in rows if r.paper == paper):
@@ -333,6 +333,7 @@ def verdict_tables(reproduction, models: list[str], classifiers: list[dict], sta
                     )
             else:
                 for c in classifiers_of(row, classifiers):
+                    decided.setdefault(c["key"], []).append((f"verdict-{paper}-{i}", row.cells[0]))
                     label = f"{c['experiment']} / {c['task']} / {c['pe']} / seed {c['seed']}"
                     links.append(
                         f"<a href='#classifiers' class='classifier-link' "
@@ -342,7 +343,7 @@ def verdict_tables(reproduction, models: list[str], classifiers: list[dict], sta
             body.append(f"<tr id='verdict-{paper}-{i}'>{cells}<td>{'<br>'.join(links)}</td></tr>")
         head = "".join(f"<th>{h}</th>" for h in ("claim", "test", "verdict", "evidence", "decided on"))
         out.append(f"<h3>{title}</h3><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table>")
-    return "\n".join(out)
+    return "\n".join(out), decided
 
 
 SCRIPT = """
@@ -440,6 +441,9 @@ const atlas = (() => {
   function showClassifier(key) {
     $('classifier').value = key;
     draw('classifier-fig', D.classifier_figures[key]);
+    const rows = D.classifier_verdicts[key] || [];
+    $('classifier-verdicts').innerHTML = rows.length ? 'Verdicts decided on it: ' +
+      rows.map(([id, claim]) => `<a href="#${id}">${claim}</a>`).join('; ') : 'No verdict row names it.';
   }
   document.addEventListener('DOMContentLoaded', () => {
     for (const id of ['model', 'stat', 'view']) $(id).addEventListener('change', recolour);
@@ -498,6 +502,7 @@ def build_page(heads_path, classifier_path=None, examples=(), bands=(), training
     keys, class_figs = classifier_figures(classifiers, training) if len(classifiers) else ([], {})
     sweep_d, sweep = sweeps(heads)
     maps = example_maps(examples)
+    verdicts, decided = verdict_tables(reproduction, models, keys, stats)
     data = {
         "models": models,
         "variants": variants,
@@ -512,6 +517,7 @@ def build_page(heads_path, classifier_path=None, examples=(), bands=(), training
         "templates": detail_templates(sweep_d),
         "classifiers": keys,
         "classifier_figures": class_figs,
+        "classifier_verdicts": decided,
         "template": pio.templates["plotly"].to_plotly_json(),
     }
     text = pio.json.to_json_plotly(data).replace("</", "<\\/")
@@ -526,7 +532,6 @@ def build_page(heads_path, classifier_path=None, examples=(), bands=(), training
     )
     prov = provenance()
     config_hash = str(heads["config_hash"].iloc[0]) if "config_hash" in heads else ""
-    verdicts = verdict_tables(reproduction, models, keys, stats)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>posgen head atlas</title>
 <meta name="posgen_version" content="{prov["posgen_version"]}"><meta name="config_hash" content="{config_hash}">
@@ -552,6 +557,7 @@ view <select id="view">{_options([("side", "variants side by side"), ("diff", "t
 <div id="detail-maps"></div>
 <h2 id="classifiers">Classifiers (arXiv 2505.13027)</h2>
 <div class="controls">classifier <select id="classifier">{classifier_options}</select></div>
+<p id="classifier-verdicts" class="note"></p>
 <div id="classifier-fig"></div>
 <h2 id="verdicts">Verdicts</h2>
 {verdicts}
