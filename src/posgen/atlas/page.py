@@ -11,9 +11,10 @@ the run's per-head tables (posgen.atlas.tables) and NetCDF files.
   learning curves;
 * both papers' verdict tables (from reproduction.md), each row linked to the heads or classifiers it was decided on.
 
-Size: plotly.js (about 4.7 MB) once, then per model variant a few numbers per head and statistic (about 60 kB for
-270 heads), 2 example heads' maps per variant (4 x MAP_TOKENS^2 values each) and two small figures per classifier:
-the page grows with heads x variants, never with windows or tokens (docs/data-model.md, "atlas.html").
+Size: plotly.js (about 4.7 MB) once, then per model variant the numbers of every head and statistic, band profile
+and D sweep (about 1.2 kB per head), 2 example heads' maps per variant (4 x MAP_TOKENS^2 float32 values each) and
+one small figure per classifier: the page grows with heads x variants, never with windows or tokens
+(docs/data-model.md, "The head atlas").
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ from posgen.atlas.tables import read_table
 from posgen.atlas.verdicts import cell_html, classifiers_of, parse, statistic_of
 from posgen.paths import identity
 from posgen.store import atomic_path, open_dataset, provenance, require
+from posgen.workflow.job import listed
 
 SINK = "without"  # the grid's sink (heads.parquet has both)
 MAP_TOKENS = 96  # the example maps' token range: bounds their size whatever figures.map_tokens is
 DIGITS = 4  # decimals kept of every number on the page (the tables keep full precision)
-HEIGHT = 420
+HEIGHT = 420  # pixels of a grid figure
 
 
 def statistics(heads: pd.DataFrame) -> dict[str, tuple[str, str, str]]:
@@ -582,8 +584,8 @@ def atlas_step(job) -> int:
         job.output["atlas"],
         heads_path=i["heads"],
         classifier_path=i.get("classifier_heads"),
-        examples=i.get("examples", ()),
-        bands=i.get("bands", ()),
+        examples=listed(i.get("examples", ())),
+        bands=listed(i.get("bands", ())),
         training=i.get("training"),
         reproduction=i.get("reproduction"),
     )

@@ -24,6 +24,7 @@ from posgen.llm.bands import low_frequency_share
 from posgen.paths import identity
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, provenance, require
+from posgen.workflow.job import listed
 
 HEAD_KEYS = ["model", "variant", "layer", "head", "method", "sink"]
 CLASSIFIER_KEYS = ["experiment", "task", "pe", "seed", "layer", "head"]
@@ -220,10 +221,7 @@ def heads_step(job) -> pd.DataFrame:
     """Rule heads' job: results/heads.parquet from every model variant's tables."""
     p = job.params
     table = head_table(
-        job.input["decomposition"],
-        job.input.get("block_swap", ()),
-        job.input.get("bands", ()),
-        job.input.get("head_ablation", ()),
+        *(listed(job.input.get(role, ())) for role in ("decomposition", "block_swap", "bands", "head_ablation")),
         n_boot=int(p["n_boot"]),
         seed=int(p["seed"]),
         config_hash=p["config_hash"],
