@@ -31,6 +31,7 @@ include: "rules/llm.smk"
 include: "rules/trajectory.smk"
 include: "rules/synthetic.smk"
 include: "rules/figures.smk"
+include: "rules/atlas.smk"
 include: "rules/targets.smk"
 
 

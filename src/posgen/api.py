@@ -8,7 +8,9 @@
 * :func:`decompose`: the dataset decomposition.nc holds, by the store path's own code;
 * :func:`ablate_heads`: the dataset head_ablation.nc holds (the loss increase of every head on the windows and on
   a repeat probe);
-* :func:`draw`: any paper figure from those datasets, by the figure rules' own loader and drawing function.
+* :func:`draw`: any paper figure from those datasets, by the figure rules' own loader and drawing function;
+* :func:`heads`, :func:`classifier_heads`: a run's per-head tables (results/heads.parquet,
+  results/synthetic/heads.parquet) as DataFrames.
 
 Options not given take the config schema's defaults (schemas/config.schema.yaml), as the workflow does.
 """
@@ -21,9 +23,12 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 import xarray as xr
 
+from posgen import paths
+from posgen.atlas.tables import read_table
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition.options import DecompositionOptions
@@ -227,3 +232,15 @@ def draw(name: str, data, *, n_boot: int | None = None, seed: int | None = None)
         n_boot=intervals["bootstrap"] if n_boot is None else n_boot,
         seed=intervals["seed"] if seed is None else seed,
     )
+
+
+def heads(path: str | Path = paths.HEADS) -> pd.DataFrame:
+    """A run's first-paper per-head table (results/heads.parquet, docs/data-model.md): one row per (model, variant,
+    layer, head, method, sink) with every per-head statistic and its interval columns."""
+    return read_table(path)
+
+
+def classifier_heads(path: str | Path = paths.in_collection(paths.CLASSIFIER_HEADS, "run")) -> pd.DataFrame:
+    """A run's second-paper per-classifier, per-head table (results/synthetic/heads.parquet): one row per
+    (experiment, task, pe, seed, layer, head) with the head's ablation drop and Toeplitz shares."""
+    return read_table(path)

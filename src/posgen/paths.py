@@ -60,6 +60,9 @@ REPRODUCTION = {
     "md": f"{RESULTS}/reproduction.md",
     "synthetic_csv": f"{RESULTS}/reproduction_synthetic.csv",
 }
+# the head atlas (issue 55): the first paper's per-head table and the page over both papers
+HEADS = f"{RESULTS}/heads.parquet"
+ATLAS = f"{RESULTS}/atlas.html"
 # training trajectories (target `trajectory`): the log of a model trained by the workflow, the per-step table
 TRAINING_LOG = f"{MODEL_DIR}/training.nc"
 TRAJECTORY_TABLE = {"csv": f"{MODEL_DIR}/trajectory.csv", "nc": f"{MODEL_DIR}/trajectory.nc"}
@@ -84,6 +87,7 @@ COLLECTION_TABLES = {
     "deposit": f"{COLLECTION}/deposit.csv",
 }
 VERDICTS = f"{COLLECTION}/verdicts.md"
+CLASSIFIER_HEADS = f"{COLLECTION}/heads.parquet"  # per classifier and head: the ablation drops (the atlas')
 
 
 def collection_suffix(which: str) -> str:

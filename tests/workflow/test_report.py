@@ -148,6 +148,15 @@ def test_report_lists_every_figure_with_caption(report):
         assert png == (workdir / path).read_bytes(), f"{path}: report holds a different file"
 
 
+def test_report_embeds_the_atlas_with_its_caption(report):
+    html, _, _, workdir = report
+    entry = report_json(html.read_text(), "results")["results/atlas.html"]
+    assert entry["mime_type"] == "text/html"
+    assert re.sub(r"<[^>]+>", "", entry["caption"]).startswith("Head atlas.")
+    page = base64.b64decode(entry["data_uri"].split("base64,", 1)[1])
+    assert page == (workdir / "results" / "atlas.html").read_bytes()  # the page the workflow wrote, whole
+
+
 def test_report_renders_in_chromium(report):
     html, config, out, workdir = report
     text = html.read_text()

@@ -192,6 +192,10 @@ STEPS = {
         ),
         _step("prefix_table", "posgen.llm.prefix_content:prefix_table_step", leaves=INTERVALS, per_model=False),
         _step("figure", "posgen.figures.registry:figure_step"),
+        # the head atlas (issue 55): tidy per-head tables and the page over both papers
+        _step("heads", "posgen.atlas.tables:heads_step", leaves=INTERVALS, per_model=False),
+        _step("classifier_heads", "posgen.atlas.tables:classifier_heads_step", per_model=False),
+        _step("atlas", "posgen.atlas.page:atlas_step", hashed=False),
         # training trajectories
         _step(
             "train_trajectory",

@@ -26,8 +26,9 @@ def collection_outputs(which: str, tables=None) -> list[str]:
 
 def final_outputs(config: dict) -> list[str]:
     """What rule `all` builds: every model variant's q/k shards, gathered tables, perturbation, capping and head
-    ablation, the summaries, the second paper's `synthetic.run` collection, every figure of group `all` and the
-    reproduction tables. The checkpoint series and the studies have targets of their own."""
+    ablation, the summaries, the second paper's `synthetic.run` collection, every figure of group `all`, the
+    reproduction tables and the head atlas (its Parquet tables and page). The checkpoint series and the studies
+    have targets of their own."""
     models = [m["name"] for m in config["models"]]
     each = {"model": models, "variant": step_variants(config)}
     out = expand(paths.QK, **each, shard=shards_of("extract", config))
@@ -39,7 +40,8 @@ def final_outputs(config: dict) -> list[str]:
     out += collection_outputs("run")
     for row in of_group("all"):
         out += figure_outputs(row, each)
-    return out + list(paths.REPRODUCTION.values())
+    atlas = [paths.HEADS, paths.in_collection(paths.CLASSIFIER_HEADS, "run"), paths.ATLAS]
+    return out + list(paths.REPRODUCTION.values()) + atlas
 
 
 def section_tables(config: dict) -> dict[str, list[str]]:

@@ -1,0 +1,591 @@
+"""results/atlas.html: one self-contained page per run (plotly.js inlined once, no server, no network) built from
+the run's per-head tables (posgen.atlas.tables) and NetCDF files.
+
+* per model, a layers x heads grid of every variant side by side, or trained minus each random-init seed, coloured
+  by the statistic chosen in a menu (sink "without", as the block swap and the head ablation read); hover gives
+  the head's number and its 95 % interval over windows;
+* clicking a head shows its numbers with their intervals and its rank on every statistic, its D sweep, the band
+  profile of its queries and keys, and, for the example heads of examples.nc, the example window's W, f, g and
+  W - f - g over the first MAP_TOKENS tokens;
+* per classifier of the second paper (grouped by experiment and PE), its layer x head ablation drops beside its
+  learning curves;
+* both papers' verdict tables (from reproduction.md), each row linked to the heads or classifiers it was decided on.
+
+Size: plotly.js (about 4.7 MB) once, then per model variant the numbers of every head and statistic, band profile
+and D sweep (about 1.2 kB per head), 2 example heads' maps per variant (4 x MAP_TOKENS^2 float32 values each) and
+one small figure per classifier: the page grows with heads x variants, never with windows or tokens
+(docs/data-model.md, "The head atlas").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from posgen.atlas.tables import read_table
+from posgen.atlas.verdicts import cell_html, classifiers_of, parse, statistic_of
+from posgen.paths import identity
+from posgen.store import atomic_path, open_dataset, provenance, require
+from posgen.workflow.job import listed
+
+SINK = "without"  # the grid's sink (heads.parquet has both)
+MAP_TOKENS = 96  # the example maps' token range: bounds their size whatever figures.map_tokens is
+DIGITS = 4  # decimals kept of every number on the page (the tables keep full precision)
+HEIGHT = 420  # pixels of a grid figure
+
+
+def statistics(heads: pd.DataFrame) -> dict[str, tuple[str, str, str]]:
+    """{key: (menu label, heads.parquet column, the method whose rows hold it)} of the grid's menu."""
+    stats = {
+        "r_A": ("Method A r", "r", "A"),
+        "r_B": ("Method B r", "r", "B"),
+        "r_A-drift": ("Method A-drift r (diagnostic)", "r", "A-drift"),
+        "r_A-shared": ("Method A-shared r (diagnostic)", "r", "A-shared"),
+        "f_share": ("f share r2_f / (r2_f + r2_g), Method A", "f_share", "A"),
+        "r_sweep_spread": ("spread of Method A r over the D sweep", "r_sweep_spread", "A"),
+        "positional_score": ("block-swap score (1 positional, 0 semantic)", "positional_score", "A"),
+        "k_position_share_smooth": ("keys' smooth position share", "k_position_share_smooth", "A"),
+        "q_position_share_smooth": ("queries' smooth position share", "q_position_share_smooth", "A"),
+        "low_share_k": ("keys' low-frequency share", "low_share_k", "A"),
+        "low_share_q": ("queries' low-frequency share", "low_share_q", "A"),
+    }
+    for column in sorted(c for c in heads.columns if c.startswith("loss_increase_")):
+        probe = column.removeprefix("loss_increase_")
+        stats[f"loss_increase_{probe}"] = (f"head-ablation loss increase, {probe} probe (nats)", column, "A")
+    methods = set(heads["method"])
+    return {k: v for k, v in stats.items() if v[1] in heads.columns and v[2] in methods}
+
+
+def _rounded(values) -> list:
+    """A list with NaN as None (JSON null) and DIGITS decimals."""
+    values = np.asarray(values, dtype=np.float64)
+    return [None if not np.isfinite(v) else round(float(v), DIGITS) for v in values.ravel()]
+
+
+def _grid(frame: pd.DataFrame, column: str, shape) -> np.ndarray:
+    values = np.full(shape, np.nan)
+    if column in frame:
+        values[frame["layer"].to_numpy(), frame["head"].to_numpy()] = frame[column].to_numpy(np.float64)
+    return values
+
+
+def _with_spread(heads: pd.DataFrame) -> pd.DataFrame:
+    sweep = [c for c in heads.columns if c.startswith("r_sweep_d")]
+    if sweep:
+        heads = heads.assign(r_sweep_spread=heads[sweep].max(axis=1) - heads[sweep].min(axis=1))
+    return heads
+
+
+def head_numbers(heads: pd.DataFrame, stats: dict) -> dict:
+    """{model: {variant: {stat: [[value, lo, hi, rank], ...] per head, row-major (layer, head)}}}; rank 1 = the
+    highest value among the variant's heads."""
+    out = {}
+    for (model, variant), frame in heads[heads["sink"] == SINK].groupby(["model", "variant"], sort=False):
+        per_stat = {}
+        for key, (_, column, method) in stats.items():
+            rows = frame[frame["method"] == method].sort_values(["layer", "head"])
+            value = rows[column].to_numpy(np.float64) if column in rows else np.full(len(rows), np.nan)
+            lo = rows.get(column + "_lo", pd.Series(np.nan, index=rows.index)).to_numpy(np.float64)
+            hi = rows.get(column + "_hi", pd.Series(np.nan, index=rows.index)).to_numpy(np.float64)
+            order = pd.Series(value).rank(ascending=False, method="min").to_numpy()
+            per_stat[key] = [_rounded(row) for row in np.stack([value, lo, hi, order], axis=1)]
+        out.setdefault(model, {})[variant] = per_stat
+    return out
+
+
+def _heatmap(z, lo, hi, name):
+    import plotly.graph_objects as go
+
+    return go.Heatmap(
+        z=z,
+        customdata=np.stack([lo, hi], axis=-1),
+        name=name,
+        coloraxis="coloraxis",
+        hovertemplate=f"{name}<br>layer %{{y}}, head %{{x}}<br>%{{z:.4f}} [%{{customdata[0]:.4f}}, "
+        "%{customdata[1]:.4f}]<extra></extra>",
+    )
+
+
+def grid_figures(heads: pd.DataFrame, model: str, variants: list[str], stats: dict) -> dict:
+    """The model's two grid figures, 'side' (every variant) and 'diff' (trained minus each random-init seed), at
+    the first statistic; the page recolours them from its per-head numbers (``head_numbers``) when another is
+    chosen, so that each number is on the page once."""
+    from plotly.subplots import make_subplots
+
+    mine = heads[(heads["model"] == model) & (heads["sink"] == SINK)]
+    shape = (int(mine["layer"].max()) + 1, int(mine["head"].max()) + 1)
+    controls = [v for v in variants if v != "trained"] if "trained" in variants else []
+    label, column, method = next(iter(stats.values()))
+    rows = mine[mine["method"] == method]
+    grids = {
+        v: [_grid(rows[rows["variant"] == v], c, shape) for c in (column, column + "_lo", column + "_hi")]
+        for v in variants
+    }
+    traces = {
+        "side": [_heatmap(*grids[v], f"{model} {v}: {label}") for v in variants],
+        "diff": [
+            _heatmap(grids["trained"][0] - grids[v][0], grids["trained"][0], grids[v][0], f"{model} trained - {v}")
+            for v in controls
+        ],
+    }
+    figures = {}
+    for view, trace_list in traces.items():
+        if not trace_list:
+            continue
+        titles = variants if view == "side" else [f"trained - {v}" for v in controls]
+        fig = make_subplots(rows=1, cols=len(trace_list), subplot_titles=titles, shared_yaxes=True)
+        for i, trace in enumerate(trace_list):
+            fig.add_trace(trace, row=1, col=i + 1)
+            fig.update_xaxes(title_text="head", row=1, col=i + 1)
+        fig.update_layout(
+            height=HEIGHT,
+            margin={"t": 40, "b": 40, "l": 50, "r": 20},
+            coloraxis={"colorscale": "RdBu" if view == "diff" else "Viridis", "colorbar": {"title": {"text": label}}},
+            yaxis={"title": "layer"},
+        )
+        if view == "diff":
+            fig.update_layout(coloraxis_cmid=0)
+        figures[view] = fig
+    return {"figures": figures, "controls": controls}
+
+
+def _bare(fig) -> dict:
+    """A figure's JSON without its layout template: the page holds plotly's default template once (``template``),
+    not once per figure (about 9 kB each)."""
+    out = fig.to_plotly_json()
+    out["layout"].pop("template", None)
+    return out
+
+
+def map_figure(examples, index: int, title: str):
+    """The example head's W, f, g and W - f - g over the first MAP_TOKENS queries and keys (NaN: not scored)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    n = min(MAP_TOKENS, examples.sizes["query"])
+    parts = {name: examples[name].isel(example=index, query=slice(0, n), key=slice(0, n)).values for name in "Wfg"}
+    parts["W - f - g"] = parts["W"] - parts["f"] - parts["g"]
+    fig = make_subplots(rows=1, cols=4, subplot_titles=list(parts), shared_yaxes=True)
+    for i, (name, values) in enumerate(parts.items()):
+        z = values.astype(np.float32)  # sent as binary float32 (plotly's bdata): half of float64's bytes
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                coloraxis="coloraxis",
+                name=name,
+                hovertemplate=f"{name}<br>query %{{y}}, key %{{x}}: %{{z:.3f}}<extra></extra>",
+            ),
+            row=1,
+            col=i + 1,
+        )
+        fig.update_xaxes(title_text="key j", row=1, col=i + 1)
+    fig.update_layout(
+        title={"text": title, "font": {"size": 13}},
+        height=330,
+        margin={"t": 60, "b": 40, "l": 50, "r": 20},
+        yaxis={"title": "query i", "autorange": "reversed"},
+        coloraxis={"colorscale": "RdBu", "cmid": 0, "reversescale": True},
+    )
+    return fig
+
+
+def example_maps(paths) -> dict:
+    """{"model|variant|layer|head": figure} of every example head of every examples.nc."""
+    out = {}
+    for path in paths:
+        found = identity(path) or {}
+        examples = open_dataset(path, lazy=False)
+        require(examples, ["W", "f", "g", "example_layer", "example_head"], str(path))
+        for i, which in enumerate(examples["example"].values.tolist()):
+            layer, head = int(examples["example_layer"].values[i]), int(examples["example_head"].values[i])
+            key = f"{found.get('model')}|{found.get('variant')}|{layer}|{head}"
+            title = (
+                f"{found.get('model')} {found.get('variant')}, layer {layer} head {head} ({which} example head): "
+                f"window {examples.attrs.get('sample', 0)}, first {min(MAP_TOKENS, examples.sizes['query'])} tokens, "
+                f"sink {examples.attrs.get('sink', '')}"
+            )
+            out[key] = _bare(map_figure(examples, i, title))
+    return out
+
+
+def band_profiles(paths) -> dict:
+    """{model: {variant: {"theta": per layer, "q": per (layer, head), "k": per (layer, kv_head), "group": query heads
+    per KV head}}}: each band's share of the token variance of a head's queries and of a KV head's keys."""
+    out = {}
+    for path in paths:
+        found = identity(path) or {}
+        bands = open_dataset(path, lazy=False)
+        require(bands, ["q_var", "k_var", "theta"], str(path))
+        q = bands["q_var"].transpose("layer", "head", "band").values
+        k = bands["k_var"].transpose("layer", "kv_head", "band").values
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q_share, k_share = (v / v.sum(-1, keepdims=True) for v in (q, k))
+        out.setdefault(found.get("model"), {})[found.get("variant")] = {
+            "theta": [_rounded(t) for t in bands["theta"].transpose("layer", "band").values],
+            "q": [_rounded(row) for row in q_share.reshape(-1, q.shape[-1])],
+            "k": [_rounded(row) for row in k_share.reshape(-1, k.shape[-1])],
+            "group": q.shape[1] // k.shape[1],  # query head h reads KV head h // group
+        }
+    return out
+
+
+def detail_templates(sweep_d: list[int]) -> dict:
+    """The empty band-profile and D-sweep figures the page fills for a clicked head."""
+    import plotly.graph_objects as go
+
+    bands = go.Figure(
+        [go.Scatter(name="queries", mode="lines+markers"), go.Scatter(name="keys", mode="lines+markers")],
+        layout={
+            "title": {"text": "band profile: share of the token variance per band", "font": {"size": 13}},
+            "xaxis": {"title": {"text": "RoPE frequency theta (rad / token)"}, "type": "log"},
+            "yaxis": {"title": {"text": "share of variance"}},
+            "height": 300,
+            "margin": {"t": 40, "b": 50, "l": 60, "r": 20},
+        },
+    )
+    sweep = go.Figure(
+        [go.Scatter(x=sweep_d, name="Method A r", mode="lines+markers")],
+        layout={
+            "title": {"text": "D sweep: Method A r at each dummy distance D", "font": {"size": 13}},
+            "xaxis": {"title": {"text": "D"}},
+            "yaxis": {"title": {"text": "r"}},
+            "height": 300,
+            "margin": {"t": 40, "b": 50, "l": 60, "r": 20},
+        },
+    )
+    return {"bands": _bare(bands), "sweep": _bare(sweep)}
+
+
+def sweeps(heads: pd.DataFrame) -> tuple[list[int], dict]:
+    """(the D values, {model: {variant: per head, layer-major, Method A's r at each D}})."""
+    columns = sorted((c for c in heads.columns if c.startswith("r_sweep_d")), key=lambda c: int(c[9:]))
+    rows = heads[(heads["sink"] == SINK) & (heads["method"] == "A")].sort_values(["layer", "head"])
+    out = {}
+    for (model, variant), frame in rows.groupby(["model", "variant"], sort=False):
+        out.setdefault(model, {})[variant] = [_rounded(r) for r in frame[columns].to_numpy(np.float64)]
+    return [int(c[9:]) for c in columns], out
+
+
+def classifier_figures(classifiers: pd.DataFrame, training_path) -> tuple[list[dict], dict]:
+    """(one dict per classifier: experiment, task, pe, seed, key; {key: figure}): its layer x head ablation drop
+    (accuracy points) beside its learning curves."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    training = open_dataset(training_path, lazy=False) if training_path else None
+    keys, figures = [], {}
+    for (experiment, task, pe, seed), frame in classifiers.groupby(["experiment", "task", "pe", "seed"]):
+        key = f"{experiment}|{task}|{pe}|{seed}"
+        keys.append({"experiment": experiment, "task": task, "pe": pe, "seed": int(seed), "key": key})
+        shape = (int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1)
+        drop = _grid(frame, "drop", shape) * 100
+        fig = make_subplots(rows=1, cols=2, subplot_titles=["ablation drop (accuracy points)", "learning curves"])
+        fig.add_trace(
+            go.Heatmap(
+                z=np.round(drop, 2),
+                colorscale="Viridis",
+                colorbar={"x": 0.45, "title": {"text": "points"}},
+                hovertemplate="layer %{y}, head %{x}: drop %{z:.2f} points<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
+        fig.update_xaxes(title_text="head", row=1, col=1)
+        fig.update_yaxes(title_text="layer", row=1, col=1)
+        if training is not None:
+            one = training.sel(experiment=experiment, task=task, pe=pe, seed=seed)
+            for name in ("train_accuracy", "test_accuracy"):
+                if name in one:
+                    fig.add_trace(
+                        go.Scatter(x=one["step"].values, y=np.round(one[name].values, 4), name=name, mode="lines"),
+                        row=1,
+                        col=2,
+                    )
+            fig.update_xaxes(title_text="epoch", row=1, col=2)
+            fig.update_yaxes(title_text="accuracy", row=1, col=2)
+        fig.update_layout(
+            title={"text": f"{experiment} / {task} / {pe} / seed {seed}", "font": {"size": 13}},
+            height=360,
+            margin={"t": 60, "b": 40, "l": 50, "r": 20},
+        )
+        figures[key] = _bare(fig)
+    return keys, figures
+
+
+def verdict_tables(reproduction, models: list[str], classifiers: list[dict], stats: dict) -> tuple[str, dict]:
+    """(both papers' verdict tables as HTML, each row's last cell linking to the heads or classifiers it was
+    decided on; {classifier key: [(row id, claim)]}, the rows each classifier decided)."""
+    if not reproduction:
+        return "<p>No reproduction.md in this run.</p>", {}
+    rows = parse(reproduction)
+    out, decided = [], {}
+    for paper, title in ((1, "Han &amp; Ji 2025: attention logits in LLMs"), (2, "arXiv 2505.13027: classifiers")):
+        body = []
+        for i, row in enumerate(r for r in rows if r.paper == paper):
+            links = []
+            if paper == 1:
+                stat = statistic_of(row.cells[0])
+                stat = stat if stat in stats else next((k for k in stats if k.startswith(stat)), "r_A")
+                for model in models:
+                    links.append(
+                        f"<a href='#heads' class='heads-link' onclick=\"atlas.showHeads('{model}', '{stat}')\">"
+                        f"{model}: {stats[stat][0]}</a>"
+                    )
+            else:
+                for c in classifiers_of(row, classifiers):
+                    decided.setdefault(c["key"], []).append((f"verdict-{paper}-{i}", row.cells[0]))
+                    label = f"{c['experiment']} / {c['task']} / {c['pe']} / seed {c['seed']}"
+                    links.append(
+                        f"<a href='#classifiers' class='classifier-link' "
+                        f"onclick=\"atlas.showClassifier('{c['key']}')\">{label}</a>"
+                    )
+            cells = "".join(f"<td>{cell_html(cell)}</td>" for cell in row.cells)
+            body.append(f"<tr id='verdict-{paper}-{i}'>{cells}<td>{'<br>'.join(links)}</td></tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("claim", "test", "verdict", "evidence", "decided on"))
+        out.append(f"<h3>{title}</h3><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table>")
+    return "\n".join(out), decided
+
+
+SCRIPT = """
+const atlas = (() => {
+  const D = JSON.parse(document.getElementById('atlas-data').textContent);
+  const $ = (id) => document.getElementById(id);
+  const draw = (div, fig) => Plotly.react(div, fig.data, {...fig.layout, template: D.template});
+  const fmt = (v) => (v === null || v === undefined) ? 'n/a' : Number(v).toFixed(4);
+  function current() { return {model: $('model').value, stat: $('stat').value, view: $('view').value}; }
+  // the grid's z and intervals (rows: layers) from the per-head numbers [value, lo, hi, rank] of a variant
+  function grid(rows, nHeads, pick) {
+    const out = [];
+    for (let i = 0; i < rows.length; i += nHeads) out.push(rows.slice(i, i + nHeads).map(pick));
+    return out;
+  }
+  function recolour() {
+    const c = current();
+    const label = D.stat_labels[c.stat];
+    for (const m of D.models) {
+      const n = D.n_heads[m], nums = D.heads[m];
+      const side = D.variants[m];
+      const controls = side.includes('trained') ? side.filter((v) => v !== 'trained') : [];
+      const pairs = (v) => nums.trained[c.stat].map((t, i) => [t[0], nums[v][c.stat][i][0]]);
+      const hover = '<br>layer %{y}, head %{x}<br>%{z:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]<extra></extra>';
+      const updates = {
+        side: [{
+          z: side.map((v) => grid(nums[v][c.stat], n, (r) => r[0])),
+          customdata: side.map((v) => grid(nums[v][c.stat], n, (r) => [r[1], r[2]])),
+          hovertemplate: side.map((v) => `${m} ${v}: ${label}` + hover),
+        }, {'coloraxis.colorbar.title.text': label}],
+        // trained minus each control; hover: the two values
+        diff: [{
+          z: controls.map((v) => grid(pairs(v), n, ([a, b]) => (a === null || b === null) ? null : a - b)),
+          customdata: controls.map((v) => grid(pairs(v), n, (pair) => pair)),
+          hovertemplate: controls.map((v) => `${m} trained - ${v}: ${label}<br>layer %{y}, head %{x}<br>` +
+            '%{z:.4f} (trained %{customdata[0]:.4f}, control %{customdata[1]:.4f})<extra></extra>'),
+        }, {'coloraxis.colorbar.title.text': `trained - control: ${label}`}],
+      };
+      for (const view of ['side', 'diff']) {
+        const div = $(`grid-${m}-${view}`);
+        if (!div) continue;
+        const shown = m === c.model && view === c.view;
+        div.style.display = shown ? '' : 'none';
+        Plotly.update(div, updates[view][0], updates[view][1]);
+        if (shown) Plotly.Plots.resize(div);
+      }
+    }
+  }
+  function showHead(model, variant, layer, head) {
+    const nHeads = D.n_heads[model];
+    const i = layer * nHeads + head;
+    const nums = D.heads[model][variant];
+    const total = nums[D.stat_keys[0]].length;
+    let rows = '';
+    for (const key of D.stat_keys) {
+      const [v, lo, hi, rank] = nums[key][i];
+      const interval = (lo === null) ? '' : ` [${fmt(lo)}, ${fmt(hi)}]`;
+      const ranked = (rank === null) ? '' : `${rank} of ${total}`;
+      rows += `<tr data-stat="${key}"><td>${D.stat_labels[key]}</td><td class="value">${fmt(v)}</td>` +
+              `<td>${interval}</td><td class="rank">${ranked}</td></tr>`;
+    }
+    $('detail-title').textContent = `${model} ${variant}, layer ${layer}, head ${head}`;
+    $('detail-title').dataset.head = `${model}|${variant}|${layer}|${head}`;
+    $('detail-numbers').innerHTML = '<tr><th>statistic</th><th>value</th><th>95 % interval over windows</th>' +
+                                    '<th>rank (1 = highest)</th></tr>' + rows;
+    const sweep = structuredClone(D.templates.sweep);
+    sweep.data[0].y = D.sweep[model][variant][i];
+    draw('detail-sweep', sweep);
+    const bands = structuredClone(D.templates.bands);
+    const prof = D.bands[model] && D.bands[model][variant];
+    if (prof) {
+      bands.data[0].x = prof.theta[layer]; bands.data[0].y = prof.q[i];
+      const kvHeads = nHeads / prof.group;
+      bands.data[1].x = prof.theta[layer]; bands.data[1].y = prof.k[layer * kvHeads + Math.floor(head / prof.group)];
+    }
+    draw('detail-bands', bands);
+    const map = D.maps[`${model}|${variant}|${layer}|${head}`];
+    if (map) {
+      $('detail-maps-note').textContent = '';
+      $('detail-maps').style.display = '';
+      draw('detail-maps', map);
+    } else {
+      $('detail-maps').style.display = 'none';
+      $('detail-maps-note').innerHTML = 'Logit maps are kept for the example heads only (examples.nc): ' +
+        D.example_heads.filter((k) => k.startsWith(model + '|' + variant + '|')).map((k) => {
+          const p = k.split('|');
+          return `<a href="#detail" onclick="atlas.showHead('${p[0]}', '${p[1]}', ${p[2]}, ${p[3]})">` +
+                 `layer ${p[2]} head ${p[3]}</a>`;
+        }).join(', ') + '.';
+    }
+  }
+  function showHeads(model, stat) {
+    $('model').value = model; $('stat').value = stat; recolour();
+  }
+  function showClassifier(key) {
+    $('classifier').value = key;
+    draw('classifier-fig', D.classifier_figures[key]);
+    const rows = D.classifier_verdicts[key] || [];
+    $('classifier-verdicts').innerHTML = rows.length ? 'Verdicts decided on it: ' +
+      rows.map(([id, claim]) => `<a href="#${id}">${claim}</a>`).join('; ') : 'No verdict row names it.';
+  }
+  document.addEventListener('DOMContentLoaded', () => {
+    for (const id of ['model', 'stat', 'view']) $(id).addEventListener('change', recolour);
+    $('classifier').addEventListener('change', () => showClassifier($('classifier').value));
+    for (const m of D.models) {
+      for (const view of ['side', 'diff']) {
+        const div = $(`grid-${m}-${view}`);
+        if (!div) continue;
+        div.on('plotly_click', (ev) => {
+          const pt = ev.points[0];
+          const variant = view === 'side' ? D.variants[m][pt.curveNumber] : 'trained';
+          showHead(m, variant, pt.y, pt.x);
+          $('detail').scrollIntoView();
+        });
+      }
+    }
+    recolour();
+    if (D.classifiers.length) showClassifier(D.classifiers[0].key);
+    showHead(D.models[0], D.variants[D.models[0]][0], 0, 0);
+    document.body.dataset.ready = '1';
+  });
+  return {showHead, showHeads, showClassifier, recolour, data: D};
+})();
+"""
+
+STYLE = """
+body { font-family: sans-serif; margin: 1em 2em; color: #222; }
+table { border-collapse: collapse; font-size: 13px; }
+td, th { border: 1px solid #ccc; padding: 2px 6px; vertical-align: top; text-align: left; }
+table.verdicts td { max-width: 40em; }
+.controls select { margin-right: 1em; }
+.note { color: #555; font-size: 13px; }
+"""
+
+
+def _options(pairs, selected=None) -> str:
+    return "".join(f"<option value='{v}'{' selected' if v == selected else ''}>{label}</option>" for v, label in pairs)
+
+
+def build_page(heads_path, classifier_path=None, examples=(), bands=(), training=None, reproduction=None) -> str:
+    """The atlas page's HTML."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    heads = _with_spread(read_table(heads_path))
+    stats = statistics(heads)
+    models = list(dict.fromkeys(heads["model"]))
+    variants = {m: list(dict.fromkeys(heads.loc[heads["model"] == m, "variant"])) for m in models}
+    grids = []
+    for model in models:
+        made = grid_figures(heads, model, variants[model], stats)
+        for view, fig in made["figures"].items():
+            div = f"grid-{model}-{view}"
+            grids.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div))
+    classifiers = read_table(classifier_path) if classifier_path else pd.DataFrame(columns=["experiment"])
+    keys, class_figs = classifier_figures(classifiers, training) if len(classifiers) else ([], {})
+    sweep_d, sweep = sweeps(heads)
+    maps = example_maps(examples)
+    verdicts, decided = verdict_tables(reproduction, models, keys, stats)
+    data = {
+        "models": models,
+        "variants": variants,
+        "n_heads": {m: int(heads.loc[heads["model"] == m, "head"].max()) + 1 for m in models},
+        "stat_keys": list(stats),
+        "stat_labels": {k: v[0] for k, v in stats.items()},
+        "heads": head_numbers(heads, stats),
+        "sweep": sweep,
+        "bands": band_profiles(bands),
+        "maps": maps,
+        "example_heads": sorted(maps),
+        "templates": detail_templates(sweep_d),
+        "classifiers": keys,
+        "classifier_figures": class_figs,
+        "classifier_verdicts": decided,
+        "template": pio.templates["plotly"].to_plotly_json(),
+    }
+    text = pio.json.to_json_plotly(data).replace("</", "<\\/")
+    groups = {}
+    for c in keys:
+        groups.setdefault(f"{c['experiment']} / {c['pe']}", []).append(c)
+    classifier_options = "".join(
+        f"<optgroup label='{label}'>"
+        + _options((c["key"], f"{c['task']}, seed {c['seed']}") for c in members)
+        + "</optgroup>"
+        for label, members in groups.items()
+    )
+    prov = provenance()
+    config_hash = str(heads["config_hash"].iloc[0]) if "config_hash" in heads else ""
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>posgen head atlas</title>
+<meta name="posgen_version" content="{prov["posgen_version"]}"><meta name="config_hash" content="{config_hash}">
+<style>{STYLE}</style>
+<script>{get_plotlyjs()}</script></head>
+<body>
+<h1>Head atlas</h1>
+<p class="note">posgen {prov["posgen_version"]}, config_hash {config_hash}, made {prov["created"]}. Every number is the
+mean over the run's windows with its 95 % bootstrap interval over windows (results/heads.parquet), sink "{SINK}"
+(key 0 left out). Hover a head for its number; click it for its detail below.</p>
+<h2 id="heads">Heads</h2>
+<div class="controls">
+model <select id="model">{_options((m, m) for m in models)}</select>
+statistic <select id="stat">{_options((k, v[0]) for k, v in stats.items())}</select>
+view <select id="view">{_options([("side", "variants side by side"), ("diff", "trained minus random init")])}</select>
+</div>
+{"".join(grids)}
+<h2 id="detail">Head detail: <span id="detail-title"></span></h2>
+<table id="detail-numbers"></table>
+<div style="display:flex; flex-wrap:wrap"><div id="detail-sweep" style="width:45%"></div>
+<div id="detail-bands" style="width:55%"></div></div>
+<p id="detail-maps-note" class="note"></p>
+<div id="detail-maps"></div>
+<h2 id="classifiers">Classifiers (arXiv 2505.13027)</h2>
+<div class="controls">classifier <select id="classifier">{classifier_options}</select></div>
+<p id="classifier-verdicts" class="note"></p>
+<div id="classifier-fig"></div>
+<h2 id="verdicts">Verdicts</h2>
+{verdicts}
+<script type="application/json" id="atlas-data">{text}</script>
+<script>{SCRIPT}</script>
+</body></html>
+"""
+
+
+def write_page(out, **inputs) -> int:
+    """Write the atlas page to ``out`` (atomically); its size in bytes."""
+    page = build_page(**inputs)
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(page, encoding="utf-8")
+    return len(page.encode())
+
+
+def atlas_step(job) -> int:
+    """Rule atlas' job: results/atlas.html from the run's tables."""
+    i = job.input
+    return write_page(
+        job.output["atlas"],
+        heads_path=i["heads"],
+        classifier_path=i.get("classifier_heads"),
+        examples=listed(i.get("examples", ())),
+        bands=listed(i.get("bands", ())),
+        training=i.get("training"),
+        reproduction=i.get("reproduction"),
+    )
