@@ -79,7 +79,7 @@ H200_TABLE = "e8b0d76 2026-11-27 05:51"  # docs/gpu/regime_study-classifiers.csv
 PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 71
 ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
 PREFIX_STUDY = "29b2f9c 2026-11-28 07:25"  # the commit that registered the prefix study (issue 50 item 9)
-SCALE_STUDY = "scale-study 2026-11-28 10:05"  # the commit that registered the scale study (issue 54)
+SCALE_STUDY = "ef1000a 2026-11-28 10:03"  # the commit that registered the scale study (issue 54)
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
