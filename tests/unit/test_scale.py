@@ -109,10 +109,12 @@ def test_the_registered_trend_rule(values, half, outcome):
     assert evidence.startswith("rho ")
 
 
-def test_no_interval_decides_no_trend():
+def test_no_interval_or_too_few_models_decide_no_trend():
     v = np.array([0.1, 0.2, 0.3, 0.4])
     got, evidence = scale.trend(v, np.full(4, np.nan), np.full(4, np.nan))
-    assert got == scale.FLAT and "undecided" in evidence
+    assert got == scale.FLAT and evidence.endswith("(no interval: undecided)")
+    got, evidence = scale.trend(v[:2], v[:2] - 0.01, v[:2] + 0.01)
+    assert got == scale.FLAT and evidence == "2 model(s) with a value: fewer than three, undecided"
 
 
 def test_trend_rows_decide_each_quantity_and_the_distance_to_the_paper():
@@ -144,7 +146,7 @@ def test_the_table_has_every_model_trend_and_verdict(tmp_path):
     assert len(claims) == 4 * claims["claim"].nunique() and set(claims["model"]) == set(BY_SIZE)
     lacks = claims[claims["claim"] == "learned"].set_index("model")["verdict"]
     assert (lacks == "depends on the construction: reproduced for Method A; not reproduced for Method B").all()
-    assert "| learned | depends on the construction: reproduced for Method A;" in text
+    assert "| random-init models lack the split (it is learned) | depends on the construction: reproduced for" in text
 
 
 def test_the_figure_draws_from_the_table(tmp_path):

@@ -44,11 +44,14 @@ def fig_scale(table: pd.DataFrame) -> Figure:
         ax_low.plot(x, table[f"low_{side}"], "o-", color=color, label=f"{side} trained")
         ax_low.plot(x, table[f"low_{side}_random"], "o--", color=color, mfc="white", label=f"{side} random-init")
     ax_low.axhline(0.5, color="k", ls=":", lw=0.6)
+    # each model's own tick, named: four points on a log axis would otherwise need a legend of their own
+    labels = [f"{name}\n{n / 1e6:,.0f} M" for name, n in zip(table["model"], x)]
     for ax, ylabel in ((ax_r, "r (trained)"), (ax_gap, "trained - random-init r"), (ax_low, "low-frequency share")):
         ax.set_xscale("log")
-        ax.set_xlabel("parameters")
+        ax.set_xticks(x, labels, fontsize=4, rotation=30, ha="right")
+        ax.minorticks_off()
+        ax.set_xlim(x.min() / 1.6, x.max() * 1.6)
+        ax.set_xlabel("parameters (log)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=5)
-    for xi, name in zip(x, table["model"]):
-        ax_r.annotate(name, (xi, ax_r.get_ylim()[0]), fontsize=4, rotation=90, va="bottom", ha="center")
     return fig

@@ -151,7 +151,9 @@ def trend(values, lo, hi) -> tuple[str, str]:
     rho = spearman(values)
     d, d_lo, d_hi = end_difference(values, lo, hi)
     text = f"rho {rho:+.2f}; largest - smallest {d:+.3f} [{d_lo:+.3f}, {d_hi:+.3f}]"
-    if not np.isfinite(rho) or not (np.isfinite(d_lo) and np.isfinite(d_hi)):
+    if not np.isfinite(rho):
+        return FLAT, f"{np.count_nonzero(np.isfinite(values))} model(s) with a value: fewer than three, undecided"
+    if not (np.isfinite(d_lo) and np.isfinite(d_hi)):
         return FLAT, text + " (no interval: undecided)"
     if rho >= RHO and d_lo > 0:
         return RISES, text
@@ -201,7 +203,7 @@ def verdict_rows(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) 
         for claim, verdict, _ in verdicts(
             mine, {model: bands.get(model, {})}, {model: perturb.get(model, {})}, {model: caps.get(model, {})}
         ):
-            out.append({"model": model, "claim": claim.name, "verdict": verdict})
+            out.append({"model": model, "claim": claim.name, "paper": claim.paper, "verdict": verdict})
     return pd.DataFrame(out)
 
 
@@ -229,8 +231,8 @@ def scale_markdown(models: pd.DataFrame, trends: pd.DataFrame, claims: pd.DataFr
         + provenance,
         "",
         "| model | parameters (non-embedding) | weights | windows x seeds | A mean r | A pooled r | B mean r "
-        "| B pooled r | gap under A | gap under B | low-freq. share k / q (trained; random) | k - random, "
-        "learned | D sweep spread | k smooth share (trained; random) | gap origin |",
+        "| B pooled r | gap under A | gap under B | low-freq. share k / q (trained; random) | k: trained - "
+        "random | D sweep spread | k smooth share (trained; random) | gap origin |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in models.iterrows():
@@ -255,7 +257,8 @@ def scale_markdown(models: pd.DataFrame, trends: pd.DataFrame, claims: pd.DataFr
         order = list(dict.fromkeys(claims["claim"]))
         lines += ["", "## Every first-paper verdict per model", "", "| claim | " + " | ".join(table.columns) + " |"]
         lines.append("|---|" + "---|" * len(table.columns))
-        lines += [f"| {c} | " + " | ".join(table.loc[c]) + " |" for c in order]
+        papers = dict(zip(claims["claim"], claims["paper"]))
+        lines += [f"| {papers[c]} | " + " | ".join(table.loc[c]) + " |" for c in order]
     return "\n".join(lines) + "\n"
 
 
