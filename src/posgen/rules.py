@@ -79,6 +79,7 @@ H200_TABLE = "e8b0d76 2026-11-27 05:51"  # docs/gpu/regime_study-classifiers.csv
 PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 71
 ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
 PREFIX_STUDY = "29b2f9c 2026-11-28 07:25"  # the commit that registered the prefix study (issue 50 item 9)
+SCALE_STUDY = "ef1000a 2026-11-28 10:03"  # the commit that registered the scale study (issue 54)
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -210,6 +211,17 @@ RULE PC_SIZE (first): prefix study: the corpus windows' key trajectories share a
 RULE PC_DIRECTION (first): prefix study: ... and do not share a direction when the mean pairwise cosine of their
   directions at the same token is at most this (above 0.5: a shared trajectory)
 - 0.2 | PREFIX_STUDY | - | - | registered before the prefix study ran
+RULE SCALE_SIZE (first): scale study: what orders the models by size (posgen.llm.scale)
+- 'published total parameters' | SCALE_STUDY | - | - | registered before the scale study ran; non-embedding
+  counts reported beside, not deciding
+RULE SCALE_RHO (first): scale study: a quantity rises (falls) with size when Spearman's rho of its values over the
+  models in size order is at least this (at most minus this); with four models rho = 1 has a one-sided exact p of
+  1/24
+- 1.0 | SCALE_STUDY | - | - | registered before the scale study ran; the 135 M and 270 M models' numbers at other
+  window counts had been printed, the Qwen models' had not
+RULE SCALE_DIFF (first): scale study: ... and the largest model's value less the smallest's has a 95 % interval
+  wholly above (below) 0, formed from each model's own interval thus
+- 'normal, half widths in quadrature' | SCALE_STUDY | - | - | registered before the scale study ran
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops

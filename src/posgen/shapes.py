@@ -110,6 +110,36 @@ EMBEDDED_SHAPES = {
         "sliding_window": 512,
         "tie_word_embeddings": True,
     },
+    # opt-in (make setup-scale). The GGUF stores the output matrix beside the embedding (each quantised on its
+    # own), so the de-quantised checkpoint is untied: 630 M and 1.78 B stored parameters for 494 M and 1.54 B.
+    "qwen2.5-coder-0.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    },
+    "qwen2.5-coder-1.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
+        "tie_word_embeddings": False,
+    },
 }
 SHAPES = {**PAPER_SHAPES, **EMBEDDED_SHAPES}
 

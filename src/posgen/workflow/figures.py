@@ -21,7 +21,7 @@ from posgen.workflow.steps import INTERVALS, hash_of, step_variants
 SCOPE_WILDCARDS = {"per_variant": ("model", "variant"), "per_model": ("model",), "global": ()}
 CAPTIONS = "report/figures.rst"  # reStructuredText with one Jinja section per figure, relative to the repository
 # the target that builds a group's figures: `all` (make run), or a named study target
-GROUPS = ("all", "trajectory", "deposit_study", "regime_study")
+GROUPS = ("all", "trajectory", "deposit_study", "regime_study", "scale_study")
 
 
 def template_fields(template: str) -> list[str]:
@@ -152,6 +152,9 @@ FIGURES = {
         _row("regime_study", "19. Regime study: accuracy and layer-0 drops against steps and distance",
              {"classifiers": f"{REGIME}/classifiers.csv"}, "synthetic:fig_regime_study", "synthetic:load_classifiers",
              scope="global", group="regime_study"),
+        _row("scale_study", "20. Scale study: the first paper's numbers against model size",
+             {"scale": paths.SCALE_TABLE["csv"]}, "scale:fig_scale", "scale:load_scale", scope="global",
+             group="scale_study"),
     ]
 }  # fmt: skip
 

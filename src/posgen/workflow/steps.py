@@ -191,6 +191,8 @@ STEPS = {
             torch=True,
         ),
         _step("prefix_table", "posgen.llm.prefix_content:prefix_table_step", leaves=INTERVALS, per_model=False),
+        # the scale study (target `scale_study`): the first paper's numbers against model size
+        _step("scale_table", "posgen.llm.scale:scale_step", per_model=False),
         _step("figure", "posgen.figures.registry:figure_step"),
         # the head atlas (issue 55): tidy per-head tables and the page over both papers
         _step("heads", "posgen.atlas.tables:heads_step", leaves=INTERVALS, per_model=False),

@@ -59,6 +59,9 @@ def targets(config: dict, name: str) -> list[str]:
         return tables + [path for row in of_group("trajectory") for path in figure_outputs(row, {"model": models})]
     if name == "position_study":
         return [paths.GAP_ORIGIN]
+    if name == "scale_study":
+        figures = [path for row in of_group("scale_study") for path in figure_outputs(row, {})]
+        return [*paths.SCALE_TABLE.values(), *figures, paths.GAP_ORIGIN, *paths.REPRODUCTION.values()]
     if name == "prefix_study":
         return list(paths.PREFIX_TABLE.values())
     if name == "deposit_study":
