@@ -27,7 +27,7 @@ RUN_FILES = "run-files.json"  # the tiny run's result files as its own job left 
 SLURM = "tests/workflow/test_slurm.py"
 # the modules whose tests read the tiny run (one worker runs them in turn: some run snakemake in its folder)
 TINY_RUN_MODULES = (
-    "tests/workflow/test_atlas.py",
+    "tests/workflow/test_atlas_page.py",
     "tests/workflow/test_damaged_inputs.py",
     "tests/workflow/test_lineage.py",
     "tests/workflow/test_report.py",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from posgen.decomposition.bound import BOUND_RTOL, angle_rtol, check_bound
+from posgen.decomposition.bound import BOUND_RTOL, angle_rtol, bound_tolerance, check_bound
 from posgen.rope import rotate
 
 
@@ -48,8 +48,10 @@ def test_the_check_allows_the_angle_term_and_no_more():
         kv=torch.tensor([0]),
     )
     tol = BOUND_RTOL + angle_rtol(n_tokens, inv_freq)  # the scale s |q|max |k|max is 1 here
-    check_bound(ops, np.array([[-0.9 * tol, 0.0]]))  # within the rounding of products and angles
+    per_head = bound_tolerance(ops).numpy()  # (head,)
+    np.testing.assert_allclose(per_head, [tol], rtol=1e-6)
+    check_bound(np.array([[-0.9 * tol, 0.0]]), per_head)  # within the rounding of products and angles
     with pytest.raises(RuntimeError, match="bound of method.md section 5 violated: head 0, sink with"):
-        check_bound(ops, np.array([[-1.1 * tol, 0.0]]))
+        check_bound(np.array([[-1.1 * tol, 0.0]]), per_head)
     # the GPU's failure (slack -0.00347 against the products' tolerance -0.00266) is a rounding this term covers
     assert 0.00347 / 0.00266 < tol / BOUND_RTOL

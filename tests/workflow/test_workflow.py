@@ -206,7 +206,8 @@ def test_appending_a_model_runs_nothing_for_the_first_model(tiny_workflow, tmp_p
     assert UPSTREAM | {"summarize", "fig_per_model"} <= new, sorted(new)
     assert any("results/tiny-llama-b/figures/cap.png" in out for _, out in jobs)
     # the cross-model tables are the only other jobs
-    assert {rule for rule, out in jobs if rule not in new} <= {"summary_table", "reproduction", "all"}
+    run_level = {"summary_table", "reproduction", "heads", "atlas", "all"}  # the tables over every model
+    assert {rule for rule, out in jobs if rule not in new} <= run_level
 
 
 def test_adding_an_experiment_trains_only_its_classifiers(tiny_workflow, tmp_path):
