@@ -23,6 +23,7 @@ import torch
 from posgen.config import init_seed, revision_variant, variant_step
 from posgen.device import resolve_device
 from posgen.integrity import remake_command, shown
+from posgen.model_source import ModelSourceError
 from posgen.termination import refuse_if_terminated
 
 EMBEDDED = {
@@ -48,10 +49,6 @@ META_PATTERNS = [
 PICKLE_PATTERNS = ["*.bin", "*.bin.index.json", "*.pt", "*.pth"]
 # the model's own code (config.json's auto_map names its modules), acquired only with trust_remote_code
 CODE_PATTERNS = ["*.py"]
-
-
-class ModelSourceError(RuntimeError):
-    """A model source that cannot be used, phrased as one line naming the source."""
 
 
 def sha256_file(path: Path) -> str:

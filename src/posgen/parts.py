@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from posgen.models import ModelSourceError
+from posgen.model_source import ModelSourceError
 
 INSTALL = "make setup-scale"  # installs requirements-scale.txt with --no-deps --only-binary=:all:
 

@@ -285,7 +285,7 @@ def cap_effects(path) -> dict:
     return out
 
 
-def _by_model_variant(paths, read) -> dict:
+def by_model_variant(paths, read) -> dict:
     """{model: {variant: read(path)}} over files whose attrs name their model and variant."""
     out: dict = {}
     for path in paths:
@@ -307,7 +307,7 @@ def windows_in_words(path) -> str:
 
 def _file_regimes(paths) -> dict[str, str]:
     """{model: its trained model's windows in words} over perturb.nc / cap.nc files, the regime the claims read."""
-    by_model = _by_model_variant(paths, windows_in_words)
+    by_model = by_model_variant(paths, windows_in_words)
     return {model: by[VARIANT_TRAINED] for model, by in by_model.items() if VARIANT_TRAINED in by}
 
 
@@ -345,9 +345,9 @@ def write_reproduction(
     with made_from([summary_csv]), atomic_path(csv) as tmp:
         table.assign(**keep).to_csv(tmp, index=False, float_format="%.6g")
     text = reproduction_markdown(table, provenance=keep)
-    bands = _by_model_variant(bands_paths, band_shares)
-    ratios = _by_model_variant(perturb_paths, perturbation_ratios)
-    caps = _by_model_variant(cap_paths, cap_effects)
+    bands = by_model_variant(bands_paths, band_shares)
+    ratios = by_model_variant(perturb_paths, perturbation_ratios)
+    caps = by_model_variant(cap_paths, cap_effects)
     text += "\n" + control_markdown(summary)
     text += "\n" + origin_markdown(summary)
     for section in sections:

@@ -280,7 +280,7 @@ def write_scale(summary_csv, csv, md, trends_csv, bands: dict, perturb: dict, ca
 def scale_step(job) -> None:
     """Rule scale_table's job (a :class:`posgen.workflow.job.StepJob`)."""
     from posgen.llm.bands import band_shares
-    from posgen.reproduction import _by_model_variant, cap_effects, perturbation_ratios
+    from posgen.reproduction import by_model_variant, cap_effects, perturbation_ratios
     from posgen.workflow.job import listed
 
     i, o = job.input, job.output
@@ -289,8 +289,8 @@ def scale_step(job) -> None:
         o["csv"],
         o["md"],
         o["trends"],
-        _by_model_variant(listed(i["bands"]), band_shares),
-        _by_model_variant(listed(i["perturb"]), perturbation_ratios),
-        _by_model_variant(listed(i["cap"]), cap_effects),
+        by_model_variant(listed(i["bands"]), band_shares),
+        by_model_variant(listed(i["perturb"]), perturbation_ratios),
+        by_model_variant(listed(i["cap"]), cap_effects),
         provenance=f"config_hash {job.params['config_hash']}.",
     )
