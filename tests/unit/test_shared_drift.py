@@ -179,7 +179,7 @@ def test_the_stored_coefficients_give_method_a_shared_the_mean_keys_give():
     file written before them (the mean keys) reads back as the same coefficients."""
     import xarray as xr
 
-    from posgen.decomposition.drift import heldout_coefficients, heldout_fit
+    from posgen.decomposition.drift import drift_basis, heldout_coefficients, heldout_fit
     from posgen.decomposition.table import heldout_source
 
     T, d = 96, 8
@@ -189,11 +189,11 @@ def test_the_stored_coefficients_give_method_a_shared_the_mean_keys_give():
     assert coef.shape == (2, SMOOTH_DEGREE + 1, d)
     q = torch.randn(4, T, d, generator=g) + 0.5
     k = torch.randn(2, T, d, generator=g) + mean
-    from_mean, from_fit = unit(q, k, mean.numpy()), unit(q, k, heldout_fit(coef, T).numpy())
+    from_mean, from_fit = unit(q, k, mean.numpy()), unit(q, k, heldout_fit(coef, drift_basis(T, SMOOTH_DEGREE)).numpy())
     for name in ("r", "r_f", "r_g", "k_shared_share", "k_scaled_share"):
         np.testing.assert_allclose(from_fit[name], from_mean[name], rtol=1e-10, atol=1e-12, err_msg=name)
     assert np.isfinite(from_fit["k_shared_share"]).all()
     old = xr.Dataset({"k_heldout_mean": (("layer", "kv_head", "token", "dim"), mean.numpy()[None])})
     np.testing.assert_allclose(heldout_source(old)[0], coef.numpy(), rtol=1e-12)
     with pytest.raises(ValueError, match="9 basis functions, the 5-token basis has 3"):
-        heldout_fit(coef, 5)
+        heldout_fit(coef, drift_basis(5, SMOOTH_DEGREE))

@@ -103,16 +103,16 @@ def heldout_coefficients(mean_k, n_tokens: int) -> torch.Tensor:
     return basis[1:].T @ mean_k.double()[..., 1:, :]  # (..., M, d)
 
 
-def heldout_fit(coefficients, n_tokens: int, device=None) -> torch.Tensor:
-    """The held-out mean keys' fit at every token from :func:`heldout_coefficients`: ``(..., T, d)`` float64."""
+def heldout_fit(coefficients, basis: torch.Tensor) -> torch.Tensor:
+    """The held-out mean keys' fit at every token from :func:`heldout_coefficients`: ``(..., T, d)`` float64, on
+    ``basis (T, M)``, the window's :func:`drift_basis` (the caller's, built once: Decomposer.basis)."""
     coefficients = coefficients if torch.is_tensor(coefficients) else torch.from_numpy(np.asarray(coefficients))
-    basis = drift_basis(n_tokens, SMOOTH_DEGREE, device)  # (T, M)
     if coefficients.shape[-2] != basis.shape[1]:
         raise ValueError(
-            f"held-out key coefficients: {coefficients.shape[-2]} basis functions, the {n_tokens}-token basis has "
-            f"{basis.shape[1]}"
+            f"held-out key coefficients: {coefficients.shape[-2]} basis functions, the {basis.shape[0]}-token basis "
+            f"has {basis.shape[1]}"
         )
-    return basis @ coefficients.to(device, torch.float64)
+    return basis @ coefficients.to(basis.device, torch.float64)
 
 
 def shared_drift(mean_k: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:

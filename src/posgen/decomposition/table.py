@@ -62,7 +62,10 @@ class DecompositionTable:
         """One unit: window ``sample`` (global index), q (H, T, d) and k (H_kv, T, d) of ``layer``, pre-RoPE. Its
         statistics stay on the analysis device until :meth:`flush` (called once a window's layers are in)."""
         with_bound = not self.bound_samples or sample < self.bound_samples
-        heldout = None if self.heldout_coef is None else heldout_fit(self.heldout_coef[layer], self.n_tokens)
+        if self.heldout_coef is None:
+            heldout = None
+        else:  # on the decomposer's drift basis, built once per window length
+            heldout = heldout_fit(self.heldout_coef[layer], self.dec.basis(self.n_tokens)["drift"])
         unit = self.dec.statistics(q, k, self.kv_group, self.layers[layer], with_bound=with_bound, heldout_k=heldout)
         position = int(np.flatnonzero(self.samples == sample)[0])
         self.pending.append((position, layer, unit))
