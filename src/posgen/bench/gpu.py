@@ -253,18 +253,17 @@ def main(argv=None) -> dict:
         did_not_fit += [f"{part} {stage}" for stage, value in stages.items() if "timed_out" in value]
         failed += [f"{part}: {stages['failed']}"] if "failed" in stages else []
         parts[part] = {"setup": [name, layers, tokens, n_windows], **stages}
-    share = max(min(SHARES["layouts"] * args.budget_s, deadline - time.monotonic()), 1.0)
-    parts["layouts"] = attempt(in_child, compare_layouts, *LAYOUTS[args.tiny], device, timeout=share)
-    did_not_fit += ["layouts"] if "timed_out" in parts["layouts"] else []
-    failed += [f"layouts: {parts['layouts']['failed']}"] if "failed" in parts["layouts"] else []
-    share = max(min(SHARES["classifier"] * args.budget_s, deadline - time.monotonic()), 1.0)
-    parts["classifier"] = attempt(in_child, _classifier, args.tiny, device, timeout=share)
-    did_not_fit += ["classifier"] if "timed_out" in parts["classifier"] else []
-    failed += [f"classifier: {parts['classifier']['failed']}"] if "failed" in parts["classifier"] else []
-    share = max(min(SHARES["paper_smoke"] * args.budget_s, deadline - time.monotonic()), 1.0)
-    parts["paper_smoke"] = attempt(run_smoke, args.tiny, device, PAPER_CONFIG, args.smoke_cores, share)
-    did_not_fit += ["paper_smoke"] if "timed_out" in parts["paper_smoke"] else []
-    failed += [f"paper_smoke: {parts['paper_smoke']['failed']}"] if "failed" in parts["paper_smoke"] else []
+
+    def one_part(name: str, run) -> None:
+        """Part ``name``: ``run(share)`` within its share of what is left, its result recorded."""
+        share = max(min(SHARES[name] * args.budget_s, deadline - time.monotonic()), 1.0)
+        parts[name] = result = run(share)
+        did_not_fit.extend([name] if "timed_out" in result else [])
+        failed.extend([f"{name}: {result['failed']}"] if "failed" in result else [])
+
+    one_part("layouts", lambda share: attempt(in_child, compare_layouts, *LAYOUTS[args.tiny], device, timeout=share))
+    one_part("classifier", lambda share: attempt(in_child, _classifier, args.tiny, device, timeout=share))
+    one_part("paper_smoke", lambda share: attempt(run_smoke, args.tiny, device, PAPER_CONFIG, args.smoke_cores, share))
     report = {
         "device_name": device_name(device),
         "device": device,
