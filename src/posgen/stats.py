@@ -57,7 +57,7 @@ def pearson_from_sums(n, s_x, s_y, s_xx, s_yy, s_xy):
         if _is_torch(prod):
             import torch
 
-            return torch.where(prod > 0, cxy / torch.sqrt(prod.clamp(min=0)), torch.full_like(prod, float("nan")))
+            return torch.where(prod > 0, cxy / prod.sqrt(), float("nan"))  # sqrt's NaN where prod < 0 goes
         return np.where(prod > 0, cxy / np.sqrt(np.maximum(prod, 0)), np.nan)
 
 

@@ -218,15 +218,15 @@ def test_both_sinks_fit_together_as_each_alone(T, window, monkeypatch):
     calls = []
     solve = AdditiveDesign._conjugate_gradients
     monkeypatch.setattr(AdditiveDesign, "_conjugate_gradients", lambda self, *a: calls.append(1) or solve(self, *a))
-    fits = fit_sinks(together, {sink: together[sink].rhs(sums) for sink in SINKS}, tol=1e-11)
+    _, resid_together, got = fit_sinks(together, {sink: together[sink].rhs(sums) for sink in SINKS}, tol=1e-11)
     assert len(calls) == 1  # together: where they stall, no second run of each design's own
-    for sink in SINKS:
+    assert resid_together.shape == (len(SINKS), 3)
+    for i, sink in enumerate(SINKS):
         _, resid, expected = alone[sink].fit(*alone[sink].rhs(sums), tol=1e-11)
-        _, resid_together, got = fits[sink]
-        assert float(resid_together.max()) < 1e-10
+        assert float(resid_together[i].max()) < 1e-10
         assert (together[sink].inverse is None) == (alone[sink].inverse is None) == (window != 2)
         for name in expected:
-            np.testing.assert_allclose(got[name].numpy(), expected[name].numpy(), rtol=1e-9, err_msg=name)
+            np.testing.assert_allclose(got[name][i].numpy(), expected[name].numpy(), rtol=1e-9, err_msg=name)
 
 
 @pytest.mark.parametrize("T,window,dense", [(300, 0, False), (300, 64, False), (1200, 2, True)])

@@ -15,10 +15,10 @@ from posgen.decomposition.drift import (
     drift_basis,
     position_basis,
     position_share,
-    scaled_share,
     shared_drift,
-    shared_share,
+    shared_shares,
 )
+from posgen.decomposition.mask import SINKS
 from posgen.llm import prefix_content as pc
 
 T, D = 120, 8
@@ -103,8 +103,9 @@ def test_the_span_sums_give_section_3c_shares_and_the_geometry_of_known_trajecto
     for w, k in enumerate(own):
         x = torch.from_numpy(k).double()
         assert shares["smooth"][w] == pytest.approx(float(position_share(x, basis)[0, 0, -1]), abs=1e-9)
-        assert shares["shared"][w] == pytest.approx(float(shared_share(x, shared, "without")[0, 0]), abs=1e-9)
-        assert shares["scaled"][w] == pytest.approx(float(scaled_share(x, shared, "without")[0, 0]), abs=1e-9)
+        fixed, scaled = shared_shares(x, shared)  # (1, 1, sink) each
+        assert shares["shared"][w] == pytest.approx(float(fixed[0, 0, SINKS.index("without")]), abs=1e-9)
+        assert shares["scaled"][w] == pytest.approx(float(scaled[0, 0, SINKS.index("without")]), abs=1e-9)
     # each window's own direction, one size profile: sizes correlate, directions do not, s(j) explains little
     geometry = pc.geometry(ds)
     assert geometry["size_r"] > 0.9 and abs(geometry["direction_cosine"]) < 0.3

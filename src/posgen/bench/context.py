@@ -6,8 +6,9 @@ process, so that its peak resident memory is its own:
 - ``forward``: the plain forward pass (the model's own attention kernel);
 - ``capture``: the forward pass through the capturing backend, which also writes the layer's q/k for the rest;
 - ``load``: reading those q/k and nothing else, the baseline of the analysis stages' memory;
-- ``moments``: the rotations, Method A's and A-drift's sums and r, and the position shares (Decomposer steps
-  ``operands``, ``moments``, ``method_a``, ``position_shares``);
+- ``moments``: the rotations, Method A's and A-drift's sums, and the position shares (Decomposer steps
+  ``operands``, ``moments``, ``position_shares``; the r from the sums are ``correlations``, a few small
+  operations after Method B);
 - ``method_b``: Method B's sums and fit (matrix-free conjugate gradients), up to ``--method-b-max``;
 - ``bound``: the error of A and the section 5 bound, entry by entry, up to ``--bound-max`` (over about
   ``--bound-rows`` query rows, ``decomposition.bound_rows``; 0: every row).
@@ -105,9 +106,9 @@ def _analysis(
         if stage == "method_b":
             moments = dec.moments(ops)  # Method B reads Method A's sums of W
             start = time.perf_counter()
-            dec.method_b(ops, moments["A"])
+            dec.method_b(ops, moments)
         elif stage == "moments":
-            dec.method_a(ops, dec.moments(ops))
+            dec.moments(ops)
             dec.position_shares(ops)
         else:
             dec.error_and_bound(ops)

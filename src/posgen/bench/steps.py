@@ -14,8 +14,8 @@ from posgen.decomposition.decomposer import Decomposer
 STEPS = {
     "operands": "operands",  # rotations, mean keys (method.md sections 1 and 3A)
     "moments": "moments",  # sums over the counted entries (section 4)
-    "method_a": "method_a",  # Method A's r from the sums (sections 3A and 4)
     "method_b": "method_b",  # Method B's right-hand side and solve (section 3B)
+    "correlations": "correlations",  # every method's r from its sums (sections 3A, 3B, 3C and 4)
     "bound": "error_and_bound",  # the error of A and the bound, entry by entry (section 5)
     "check": "check_bound",
 }

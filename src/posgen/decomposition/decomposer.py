@@ -1,8 +1,8 @@
 """Every decomposition statistic of one (sample, layer) (docs/method.md sections 3-5).
 
 ``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1, 3A and 3C),
-``moments`` (sums over the counted entries), ``method_a`` (Method A and Method A-drift, sections 3A, 3C and 4),
-``method_b`` (section 3B), ``position_shares`` (section 3C), and where asked ``error_and_bound`` and
+``moments`` (sums over the counted entries), ``method_b`` (section 3B), ``correlations`` (every method's r from
+its sums: Method A, A-drift and A-shared, sections 3A, 3C and 4, and B), ``position_shares`` (section 3C), and where asked ``error_and_bound`` and
 ``check_bound`` (section 5).
 """
 
@@ -23,8 +23,7 @@ from posgen.decomposition.drift import (
     drift_moments,
     position_basis,
     position_share,
-    scaled_share,
-    shared_share,
+    shared_shares,
 )
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, band_factors, masked_moments, moments_by_sink
@@ -37,7 +36,6 @@ from posgen.stats import pearson_from_sums
 
 METHODS = ("A", "B", "A-drift", "A-shared")
 SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A, B, ...)
-FG_METHODS = ("A", "A-drift", "A-shared")  # the constructions with an f and a g term (r_f, r_g); B has none
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
 
@@ -69,6 +67,26 @@ def to_host(units: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]
 def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     """``parts`` concatenated along ``dim``; a lone part as it is (the device layout's one call)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
+
+
+def _columns(a: Moments, drift: Moments) -> Moments:
+    """Method A's moments (:func:`moments_by_sink`: g terms per dummy distance) and A-drift's and A-shared's
+    (:func:`drift_moments`: per pair) as one :class:`Moments` over the columns of the r's, A's f terms (the same
+    at every D) repeated: ``s_x``, ``s_xx`` ``(sink, n, h)``, every other ``(sink, column, n, h)``."""
+    nD = a.s_g.shape[1]
+
+    def f_term(name):
+        return torch.cat([getattr(a, name)[:, None].expand(-1, nD, -1, -1), getattr(drift, name)], 1)
+
+    def g_term(name):
+        return torch.cat([getattr(a, name), getattr(drift, name)], 1)
+
+    return Moments(
+        s_x=a.s_x,
+        s_xx=a.s_xx,
+        **{name: f_term(name) for name in ("s_f", "s_xf", "s_ff")},
+        **{name: g_term(name) for name in ("s_g", "s_xg", "s_fg", "s_gg")},
+    )
 
 
 class Decomposer:
@@ -195,21 +213,8 @@ class Decomposer:
         checks those of many units at once (a window's layers: one host read per window)."""
         ops = self.operands(q, k, kv_group, rope, heldout_k)
         moments = self.moments(ops)
-        a = self.method_a(ops, moments)
-        b = self.method_b(ops, moments["A"])
-        by_method = {"A": a["A"], "B": b, "A-drift": a["A-drift"], "A-shared": a["A-shared"]}
-        no_fg = torch.full_like(b["r"], float("nan"))  # Method B has no f and g terms
-        out = {
-            "r": torch.stack([by_method[m]["r"] for m in METHODS], 1),  # (H, method, sink)
-            **{
-                name: torch.stack([by_method[m][name] if m in FG_METHODS else no_fg for m in METHODS], 1)
-                for name in ("r_f", "r_g")
-            },  # (H, method, sink)
-            "r_sweep": a["A"]["r_sweep"],
-            "lstsq_residual": b["lstsq_residual"],
-            **{name: torch.stack([by_method[m][name] for m in METHODS], 1) for name in SUMS},  # (H, method, sink)
-            **self.position_shares(ops),
-        }
+        b = self.method_b(ops, moments)
+        out = {**self.correlations(ops, moments, b), **self.position_shares(ops)}
         if not ops.has_shared:  # no held-out trajectory: no Method A-shared (the stacks above are fresh tensors)
             for name in ("r", "r_f", "r_g", *SUMS):
                 out[name][:, METHODS.index("A-shared")] = float("nan")
@@ -251,15 +256,16 @@ class Decomposer:
             heldout_k,
         )
 
-    def moments(self, ops: UnitOperands) -> dict[str, dict[str, Moments]]:
+    def moments(self, ops: UnitOperands) -> Moments:
         """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head, for
-        Method A and (at the dummy distance only) Method A-drift.
+        every column of the r's: Method A at each dummy distance of ``ops.distances``, then Method A-drift and
+        Method A-shared at the layer's D (:data:`COLUMNS`).
 
-        method.md sections 3A (f, g_D), 3C (A-drift) and 4 (with and without the sink column):
+        method.md sections 3A (f, g_D), 3C (A-drift, A-shared) and 4 (with and without the sink column):
         :func:`masked_moments` over the 'with' mask, then :func:`moments_by_sink` and :func:`drift_moments`. No
-        (T x T) matrix; one KV head at a time keeps the working set small (and on a CPU, below malloc's mmap
-        threshold). Returns ``{method: {sink: Moments}}`` for "A", "A-drift" and "A-shared", each sum (H,) or
-        (nD, H).
+        (T x T) matrix; on the CPU one KV head at a time keeps the working set small (below malloc's mmap
+        threshold). Returns one :class:`Moments`: ``s_x``, ``s_xx`` ``(sink, H)``, every other ``(sink, column,
+        H)``.
         """
         groups = ops.groups
         i_dummy = ops.distances.index(ops.dummy_distance)
@@ -270,7 +276,7 @@ class Decomposer:
         # A-drift's and A-shared's g at the dummy distance, key sets scored against q0: rows (R_D^T R_0 (k_j -
         # kbar(j)))^T, the two side by side
         g_sets = torch.cat([ops.g_drift @ rot64[i_dummy], ops.g_shared @ rot64[i_dummy]], -1)  # (H_kv, T, 2 d)
-        chunks = {"A": [], "A-drift": [], "A-shared": []}
+        parts = []
         n_kv = len(groups.used)
         step = n_kv if self.batched else 1  # KV heads per call
         w = self.band_factors(ops) if self.batched else None
@@ -289,66 +295,49 @@ class Decomposer:
                 batched=self.batched,
                 w=w,
             )
-            r_shift = torch.einsum("Dfe,nf->neD", rot64, ops.shift[some])  # (n, d, nD): R_D^T shift
+            r_shift = ops.shift[some] @ rot64.permute(1, 0, 2).flatten(1)  # (n, (nD, e)): R_D^T shift
+            r_shift = r_shift.view(len(some), -1, rot64.shape[-1]).transpose(1, 2)  # (n, d, nD)
             gamma = q0_kv[i : i + step] @ r_shift[:, None]  # (n, h, T, nD)
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, n, h, T)
-            chunks["A"].append(moments_by_sink(part, gamma, ops.window))
-            chunks["A-drift"].append(drift_moments(part, DRIFT_SET, 0))  # (n, h) each
-            chunks["A-shared"].append(drift_moments(part, SHARED_SET, 1))
-        return {
-            method: {
-                sink: Moments(
-                    **{
-                        name: groups.to_heads(_joined([getattr(c[sink], name) for c in parts], -2))
-                        for name in MOMENT_NAMES
-                    }
-                )
-                for sink in SINKS
-            }
-            for method, parts in chunks.items()
-        }
+            a = moments_by_sink(part, gamma, ops.window)  # (sink, [D,] n, h)
+            drift = drift_moments(part, [(DRIFT_SET, 0), (SHARED_SET, 1)])  # (sink, [pair,] n, h)
+            parts.append(_columns(a, drift))
+        return Moments(
+            **{name: groups.to_heads(_joined([getattr(part, name) for part in parts], -2)) for name in MOMENT_NAMES}
+        )
 
-    def method_a(self, ops: UnitOperands, moments: dict[str, dict[str, Moments]]) -> dict:
-        """Method A's, A-drift's and A-shared's r and sums (method.md sections 3A, 3C and 4): r(W, f + g_D),
-        r(W, f) and r(W, g_D) alone at the dummy distance, by ``pearson_from_sums``, and for Method A the sweep.
+    def correlations(self, ops: UnitOperands, moments: Moments, b: dict) -> dict:
+        """Every method's r and sums, and the f and g terms' own r (method.md sections 3A, 3B, 3C and 4), by
+        ``pearson_from_sums`` over every column at once: Method A at each dummy distance (the sweep), A-drift,
+        A-shared (``moments``, :meth:`moments`) and Method B's fit (``b``, :meth:`method_b`).
 
-        Returns ``{"A": ..., "A-drift": ..., "A-shared": ...}`` of (H, sink) arrays ``r``, ``r_f``, ``r_g`` and
-        :data:`SUMS` of f + g_D at the dummy distance; Method A's also ``r_sweep`` (H, sink, D).
+        Returns (H, method, sink) arrays ``r``, ``r_f``, ``r_g`` (NaN for Method B, which has no f and g terms) and
+        :data:`SUMS` of y = f + g_D at the layer's dummy distance, in :data:`METHODS` order; ``r_sweep`` (H, sink,
+        D), Method A's r at every dummy distance of the sweep.
         """
-        i_dummy = ops.distances.index(ops.dummy_distance)
+        m, dev = moments, moments.s_x.device
+        nD = len(ops.distances)
         T = ops.q.shape[1]  # a sliding-window layer's sweep at min(D, window - 1) (docs/method.md section 4)
         i_sweep = [ops.distances.index(used_dummy_distance(D, ops.window, T)) for D in self.dummy_distances]
-        out = {"A": self._fg_statistics(ops, moments["A"], i_dummy, i_sweep)}
-        for method in ("A-drift", "A-shared"):  # their g terms: the dummy D only
-            out[method] = self._fg_statistics(ops, moments[method], 0, [])
-        return out
-
-    def _fg_statistics(self, ops: UnitOperands, moments: dict[str, Moments], i_dummy: int, i_sweep: list) -> dict:
-        """r, r_f, r_g and the sums of y = f + g_D of one construction, from its moments; r over ``i_sweep``."""
-        cols = {name: [] for name in ("r", "r_f", "r_g", "r_sweep", *SUMS)}
-        for sink in SINKS:
-            m, n = moments[sink], ops.counts[sink]
-            s_y = m.s_f + m.s_g  # (nD, H): y = A = f + g_D
-            s_yy = m.s_ff + 2 * m.s_fg + m.s_gg
-            s_xy = m.s_xf + m.s_xg
-            r_all = pearson_from_sums(n, m.s_x, s_y, m.s_xx, s_yy, s_xy)  # (nD, H)
-            cols["r"].append(r_all[i_dummy])
-            cols["r_sweep"].append(r_all[i_sweep].T)  # (H, D)
-            cols["r_f"].append(pearson_from_sums(n, m.s_x, m.s_f, m.s_xx, m.s_ff, m.s_xf))
-            cols["r_g"].append(pearson_from_sums(n, m.s_x, m.s_g[i_dummy], m.s_xx, m.s_gg[i_dummy], m.s_xg[i_dummy]))
-            sums = {
-                "n": torch.full_like(m.s_x, n),
-                "sum_x": m.s_x,
-                "sum_y": s_y[i_dummy],
-                "sum_xx": m.s_xx,
-                "sum_yy": s_yy[i_dummy],
-                "sum_xy": s_xy[i_dummy],
-            }
-            for name in SUMS:
-                cols[name].append(sums[name])
-        out = {name: torch.stack(parts, -1) for name, parts in cols.items() if name != "r_sweep"}  # (H, sink)
-        if i_sweep:
-            out["r_sweep"] = torch.stack(cols["r_sweep"], 1)  # (H, sink, D)
+        column = {"A": ops.distances.index(ops.dummy_distance), "A-drift": nD, "A-shared": nD + 1, "B": nD + 2}
+        columns = torch.tensor([column[method] for method in METHODS], device=dev)  # (method,)
+        n = torch.tensor([ops.counts[sink] for sink in SINKS], dtype=torch.float64, device=dev)[:, None, None]
+        x, xx = m.s_x[:, None], m.s_xx[:, None]  # (sink, 1, H)
+        # y = f + g_D per column, then Method B's fit: (sink, column, H)
+        s_y = torch.cat([m.s_f + m.s_g, b["sum_y"][:, None]], 1)
+        s_yy = torch.cat([m.s_ff + 2 * m.s_fg + m.s_gg, b["sum_yy"][:, None]], 1)
+        s_xy = torch.cat([m.s_xf + m.s_xg, b["sum_xy"][:, None]], 1)
+        r = pearson_from_sums(n, x, s_y, xx, s_yy, s_xy)  # (sink, column, H)
+        no_term = torch.full_like(r[:, :1], float("nan"))  # Method B's column: no f and g terms
+        r_f = torch.cat([pearson_from_sums(n, x, m.s_f, xx, m.s_ff, m.s_xf), no_term], 1)  # (sink, column, H)
+        r_g = torch.cat([pearson_from_sums(n, x, m.s_g, xx, m.s_gg, m.s_xg), no_term], 1)  # (sink, column, H)
+        sums = {"n": n, "sum_x": x, "sum_y": s_y, "sum_xx": xx, "sum_yy": s_yy, "sum_xy": s_xy}
+        by_method = {"r": r, "r_f": r_f, "r_g": r_g, **sums}
+        stacked = torch.stack([value.expand(r.shape) for value in by_method.values()])  # (name, sink, column, H)
+        stacked = stacked.index_select(2, columns).permute(0, 3, 2, 1)  # (name, H, method, sink), a new tensor
+        out = dict(zip(by_method, stacked.unbind()))
+        out["r_sweep"] = r[:, i_sweep].permute(2, 0, 1)  # (H, sink, D)
+        out["lstsq_residual"] = b["lstsq_residual"].T  # (H, sink)
         return out
 
     def position_shares(self, ops: UnitOperands) -> dict[str, torch.Tensor]:
@@ -358,29 +347,27 @@ class Decomposer:
         amplitude of s(j) per window and KV head."""
         smooth = self.basis(ops.q.shape[1])
         bases = torch.stack([smooth[sink] for sink in SINKS])  # (sink, T, M)
-        vectors = {"q": ops.q, "k": ops.k64}  # (H, T, d), (H_kv, T, d)
-        out = {}
-        for v, x in vectors.items():
-            shares = position_share(x, bases)  # (H or H_kv, sink, M): every degree
-            degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
-            share = shares[..., degrees].transpose(-1, -2)  # (H or H_kv, basis, sink)
-            out[f"{v}_position_share"] = share[ops.kv] if v == "k" else share
-        shared = torch.stack([shared_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
-        out["k_shared_share"] = shared[ops.kv]
-        scaled = torch.stack([scaled_share(ops.k64, ops.shared, sink) for sink in SINKS], -1)  # (H_kv, sink)
+        H = ops.q.shape[0]
+        shares = position_share(torch.cat([ops.q.double(), ops.k64]), bases)  # (H + H_kv, sink, M): every degree
+        degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
+        shares = shares[..., degrees].transpose(-1, -2)  # (H + H_kv, basis, sink)
+        out = {"q_position_share": shares[:H], "k_position_share": shares[H:][ops.kv]}  # (H, basis, sink)
+        fixed, scaled = shared_shares(ops.k64, ops.shared)  # (H_kv, sink) each
+        out["k_shared_share"] = fixed[ops.kv]
         out["k_scaled_share"] = scaled[ops.kv]
         return out
 
-    def method_b(self, ops: UnitOperands, moments: dict[str, Moments]) -> dict:  # Method A's moments
+    def method_b(self, ops: UnitOperands, moments: Moments) -> dict:  # Method A's moments: the sums of W
         """Method B (method.md section 3B): the exact least-squares fit ``W_ij ~ a(i-j) + b(i) + c(j)`` per head
-        and sink, its r (section 4) and sums, and the relative normal residual of the solve.
+        and sink, its sums with W (section 4), and the relative normal residual of the solve.
 
         The fit runs on x = W - mean(W) for conditioning (all heads in one solve, from the diagonal, row and column
-        sums of :func:`w_sums`); its sums are shifted back to W. Raises if the residual exceeds ``lstsq_tol``.
-        Returns (H, sink) arrays ``r``, ``lstsq_residual`` and :data:`SUMS`.
+        sums of :func:`w_sums`); its sums are shifted back to W. Raises if the residual exceeds ``lstsq_tol`` (the
+        CPU layout here; the device layout where the statistics reach the host). Returns (sink, H) arrays
+        ``sum_y``, ``sum_yy``, ``sum_xy`` and ``lstsq_residual``.
         """
         groups, T = ops.groups, ops.q.shape[1]
-        mu_w = moments["with"].s_x / ops.counts["with"]  # (H,) the mean of W
+        mu_w = moments.s_x[0] / ops.counts["with"]  # (H,) the mean of W
         w_parts = w_sums(
             groups.by_kv(ops.q_rot),  # (H_kv, h, T, d)
             ops.k_rot[groups.used, None],  # (H_kv, 1, T, d)
@@ -388,31 +375,20 @@ class Decomposer:
             mu_w[groups.order].view(len(groups.used), -1),  # (H_kv, h)
         )
         b_sums = [groups.to_heads(part.permute(2, 0, 1)).T for part in w_parts]  # diag, rows, cols, col0: (H, T)
-        cols = {name: [] for name in ("r", "lstsq_residual", *SUMS)}
         designs = {sink: self.design(T, ops.window, sink) for sink in SINKS}
         rhs = {sink: designs[sink].rhs(b_sums) for sink in SINKS}
-        fits = fit_sinks(designs, rhs, tol=self.lstsq_tol * 1e-3, early_stop=not self.batched)
-        for sink in SINKS:
-            m, n = moments[sink], ops.counts[sink]
-            _, resid, bs = fits[sink]  # bs: sums of x, yhat
-            if not self.batched:
-                self.check_residual(resid.cpu().numpy(), T, ops.window, sink)
-            # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w
-            sums = {
-                "n": torch.full_like(mu_w, n),
-                "sum_x": m.s_x,
-                "sum_xx": m.s_xx,
-                "sum_y": bs["sum_y"] + n * mu_w,
-                "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + n * mu_w * mu_w,
-                "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + m.s_x),
-            }
-            cols["r"].append(
-                pearson_from_sums(n, sums["sum_x"], sums["sum_y"], sums["sum_xx"], sums["sum_yy"], sums["sum_xy"])
-            )
-            cols["lstsq_residual"].append(resid)
-            for name in SUMS:
-                cols[name].append(sums[name])
-        return {name: torch.stack(parts, -1) for name, parts in cols.items()}  # (H, sink)
+        _, resid, bs = fit_sinks(designs, rhs, tol=self.lstsq_tol * 1e-3, early_stop=not self.batched)  # (sink, H)
+        if not self.batched:
+            for sink, worst in zip(SINKS, resid):
+                self.check_residual(worst.cpu().numpy(), T, ops.window, sink)
+        n = torch.tensor([ops.counts[sink] for sink in SINKS], dtype=torch.float64, device=mu_w.device)[:, None]
+        # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w, (sink, H)
+        return {
+            "sum_y": bs["sum_y"] + n * mu_w,
+            "sum_yy": bs["sum_yy"] + 2 * mu_w * bs["sum_y"] + n * mu_w * mu_w,
+            "sum_xy": bs["sum_xy"] + mu_w * (bs["sum_y"] + moments.s_x),
+            "lstsq_residual": resid,
+        }
 
     def check_residual(self, resid: np.ndarray, n_tokens: int, window: int, sink: str = "") -> None:
         """Raises where Method B's relative normal residual ``resid`` is not below ``lstsq_tol``; keeps the worst."""

@@ -71,6 +71,7 @@ class AdditiveDesign:
         self.check_every = int(check_every)  # conjugate gradients' steps between reads of the residual
         self.drop = float(sink == "without")  # 1 where key column 0 is dropped; per row in a stack (stack_sinks)
         self.inverse = None  # the dense solve's, once factorised
+        self.dense_parts = None  # a stack's (rows, keep, inverse) per design (stack_sinks)
         if causal:
             self.n_delta = window or T
             self.deltas = torch.arange(self.n_delta, device=device)
@@ -249,15 +250,20 @@ class AdditiveDesign:
         """Least-squares (a, b, c) for right-hand sides (h, .). Causal: conjugate gradients to the relative
         normal residual ``rtol`` (from 0: the solution of least preconditioned norm); where they stall above
         ``CG_ENOUGH``, the dense solve from then on. Dense: the factorised inverse, gauge entries 0."""
-        if self.inverse is None:
+        if self.inverse is None and not self.dense_parts:
             *theta, converged = self._conjugate_gradients(torch.cat([ra, rb, rc], -1), rtol)
             if converged:
                 return theta
             self._factorise(ra.device)
         rb_scaled = rb * self.inv_b
-        rz = torch.cat([ra - self.nab(rb_scaled), rc - self.m_t(rb_scaled)], -1)
+        pre = self._prefix(rb_scaled) if self.causal else None  # formed once for both products
+        rz = torch.cat([ra - self.nab(rb_scaled, pre), rc - self.m_t(rb_scaled, pre)], -1)
         z = torch.zeros_like(rz)
-        z[:, self.keep] = rz[:, self.keep] @ self.inverse
+        start = 0
+        for rows, keep, inverse in self.dense_parts or [(len(rz), self.keep, self.inverse)]:
+            part = slice(start, start + rows)  # a stack's rows of one design (stack_sinks), or every row
+            z[part, keep] = rz[part, keep] @ inverse
+            start += rows
         a, c = z[:, : self.n_delta], z[:, self.n_delta :]
         b = (rb - self.nab_t(a) - self.m(c)) * self.inv_b
         return a, b, c
@@ -320,7 +326,8 @@ class AdditiveDesign:
         r = torch.cat([ra, rb, rc], -1)
         r_norm = torch.linalg.vector_norm(r, dim=-1).clamp(min=1e-300)
         a, b, c = theta if theta is not None else self.solve(ra, rb, rc, rtol=_cg_rtol(tol))
-        refine = refine if self.inverse is not None else 0  # conjugate gradients refine as they go
+        dense = self.inverse is not None or self.dense_parts
+        refine = refine if dense else 0  # conjugate gradients refine as they go
         for step in range(refine + 1):
             n_theta = torch.cat(self.normal(a, b, c), -1)
             resid = torch.linalg.vector_norm(n_theta - r, dim=-1) / r_norm
@@ -330,7 +337,7 @@ class AdditiveDesign:
             a, b, c = a + da, b + db, c + dc
         theta = torch.cat([a, b, c], -1)
         sums = {
-            "sum_y": a @ self.cnt_a + b @ self.cnt_b + c @ self.cnt_c,
+            "sum_y": torch.linalg.vecdot(theta, torch.cat([self.cnt_a, self.cnt_b, self.cnt_c], -1)),
             "sum_yy": (theta * n_theta).sum(-1),
             "sum_xy": (theta * r).sum(-1),
         }
@@ -343,38 +350,50 @@ def _cg_rtol(tol: float) -> float:
 
 
 def stack_sinks(designs: list[AdditiveDesign], rows: list[int]) -> AdditiveDesign:
-    """One causal, matrix-free operator over the stacked right-hand sides of designs of the same mask and other
-    sink handlings, ``rows[i]`` rows of ``designs[i]``: its counts and ``drop`` per row. The rows come projected
+    """One causal operator over the stacked right-hand sides of designs of the same mask and other sink
+    handlings, ``rows[i]`` rows of ``designs[i]``: its counts and ``drop`` per row, and where every design is
+    factorised its dense solve per design's rows (``dense_parts``). The rows come projected
     (:meth:`AdditiveDesign.rhs`), so the stack has no null space of its own."""
     stack = copy.copy(designs[0])
-    for name in ("cnt_a", "cnt_b", "cnt_c"):
+    for name in ("cnt_a", "cnt_b", "cnt_c", "inv_b"):
         setattr(stack, name, torch.cat([getattr(d, name).expand(n, -1) for d, n in zip(designs, rows)]))
     per_row = [
         torch.full((n, 1), d.drop, dtype=stack.cnt_a.dtype, device=stack.cnt_a.device) for d, n in zip(designs, rows)
     ]
     stack.drop = torch.cat(per_row)  # (rows, 1)
     stack.null = stack.null_proj = stack.inverse = None
+    if all(d.inverse is not None for d in designs):
+        stack.dense_parts = [(n, d.keep, d.inverse) for d, n in zip(designs, rows)]
     return stack
 
 
-def fit_sinks(designs: dict, rhs: dict, tol: float, early_stop: bool = True) -> dict:
+def fit_sinks(designs: dict, rhs: dict, tol: float, early_stop: bool = True) -> tuple:
     """:meth:`AdditiveDesign.fit` of each sink handling's design of one mask, ``{sink: design}`` with
-    ``{sink: (ra, rb, rc)}``. Causal matrix-free designs share one set of conjugate gradients over their stacked
-    rows (:func:`stack_sinks`): half the small operations of two. Where those stall (a window of a few tokens),
-    each design takes its dense solve (factorised once, cached with the design), as it would have after its own
-    conjugate gradients stalled; a dense design fits on its own. ``early_stop=False`` (the device layout) takes
-    one refinement step of a dense solve without reading its residual: one reaches rounding's floor (relative
-    normal residual 4e-12 -> 4e-14 at 512 tokens, 1.4e-10 -> 2.6e-13 at 2,048; a second changes nothing)."""
+    ``{sink: (ra, rb, rc)}``, as one fit over their stacked rows (:func:`stack_sinks`): half the small
+    operations of two. Causal matrix-free designs share one set of conjugate gradients; where those stall (a
+    window of a few tokens) each design is factorised (once, cached with the design), as it would have been after
+    its own conjugate gradients stalled, and the stack takes each one's dense solve on its rows.
+    ``early_stop=False`` (the device layout) takes one refinement step of a dense solve without reading its
+    residual: one reaches rounding's floor (relative normal residual 4e-12 -> 4e-14 at 512 tokens, 1.4e-10 ->
+    2.6e-13 at 2,048; a second changes nothing).
+
+    Returns ``(a, b, c)``, the residual ``(sink, rows)`` and the sums ``{name: (sink, rows)}``, sinks in the
+    order of ``designs``. Causal designs only (a bidirectional one fits on its own: :meth:`AdditiveDesign.fit`)."""
     sinks = list(designs)
-    if all(d.causal and d.inverse is None for d in designs.values()):
-        rows = [rhs[sink][0].shape[0] for sink in sinks]
+    rows = [rhs[sink][0].shape[0] for sink in sinks]
+    r = [torch.cat(parts) for parts in zip(*(rhs[sink] for sink in sinks))]  # ra, rb, rc: (rows, .)
+
+    def by_sink(fit):
+        theta, resid, sums = fit
+        return theta, resid.view(len(sinks), -1), {name: x.view(len(sinks), -1) for name, x in sums.items()}
+
+    if all(d.inverse is None for d in designs.values()):
         stack = stack_sinks([designs[sink] for sink in sinks], rows)
-        r = torch.cat([torch.cat(rhs[sink], -1) for sink in sinks])  # (rows, n_z)
-        *theta, converged = stack._conjugate_gradients(r, _cg_rtol(tol))
+        *theta, converged = stack._conjugate_gradients(torch.cat(r, -1), _cg_rtol(tol))
         if converged:
-            parts = zip(*(x.split(rows) for x in theta))  # (a, b, c) per sink
-            return {sink: designs[sink].fit(*rhs[sink], tol=tol, theta=part) for sink, part in zip(sinks, parts)}
-        for design in designs.values():  # where the stack stalls each design would too: the dense solve at once
-            design._factorise(r.device)
-    refine = 2 if early_stop else 1
-    return {sink: designs[sink].fit(*rhs[sink], tol=tol, refine=refine, early_stop=early_stop) for sink in sinks}
+            return by_sink(stack.fit(*r, tol=tol, theta=theta))
+    for design in designs.values():  # where the stack stalls each design would too: the dense solve at once
+        if design.inverse is None:
+            design._factorise(r[0].device)
+    stack = stack_sinks([designs[sink] for sink in sinks], rows)
+    return by_sink(stack.fit(*r, tol=tol, refine=2 if early_stop else 1, early_stop=early_stop))

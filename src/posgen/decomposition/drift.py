@@ -91,7 +91,10 @@ def position_share(x: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
 
 def drift_fit(k64: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     """The keys' fit over tokens 1..T-1 on :func:`drift_basis`, evaluated at every token: ``kbar(j) (..., T, d)``."""
-    return basis @ (basis[1:].T @ k64[..., 1:, :])
+    T = k64.shape[-2]
+    k_t = k64[..., 1:, :].movedim(-2, 0).reshape(T - 1, -1)  # (T - 1, (..., d)): every vector a column
+    fit = basis @ (basis[1:].T @ k_t)  # (T, (..., d)): two plain products, not one per head
+    return fit.view(T, *k64.shape[:-2], k64.shape[-1]).movedim(0, -2)
 
 
 def heldout_coefficients(mean_k, n_tokens: int) -> torch.Tensor:
@@ -124,69 +127,69 @@ def shared_drift(mean_k: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
     return fit - fit[..., 1:, :].mean(-2, keepdim=True)
 
 
-def shared_share(x: torch.Tensor, shared: torch.Tensor, sink: str) -> torch.Tensor:
-    """The share of the variance of ``x (..., T, d)`` over the counted tokens of ``sink`` that the shared
-    function ``shared (..., T, d)`` explains as it is (coefficient 1, as Method A-shared uses it):
-    ``1 - sum_j ||x_j - xbar - s_j||^2 / sum_j ||x_j - xbar||^2``, with s centred over the same tokens. float64
-    ``(...)``; negative where s is further from the window's drift than no drift at all (docs/method.md 3C)."""
-    first = SINKS.index(sink)  # 0 ('with') or 1 ('without'): the first counted token
-    xs = x.double()[..., first:, :]
-    xs = xs - xs.mean(-2, keepdim=True)  # (..., n, d)
-    ss = shared.double()[..., first:, :]
-    ss = ss - ss.mean(-2, keepdim=True)  # (..., n, d)
-    total = (xs * xs).sum((-2, -1))  # (...)
-    return 1 - ((xs - ss) ** 2).sum((-2, -1)) / total
+def shared_shares(x: torch.Tensor, shared: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shares of the variance of ``x (..., T, d)`` over the counted tokens of each sink handling that the
+    shared function ``shared (..., T, d)`` explains, float64 ``(..., sink)`` each (docs/method.md 3C):
 
+    * ``shared_share``, as it is (coefficient 1, as Method A-shared uses it): ``1 - sum_j ||x_j - xbar - s_j||^2 /
+      sum_j ||x_j - xbar||^2``, s centred over the same tokens; negative where s is further from the window's
+      drift than no drift at all;
+    * ``scaled_share``, with one fitted amplitude per window and KV head, ``a = <x - xbar, s> / <s, s>`` (least
+      squares): ``<x - xbar, s>^2 / (<s, s> sum_j ||x_j - xbar||^2)``, in [0, 1] and at least the first. A shared
+      shape whose size differs from window to window (a trajectory whose profile is common and whose amplitude
+      is not) shows here and not in the fixed-amplitude share.
 
-def scaled_share(x: torch.Tensor, shared: torch.Tensor, sink: str) -> torch.Tensor:
-    """The share of the variance of ``x (..., T, d)`` over the counted tokens of ``sink`` that the shared function
-    explains with one fitted amplitude per window and KV head, ``a = <x - xbar, s> / <s, s>`` (least squares):
-    ``<x - xbar, s>^2 / (<s, s> sum_j ||x_j - xbar||^2)``, float64 ``(...)``, in [0, 1] and at least
-    :func:`shared_share`. A shared shape whose size differs from window to window (a trajectory whose profile is
-    common and whose amplitude is not) shows here and not in the fixed-amplitude share (docs/method.md 3C)."""
-    first = SINKS.index(sink)
-    xs = x.double()[..., first:, :]
-    xs = xs - xs.mean(-2, keepdim=True)  # (..., n, d)
-    ss = shared.double()[..., first:, :]
-    ss = ss - ss.mean(-2, keepdim=True)
-    cross = (xs * ss).sum((-2, -1))  # (...)
+    Both handlings at once: 'without' weighs token 0 by 0."""
+    T = x.shape[-2]
+    counted = torch.ones(len(SINKS), T, dtype=torch.float64, device=x.device)  # (sink, T)
+    counted[SINKS.index("without"), 0] = 0
+    batch = max(x.dim(), shared.dim()) - 2  # the leading dims x and s broadcast to
+    w = counted.view(len(SINKS), *[1] * batch, T, 1)  # (sink, ..., T, 1)
+    n = w.sum(-2, keepdim=True)  # (sink, ..., 1, 1): the counted tokens
+    x64, s64 = x.double(), shared.double()
+    xs = (x64 - (x64 * w).sum(-2, keepdim=True) / n) * w  # (sink, ..., T, d): centred, token 0 out where dropped
+    ss = (s64 - (s64 * w).sum(-2, keepdim=True) / n) * w  # (sink, ..., T, d)
+    total = (xs * xs).sum((-2, -1))  # (sink, ...)
     power = (ss * ss).sum((-2, -1))
-    total = (xs * xs).sum((-2, -1))
-    return torch.where(power > 0, cross * cross / (power * total), torch.zeros_like(total))
+    cross = (xs * ss).sum((-2, -1))
+    fixed = 1 - ((xs - ss) ** 2).sum((-2, -1)) / total
+    scaled = torch.where(power > 0, cross * cross / (power * total), torch.zeros_like(total))
+    return fixed.movedim(0, -1), scaled.movedim(0, -1)
 
 
-def drift_moments(m: MaskedMoments, a: int, p: int = 0) -> dict[str, Moments]:
+def drift_moments(m: MaskedMoments, pairs: list[tuple[int, int]]) -> Moments:
     """Method A-drift's sums of x = W, f = s (R_i q_i).(R_j kbar(j)) and g = s (R_D q_i).(R_0 (k_j - kbar(j)))
     at the layer's dummy distance, per sink, from :func:`posgen.decomposition.moments.masked_moments` over the
-    'with' mask: f is the key set ``a`` (the W set is 0), g the set ``p`` scored against q0 (``v``). Method
-    A-shared's sums come the same way from its own pair of sets.
+    'with' mask: for each ``(a, p)`` of ``pairs``, f is the key set ``a`` (the W set is 0) and g the set ``p``
+    scored against q0 (``v``). Method A-shared's sums come the same way from its own pair of sets.
 
     g has no sink-free offset (the drift fit carries the whole mean, and is the same in both handlings), so
     'without' is 'with' less key column 0's products, as in
-    :func:`posgen.decomposition.moments.moments_by_sink`. Returns ``{sink: Moments}`` with g terms (1, ...)."""
+    :func:`posgen.decomposition.moments.moments_by_sink`. Returns one :class:`Moments`, both handlings stacked
+    first: ``s_x``, ``s_xx`` ``(sink, n, h)``, every other ``(sink, pair, n, h)``."""
+    a = torch.tensor([a for a, _ in pairs], device=m.qq.device)  # (pair,) the f sets
+    p = torch.tensor([p for _, p in pairs], device=m.qq.device)  # (pair,) the g sets
     c0, v0 = m.q_col0, m.v_col0  # (n, h, a, T), (n, h, p, T)
-    plain = {
-        "with": (m.q_rows, m.v_rows, m.qq, m.qv, m.vv),
-        "without": (
-            m.q_rows - c0,
-            m.v_rows - v0,
-            m.qq - torch.einsum("nhat,nhbt->nhab", c0, c0),
-            m.qv - torch.einsum("nhat,nhpt->nhap", c0, v0),
-            m.vv - torch.einsum("nhpt,nhqt->nhpq", v0, v0),
-        ),
-    }
-    out = {}
-    for sink in SINKS:
-        rows, v_rows, qq, qv, vv = plain[sink]
-        out[sink] = Moments(
-            s_x=rows[..., 0, :].sum(-1),
-            s_f=rows[..., a, :].sum(-1),
-            s_g=v_rows[..., p, :].sum(-1)[None],
-            s_xx=qq[..., 0, 0],
-            s_xf=qq[..., 0, a],
-            s_ff=qq[..., a, a],
-            s_xg=qv[..., 0, p][None],
-            s_fg=qv[..., a, p][None],
-            s_gg=vv[..., p, p][None],
-        )
-    return out
+    s_q = m.q_rows.sum(-1)  # (n, h, a)
+    s_v = m.v_rows.sum(-1)  # (n, h, p)
+    s_q = torch.stack([s_q, s_q - c0.sum(-1)])  # (sink, n, h, a)
+    s_v = torch.stack([s_v, s_v - v0.sum(-1)])  # (sink, n, h, p)
+    k, V = m.qq.shape[-1], slice(m.col0_gram.shape[-1] - m.vv.shape[-1], None)  # the x_a, then the v_p's place
+    qq = torch.stack([m.qq, m.qq - m.col0_gram[..., :k, :k]])  # (sink, n, h, a, b)
+    qv = torch.stack([m.qv, m.qv - m.col0_gram[..., :k, V]])  # (sink, n, h, a, p)
+    vv = torch.stack([m.vv, m.vv - m.col0_gram[..., V, V]])  # (sink, n, h, p, p')
+
+    def by_pair(x):  # (sink, n, h, pair) -> (sink, pair, n, h)
+        return x.movedim(-1, 1)
+
+    return Moments(
+        s_x=s_q[..., 0],
+        s_f=by_pair(s_q[..., a]),
+        s_g=by_pair(s_v[..., p]),
+        s_xx=qq[..., 0, 0],
+        s_xf=by_pair(qq[..., 0, a]),
+        s_ff=by_pair(qq[..., a, a]),
+        s_xg=by_pair(qv[..., 0, p]),
+        s_fg=by_pair(qv[..., a, p]),
+        s_gg=by_pair(vv[..., p, p]),
+    )

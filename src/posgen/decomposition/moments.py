@@ -34,12 +34,14 @@ class MaskedMoments:
     q_col0: torch.Tensor  # (n, h, a, T): x_a in key column 0
     g_col0: torch.Tensor  # (D, n, h, T): g_D in key column 0
     v_col0: torch.Tensor  # (n, h, p, T): v_p in key column 0
+    col0_gram: torch.Tensor  # (n, h, F, G): sum over rows of the forms' products in key column 0 (a | D | p)
 
 
 @dataclass(frozen=True)
 class Moments:
-    """Sums over the counted entries of one sink handling of x = W, f, g_D and their products, per query head
-    (``(..., H)``; the g terms ``(D, ..., H)``, one per dummy distance)."""
+    """Sums over the counted entries of x = W, f, g_D and their products, both sink handlings stacked first and
+    per query head: ``(sink, ..., H)``, the g terms ``(sink, D, ..., H)``, one per dummy distance (or per column of
+    the r's, :meth:`posgen.decomposition.Decomposer.moments`)."""
 
     s_x: torch.Tensor
     s_f: torch.Tensor
@@ -206,7 +208,7 @@ def masked_moments(
     n, T, d = keys.shape[0], keys.shape[1], q.shape[-1]
     kg_rot = keys[..., k * d :] @ rotations.transpose(0, 1).reshape(d, -1)  # (n, T, (D, e)): R_D^T kg_j, every D
     kg_rot = kg_rot.view(n, T, -1, d)  # (n, T, D, e)
-    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0 = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)
+    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0, col0_gram = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)
     if dtype == f64:
         qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets, batched, w)
     else:
@@ -243,6 +245,7 @@ def masked_moments(
         q_col0=q_col0,
         g_col0=g_col0,
         v_col0=v_col0,
+        col0_gram=col0_gram,
     )
 
 
@@ -279,8 +282,10 @@ def _mean_parts(q, q0, kg_rot, keys, q0_keys, window: int) -> torch.Tensor:
     C, Z = [], []
     for (a_mean, beta), u in groups:  # u (n, T, F, e): the forms' keys
         after = window_prefix(beta.flip(2), window, dim=2).flip(2)  # (n, h, T, e): over the queries key j counts
-        C.append(torch.einsum("nhe,ntfe->nhtf", a_mean[:, :, 0], u))  # (n, h, T, F)
-        Z.append(torch.einsum("nhte,ntfe->nhtf", after, u))  # (n, h, T, F)
+        c = u.reshape(n, -1, d) @ a_mean[:, :, 0].transpose(1, 2)  # (n, (T, F), h)
+        C.append(c.view(n, T, -1, h).permute(0, 3, 1, 2))  # (n, h, T, F)
+        z = after.transpose(1, 2) @ u.transpose(-1, -2)  # (n, T, h, F): per key j, its queries' sums against u_j
+        Z.append(z.transpose(1, 2))  # (n, h, T, F)
     C, Z = torch.cat(C, -1), torch.cat(Z, -1)  # (n, h, T, F) each
     tok = torch.arange(T, device=keys.device)
     n_col = (T - tok).clamp(max=window or T).to(keys.dtype)[:, None]  # (T, 1): queries that count key j
@@ -297,19 +302,20 @@ def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
     nd = window or T
     q_keys = keys[..., : k * d]  # (n, T, (a, e))
     pre_q = window_prefix(q_keys, window, dim=1).view(n, 1, T, k, d)  # (n, 1, T, a, e): the keys row i counts
-    pre_g = window_prefix(kg_rot, window, dim=1).unsqueeze(1)  # (n, 1, T, D, e)
-    pre_v = window_prefix(q0_keys, window, dim=1).view(n, 1, T, p, d)  # (n, 1, T, p, e)
+    u0 = torch.cat([kg_rot, q0_keys.view(n, T, p, d)], 2)  # (n, T, D | p, e): the forms that read q0
+    pre_0 = window_prefix(u0, window, dim=1).unsqueeze(1)  # (n, 1, T, D | p, e)
     q_rows = torch.einsum("nhte,nutae->nhta", q, pre_q)  # (n, h, T, a); no (n, h, T, a, e) temporary
-    g_rows = torch.einsum("nhte,nutDe->nhtD", q0, pre_g)  # (n, h, T, D)
-    v_rows = torch.einsum("nhte,nutpe->nhtp", q0, pre_v)  # (n, h, T, p)
-    del pre_q, pre_v, pre_g  # temporaries go as soon as they are used: the working set stays small
+    rows_0 = torch.einsum("nhte,nutFe->nhtF", q0, pre_0)  # (n, h, T, D | p)
+    del pre_q, pre_0  # temporaries go as soon as they are used: the working set stays small
     counts0 = (torch.arange(T, device=q.device) < nd).to(torch.float64)[:, None]  # (T, 1): rows that count column 0
     k0_q = q_keys[:, None, 0].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
-    k0_g = kg_rot[:, None, 0]  # (n, 1, D, e): R_D^T kg_0
-    k0_v = q0_keys[:, None, 0].reshape(n, 1, p, d)  # (n, 1, p, e)
     q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
-    g_col0 = (q0 @ k0_g.transpose(-1, -2)) * counts0  # (n, h, T, D)
-    v_col0 = (q0 @ k0_v.transpose(-1, -2)) * counts0  # (n, h, T, p)
+    col0_0 = (q0 @ u0[:, None, 0].transpose(-1, -2)) * counts0  # (n, h, T, D | p): R_D^T kg_0 and V_p[0]
+    nD = kg_rot.shape[2]
+    g_rows, v_rows = rows_0[..., :nD], rows_0[..., nD:]
+    g_col0, v_col0 = col0_0[..., :nD], col0_0[..., nD:]
+    col0 = torch.cat([q_col0, col0_0], -1)  # (n, h, T, a | D | p)
+    col0_gram = col0.transpose(-1, -2) @ col0  # (n, h, F, G): what dropping column 0 takes from every product
     return (
         q_rows.transpose(2, 3),  # (n, h, a, T)
         g_rows.permute(3, 0, 1, 2),  # (D, n, h, T)
@@ -317,6 +323,7 @@ def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
         q_col0.transpose(2, 3),  # (n, h, a, T)
         g_col0.permute(3, 0, 1, 2),  # (D, n, h, T)
         v_col0.transpose(2, 3),  # (n, h, p, T)
+        col0_gram,
     )
 
 
@@ -392,9 +399,11 @@ def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int, ba
     p_abs = (herm_q * herm_k.conj()).sum(2)  # (n, h, l, m): sum_c over the products of |z|^2
     p_sq = (sym_q.conj() * sym_k).sum(2)  # (n, h, l, m): the same of z^2
     w = band_factors(rotations) if w is None else w  # (D, l)
-    z_abs = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_abs, w)  # (D, n, h): sum |z|^2
-    z_sq = torch.einsum("Dl,nhlm,Dm->Dnh", w.conj(), p_sq, w.conj())  # (D, n, h): sum z^2
-    gg = 0.5 * (z_abs.real + z_sq.real)  # (D, n, h)
+    # sum |z|^2 = conj(w_D)^T p_abs w_D and sum z^2 = conj(w_D)^T p_sq conj(w_D), per D, head: both from one product
+    wp = w.conj() @ torch.stack([p_abs, p_sq])  # (2, n, h, D, m): conj(w_D)^T p
+    w_right = torch.stack([w, w.conj()])[:, None, None]  # (2, 1, 1, D, m)
+    z = (wp * w_right).sum(-1)  # (2, n, h, D): sum |z|^2, sum z^2
+    gg = 0.5 * z.real.sum(0).permute(2, 0, 1)  # (D, n, h)
     # sum v_p v_p' = sum_c sum_(j in c) V_p[j]^T S_c V_p'[j], float64 (few keys): V^T S_c per head first, so
     # no (p d x p d) block Gram of the V keys per block
     v = vb.view(n, 1, nc, block * p, d).double()  # (n, 1, c, (r, p), e)
@@ -496,48 +505,50 @@ def _add_ragged(qq, qg, gg, qv, vv, qb, q0b, kp, vp, rotations, blocks: Blocks) 
     return qq, qg, gg, qv, vv
 
 
-def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> dict[str, Moments]:
+def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> Moments:
     """Sums of x = W, f, g_D and their products for both sink handlings, from :func:`masked_moments` over the
     'with' mask with keys ``[x | f | phi | g]``.
 
     'without' drops column 0 and takes the mean key over tokens 1..T-1, kbar': f' = f + phi with
     ``phi_ij = s (R_i q_i).(R_j (kbar' - kbar))`` and g' = g + gamma with the row constant
     ``gamma_i = s (R_D q_i).(R_0 (kbar - kbar'))``, ``gamma (nD, ..., T)``. Sums without column 0 subtract its
-    products, an O(T) correction. Returns ``{sink: Moments}``. method.md sections 3A (the sink-free terms) and 4.
+    products, an O(T) correction. Returns one :class:`Moments`, both handlings stacked first (:data:`SINKS`
+    order): ``(sink, n, h)``, the g terms ``(sink, D, n, h)``. method.md sections 3A (the sink-free terms) and 4.
     """
     T = m.q_rows.shape[-1]
-    nd = window or T
-    tok = torch.arange(T, device=gamma.device)
-    n_rows = ((tok + 1).clamp(max=nd) - (tok < nd).long()).to(gamma.dtype)  # counted entries per row, no column 0
+    n_rows = _rows_without(T, window, gamma.device)  # (T,) counted entries per row, no column 0
     c0, g0 = m.q_col0, m.g_col0  # column 0: (n, h, a, T), (D, n, h, T)
     # without column 0; a indexes the key sets [x | f | phi]
     rows = m.q_rows - c0  # (n, h, a, T)
     g_rows = m.g_rows - g0  # (D, n, h, T)
-    qq = m.qq - torch.einsum("nhat,nhbt->nhab", c0, c0)  # (n, h, a, b)
-    qg = m.qg - torch.einsum("nhat,Dnht->Dnha", c0[..., : m.qg.shape[-1], :], g0)  # (D, n, h, a)
+    k, nD = m.qq.shape[-1], m.gg.shape[0]
+    qq = m.qq - m.col0_gram[..., :k, :k]  # (n, h, a, b)
+    qg = m.qg - m.col0_gram[..., k : k + nD, : m.qg.shape[-1]].permute(2, 0, 1, 3)  # (D, n, h, a)
     gg = m.gg - (g0 * g0).sum(-1)  # (D, n, h)
+    x_rows = rows[..., 0, :]  # (n, h, T)
     f_rows = rows[..., 1, :] + rows[..., 2, :]  # (n, h, T): rows of f' = f + phi
-    return {
-        "with": Moments(
-            s_x=m.q_rows[..., 0, :].sum(-1),
-            s_f=m.q_rows[..., 1, :].sum(-1),
-            s_g=m.g_rows.sum(-1),
-            s_xx=m.qq[..., 0, 0],
-            s_xf=m.qq[..., 0, 1],
-            s_ff=m.qq[..., 1, 1],
-            s_xg=m.qg[..., 0],
-            s_fg=m.qg[..., 1],
-            s_gg=m.gg,
-        ),
-        "without": Moments(
-            s_x=rows[..., 0, :].sum(-1),
-            s_f=f_rows.sum(-1),
-            s_g=g_rows.sum(-1) + (gamma * n_rows).sum(-1),
-            s_xx=qq[..., 0, 0],
-            s_xf=qq[..., 0, 1] + qq[..., 0, 2],
-            s_ff=qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2],
-            s_xg=qg[..., 0] + (gamma * rows[..., 0, :]).sum(-1),
-            s_fg=qg[..., 1] + qg[..., 2] + (gamma * f_rows).sum(-1),
-            s_gg=gg + 2 * (gamma * g_rows).sum(-1) + (gamma * gamma * n_rows).sum(-1),
-        ),
-    }
+    # gamma against each term over a row's counted entries: (4, D, n, h) for 1, x, f', g
+    with_gamma = torch.stack([gamma * n_rows, gamma * x_rows, gamma * f_rows, gamma * (g_rows + 0.5 * gamma * n_rows)])
+    with_gamma = with_gamma.sum(-1)  # the last: sum gamma g + gamma^2 / 2, so that s_gg takes it twice
+    s_with = m.q_rows[..., :2, :].sum(-1)  # (n, h, x | f)
+    s_without = torch.stack([x_rows, f_rows], -2).sum(-1)  # (n, h, x | f')
+    s = torch.stack([s_with, s_without])  # (sink, n, h, x | f)
+    return Moments(
+        s_x=s[..., 0],
+        s_f=s[..., 1],
+        s_g=torch.stack([m.g_rows.sum(-1), g_rows.sum(-1) + with_gamma[0]]),
+        s_xx=torch.stack([m.qq[..., 0, 0], qq[..., 0, 0]]),
+        s_xf=torch.stack([m.qq[..., 0, 1], qq[..., 0, 1] + qq[..., 0, 2]]),
+        s_ff=torch.stack([m.qq[..., 1, 1], qq[..., 1, 1] + 2 * qq[..., 1, 2] + qq[..., 2, 2]]),
+        s_xg=torch.stack([m.qg[..., 0], qg[..., 0] + with_gamma[1]]),
+        s_fg=torch.stack([m.qg[..., 1], qg[..., 1] + qg[..., 2] + with_gamma[2]]),
+        s_gg=torch.stack([m.gg, gg + 2 * with_gamma[3]]),
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _rows_without(n_tokens: int, window: int, device) -> torch.Tensor:
+    """(T,) float64: the counted entries of each query row without key column 0 (the same for every layer)."""
+    tok = torch.arange(n_tokens, device=device)
+    nd = window or n_tokens
+    return ((tok + 1).clamp(max=nd) - (tok < nd).long()).to(torch.float64)

@@ -120,24 +120,26 @@ def unit_operands(
     kbar = k64.mean(1)  # (H_kv, d)
     kbar_wo = k64[:, 1:].mean(1)  # (H_kv, d), sink dropped
 
-    def rotated_const(v):  # (H_kv, d) -> R_j v for every j: (H_kv, T, d)
-        return rotate(v.float()[:, None].expand(-1, T, -1), pos, theta, amp)
-
-    k_rot = rotate(k, pos, theta, amp)
     k_fit = drift_fit(k64, drift_basis)  # (H_kv, T, d): kbar(j), fitted over tokens 1..T-1
     shared = shared_function(heldout_k, k64, drift_basis)  # (H_kv, T, d): s(j)
     k_shared = kbar_wo[:, None] + shared  # (H_kv, T, d): Method A-shared's kbar(j)
-    keys = torch.cat(
+    # everything turned to its own position in one rotation: q, then k and the key sets' means (H_kv each)
+    n_kv = k.shape[0]
+    turned = torch.cat(
         [
-            k_rot,
-            rotated_const(kbar),
-            rotated_const(kbar_wo - kbar),
-            rotate(k_fit.float(), pos, theta, amp),
-            rotate(k_shared.float(), pos, theta, amp),
-            (k64 - kbar[:, None]).float() * amp,
-        ],
-        -1,
-    )
+            q,
+            k,
+            kbar.float()[:, None].expand(-1, T, -1),
+            (kbar_wo - kbar).float()[:, None].expand(-1, T, -1),
+            k_fit.float(),
+            k_shared.float(),
+        ]
+    )  # (H + 5 H_kv, T, d)
+    turned = rotate(turned, pos, theta, amp)
+    q_rot, k_sets = turned.split([H, 5 * n_kv])  # (H, T, d), (5 H_kv, T, d)
+    k_sets = k_sets.view(5, n_kv, T, d)  # (set, H_kv, T, d): R_j k_j, R_j kbar, R_j (kbar' - kbar), the two fits
+    k_rot = k_sets[0]
+    keys = torch.cat([*k_sets, (k64 - kbar[:, None]).float() * amp], -1)  # (H_kv, T, 6 d)
     eye = torch.eye(d, device=dev).expand(len(distances), d, d)  # (nD, d, d)
     # rotate() turns each row, so the rotated identity is R_D^T (every D at once: a position per D); transposed, R_D
     rotations = rotate(eye, torch.tensor(distances, device=dev)[:, None], theta).transpose(-1, -2)  # (nD, d, d)
@@ -154,7 +156,7 @@ def unit_operands(
         kbar=kbar,
         kbar_wo=kbar_wo,
         shift=(kbar - kbar_wo) * amp,
-        q_rot=rotate(q, pos, theta, amp) * s,
+        q_rot=q_rot * s,
         q0=q * (s * amp),
         k_rot=k_rot,
         keys=keys,
