@@ -15,9 +15,9 @@ at the dummy distance D. Two measurements here:
 * **Method A-shared**: the same, with ``kbar(j) = kbar' + s(j)``: the window's own mean key over tokens 1..T-1
   plus a function of position shared by every window, ``s(j)``, estimated from held-out windows
   (:func:`shared_drift`). A-drift's per-window fit absorbs absolute position and prefix content alike; s(j)
-  carries only what is common to windows at the same absolute position. :func:`shared_share` splits the key's
-  position share into that shared part and the per-window rest; :func:`scaled_share` lets each window scale s(j)
-  by its own amplitude (a diagnostic of a shared profile with per-window sizes).
+  carries only what is common to windows at the same absolute position. :func:`shared_shares` splits the key's
+  position share into that shared part and the per-window rest, and lets each window scale s(j) by its own
+  amplitude (a diagnostic of a shared profile with per-window sizes).
 
 The fit of ``kbar(j)`` leaves the sink token out in both sink handlings (:func:`drift_basis`): the first key
 of a trained model is an outlier (the attention sink) that would bend a smooth fit. 'with' scores key column 0

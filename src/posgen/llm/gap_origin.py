@@ -22,7 +22,7 @@ GAP_SHARED, FLOOR_K; all post hoc), with t = HALF x the gap and the noise-correc
 * ``each window's own prefix trajectory``: X_c below it: most of the drift differs from window to window.
 
 Beside the rule, a second diagnostic: the shared share with one fitted amplitude per window and KV head
-(``k_scaled_share``, ``posgen.decomposition.drift.scaled_share``), which a shared profile with a per-window size
+(``k_scaled_share``, ``posgen.decomposition.drift.shared_shares``), which a shared profile with a per-window size
 would raise where the fixed-amplitude share stays low.
 """
 
