@@ -33,6 +33,11 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     assert layouts["device"]["ops"] < layouts["host"]["ops"] and layouts["max_rel_difference"] < 1e-6
     classifier = report["parts"]["classifier"]
     assert classifier["float32_steps_per_s"] > 0 and classifier["ensemble_members"] == 3
+    # bfloat16 through torch.compile beside eager; the plan keeps the eager rate the workflow trains with
+    assert classifier["bfloat16_compiled_steps_per_s"] > 0
+    assert classifier["compiled_over_eager"] == pytest.approx(
+        classifier["bfloat16_compiled_steps_per_s"] / classifier["bfloat16_steps_per_s"]
+    )
     rates = report["rates"]
     assert rates["forward"] > 0 and rates["moments"] > 0 and rates["error"] > 0
     assert rates["classifier"]["seconds_per_step"] == pytest.approx(

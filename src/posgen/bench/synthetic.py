@@ -250,12 +250,14 @@ def main(argv=None):
 
 
 def training_rates(
-    synthetic: dict, task: str, pe: str, device: str, steps: int, members: int, precisions, faithful=None
+    synthetic: dict, task: str, pe: str, device: str, steps: int, members: int, precisions, faithful=None, compiled=()
 ) -> dict:
     """Optimiser steps per second of one classifier at the sizes of a resolved ``synthetic`` experiment (its
     model, batch and task sizes; only enough samples for ``steps`` steps are generated), per precision, and of
     an ensemble of ``members`` seeds (float32; ``ensemble_steps_per_s`` counts ensemble steps, each one step of
-    every member). A warm-up epoch of 2 steps runs before each timed one."""
+    every member). A warm-up epoch of 2 steps runs before each timed one (and compiles, for the precisions in
+    ``compiled``: ``<precision>_compiled_steps_per_s``, the same classifier through ``torch.compile``, and
+    ``compiled_over_eager`` at the first of them)."""
     from posgen.synthetic.train import train_ensemble
 
     dev = resolve_device(device)
@@ -270,20 +272,26 @@ def training_rates(
     cfg = model_config(TrainOptions.of_experiment(options), data, pe)
     schedule = one_epoch(t)
 
-    def rate(n_members: int, precision: str) -> float:
+    def rate(n_members: int, precision: str, compile_step: bool = False) -> float:
         seeds = list(range(n_members))
         models = []
         for seed in seeds:
             torch.manual_seed(seed)
             models.append(build(cfg).to(dev))
-        train_ensemble(models, seeds, warm_set, test_set, desc="warm-up", precision=precision, **schedule)
+        runs = {"precision": precision, "compiled": compile_step, **schedule}
+        train_ensemble(models, seeds, warm_set, test_set, desc="warm-up", **runs)
         _sync(dev)
         start = time.perf_counter()
-        train_ensemble(models, seeds, train_set, test_set, desc=precision, precision=precision, **schedule)
+        train_ensemble(models, seeds, train_set, test_set, desc=precision, **runs)
         _sync(dev)
         return steps / (time.perf_counter() - start)
 
     result = {f"{precision}_steps_per_s": rate(1, precision) for precision in precisions}
+    for precision in compiled:
+        result[f"{precision}_compiled_steps_per_s"] = rate(1, precision, compile_step=True)
+    first = compiled[0] if compiled else None
+    if first in precisions:
+        result["compiled_over_eager"] = result[f"{first}_compiled_steps_per_s"] / result[f"{first}_steps_per_s"]
     if members > 1:
         result["ensemble_members"] = members
         result["ensemble_steps_per_s"] = rate(members, "float32")

@@ -156,6 +156,7 @@ def train_ensemble(
     desc: str = "train",
     eval_batch_size: int = 1024,
     precision: str = "float32",
+    compiled: bool = False,
 ) -> list[dict]:
     """Train same-shape classifiers in place, member i with its own data order (seeded by ``seeds[i]``, as it
     would be alone); returns per member the per-epoch curves (train loss, train and test accuracy), timing, and
@@ -165,7 +166,8 @@ def train_ensemble(
     ``ignore_index``: a label left out of the loss (the authors' code passes 0, which drops every count-0
     sample of the count task; -100 leaves every label in). ``precision``: float32, bfloat16 (autocast forward
     pass, float32 weights and optimiser) or tf32 (float32 with TF32 matrix products on CUDA). Host reads
-    happen once per epoch (the curves), never inside a step."""
+    happen once per epoch (the curves), never inside a step. ``compiled``: one member through ``torch.compile``
+    (:class:`posgen.synthetic.ensemble.Ensemble`; the benches only, so far)."""
     tokens, labels = train_set
     members, n = len(models), len(labels)
     faithful = models[0].dims.faithful
@@ -173,7 +175,7 @@ def train_ensemble(
     steps_per_epoch = math.ceil(n / batch_size)
     total = epochs * steps_per_epoch
     warmup = max(1, int(round(warmup_fraction * total)))
-    ensemble = Ensemble(models, precision)
+    ensemble = Ensemble(models, precision, compiled)
     # fused: one kernel per step, and its step counters stay on the device (foreach AdamW reads them back)
     optimizer = torch.optim.AdamW(
         ensemble.params.values(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True
