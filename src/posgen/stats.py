@@ -14,7 +14,7 @@ import xarray as xr
 from posgen.rules import value
 
 
-def _is_torch(x) -> bool:
+def is_torch(x) -> bool:
     """Whether ``x`` is a torch tensor, without importing torch."""
     return type(x).__module__.startswith("torch")
 
@@ -26,7 +26,7 @@ def pearson(x, y):
     the pair matrices of one pass are large). numpy arrays (or array-likes): float64 copies; NaN where a
     variance is zero; a plain float for 1-D inputs.
     """
-    if _is_torch(x):
+    if is_torch(x):
         import torch
 
         x = x.sub_(x.mean(-1, keepdim=True))
@@ -54,7 +54,7 @@ def pearson_from_sums(n, s_x, s_y, s_xx, s_yy, s_xy):
         cyy = s_yy - s_y * s_y / n
         cxy = s_xy - s_x * s_y / n
         prod = cxx * cyy
-        if _is_torch(prod):
+        if is_torch(prod):
             import torch
 
             return torch.where(prod > 0, cxy / prod.sqrt(), float("nan"))  # sqrt's NaN where prod < 0 goes

@@ -74,3 +74,27 @@ def test_unrotated_bands_and_layer_types_are_flagged(store, tmp_path):
     assert list(ds["layer_type"].values) == ["global", "nope"]
     assert ds["rotated"].values.tolist() == [[True, True], [False, False]]
     np.testing.assert_allclose(ds["k_var"].sel(band=1), 1.0)  # the statistics themselves are kept
+
+
+def test_windows_given_as_tensors_sum_on_their_device_to_the_same_file(store):
+    """The fused path off the CPU hands the band table device tensors (issue 52 item 2): summed there, read back
+    once; the same numbers as numpy's host path (here both on the CPU, random windows)."""
+    import torch
+
+    from posgen.llm.bands import BandTable
+
+    path, _ = store
+    qk = xr.open_dataset(path, engine="h5netcdf").load()
+    rng = np.random.default_rng(3)
+    host, device = BandTable(qk, 2), BandTable(qk, 2)
+    for layer in range(qk.sizes["layer"]):
+        for _ in range(2):
+            q = rng.standard_normal((qk.sizes["head"], 6, 4)).astype(np.float32) + 1.0
+            k = rng.standard_normal((qk.sizes["kv_head"], 6, 4)).astype(np.float32)
+            host.add(layer, q, k)
+            device.add(layer, torch.from_numpy(q), torch.from_numpy(k))
+    assert all(torch.is_tensor(value) for value in device.acc.values())
+    a, b = host.dataset({}), device.dataset({})
+    for name in ("q_mean_sq", "q_var", "k_mean_sq", "k_var", "q_ratio"):
+        np.testing.assert_allclose(b[name].values, a[name].values, rtol=1e-12, err_msg=name)
+    assert float(a["q_mean_sq"].max()) > 0.5  # the windows carry a mean: the comparison is not of zeros

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 import xarray as xr
 
 from posgen.decomposition import Decomposer, DecompositionOptions, DecompositionTable
@@ -79,9 +80,13 @@ class Analysis:
 
     def add(self, sample: int, q: np.ndarray, k: np.ndarray) -> None:
         """Window ``sample`` (global index): q (layer, head, token, dim), k (layer, kv_head, token, dim)."""
+        on_device = self.decomposer.device.type != "cpu"  # a GPU: each layer copied there once, for both tables
         for layer in range(q.shape[0]):
-            self.decomposition.add(sample, layer, q[layer], k[layer])
-            self.bands.add(layer, q[layer], k[layer])
+            q_l, k_l = q[layer], k[layer]
+            if on_device:
+                q_l, k_l = (torch.as_tensor(x).to(self.decomposer.device) for x in (q_l, k_l))
+            self.decomposition.add(sample, layer, q_l, k_l)
+            self.bands.add(layer, q_l, k_l)
         self.decomposition.flush()  # the window's statistics to the host in one copy
 
     def write(self, attrs: dict) -> None:
