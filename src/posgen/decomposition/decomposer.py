@@ -2,8 +2,8 @@
 
 ``Decomposer.unit`` runs the steps in order: ``operands`` (rotations, mean keys; section 1, 3A and 3C),
 ``moments`` (sums over the counted entries), ``method_b`` (section 3B), ``correlations`` (every method's r from
-its sums: Method A, A-drift and A-shared, sections 3A, 3C and 4, and B), ``position_shares`` (section 3C), and where asked ``error_and_bound`` and
-``check_bound`` (section 5).
+its sums: Method A, A-drift and A-shared, sections 3A, 3C and 4, and B), ``position_shares`` (section 3C), and
+where asked ``error_and_bound`` and ``check_bound`` (section 5).
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ class Decomposer:
     def moments(self, ops: UnitOperands) -> Moments:
         """Sums and second moments of x = W, f and every g_D over the counted entries, per sink and head, for
         every column of the r's: Method A at each dummy distance of ``ops.distances``, then Method A-drift and
-        Method A-shared at the layer's D (:data:`COLUMNS`).
+        Method A-shared at the layer's D.
 
         method.md sections 3A (f, g_D), 3C (A-drift, A-shared) and 4 (with and without the sink column):
         :func:`masked_moments` over the 'with' mask, then :func:`moments_by_sink` and :func:`drift_moments`. No
