@@ -27,6 +27,13 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     forward, fused = full["plain forward"], full["fused (extract + analysis)"]
     assert forward["seconds"] > 0 and fused["seconds"] > 0 and forward["init_s_per_billion"] > 0
     assert {"moments", "method_b", "bound"} <= set(fused["steps"])
+    # the window's other work beside the analysis steps, each without the steps inside it: they add up to the
+    # windows' time, "rest" what no step accounts for (the loop itself, the RoPE table after the first pass)
+    assert {"capture", "copies", "self_check", "bands", "to_host", "rest"} <= set(fused["steps"])
+    assert fused["steps"]["capture"] > 0 and fused["steps"]["copies"] > 0
+    assert sum(fused["steps"].values()) == pytest.approx(sum(fused["per_window"]))
+    assert 0 <= fused["steps"]["rest"] < 0.2 * sum(fused["per_window"])
+    assert set(fused["once_per_shard"]) == {"transparency", "held_out"}
     assert report["parts"]["long_window"]["setup"][2] == 512
     layouts = report["parts"]["layouts"]
     assert layouts["device"]["syncs"] == 0 < layouts["host"]["syncs"]

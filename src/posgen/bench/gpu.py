@@ -5,7 +5,10 @@ test suite runs so that it cannot rot):
 
 (a) the Llama-3.1-8B shape at full depth, random-init on the device, a plain forward pass and the fused
     extraction (capture + analysis in memory) on 2 windows of 4096 tokens: seconds per window, fused / forward,
-    peak GPU memory, the init's seconds per billion parameters and the seconds of each analysis step;
+    peak GPU memory, the init's seconds per billion parameters, and a breakdown of the windows' time that adds up
+    to it (posgen.bench.steps: each analysis step, the capture, the copies to the host, the self-check, the
+    writer, the band statistics, the copy of the statistics, the first window's setup, the rest), with the
+    transparency check and the held-out windows timed once beside it;
 (b) one layer of the same shape at 32k tokens, forward and fused;
 (b') the fused analysis's two layouts (posgen.decomposition.Decomposer ``batched``) on one layer of the 8B shape
     at 4096 tokens: seconds per layer, operations and host syncs each, and their agreement;
@@ -156,6 +159,8 @@ def report_markdown(report: dict) -> str:
             lines.append(f"| {label} | {stage} | {value['seconds']:.3f} | {value['peak_gpu_gb']:.1f} | {init} | |")
             for step, seconds in value.get("steps", {}).items():
                 lines.append(f"| | step {step} | {seconds / n_windows:.3f} | | | all windows' mean |")
+            for step, seconds in value.get("once_per_shard", {}).items():
+                lines.append(f"| | {step} | {seconds:.3f} | | | once, before the windows |")
     layouts = report["parts"].get("layouts", {})
     if "host" in layouts:
         name, tokens = layouts["setup"]

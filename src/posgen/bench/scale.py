@@ -133,7 +133,7 @@ def _stage_fused(
 ) -> dict:
     import torch
 
-    from posgen.bench.steps import StepTimer
+    from posgen.bench.steps import ONCE_STEPS, StepTimer
     from posgen.llm.extract import default_options, extract
     from posgen.llm.fused import Analysis
     from posgen.llm.run import ModelRun
@@ -143,7 +143,7 @@ def _stage_fused(
     out.mkdir()
     options = _bench_options(dummy_distances, device)
     analysis = Analysis(options, decomposition_path=out / "decomposition.nc", bands_path=out / "bands.nc")
-    with StepTimer(sync=lambda: _synchronize(device)) as timer:
+    with StepTimer(sync=lambda: _synchronize(device), window_steps=True) as timer:
         report = extract(
             ModelRun(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
             **default_options(ref_layers=ref_layers),
@@ -151,10 +151,14 @@ def _stage_fused(
             analysis=analysis,
         )
     seconds = report["seconds_per_window"]
+    steps = timer.steps()  # seconds of each step, all windows (posgen.bench.steps)
+    once = {name: steps.pop(name) for name in ONCE_STEPS}  # before the windows
+    steps["rest"] = float(np.sum(seconds)) - sum(steps.values())  # the windows' time no step accounts for
     return {
         "seconds": float(np.mean(seconds)),  # every window: the first also runs the error and bound, as in decompose
         "per_window": seconds,
-        "steps": timer.steps(),  # seconds of each analysis step, all windows (posgen.bench.steps)
+        "steps": steps,  # they add up to the windows' time
+        "once_per_shard": once,
         **_peaks(device),
         "bytes": sum(f.stat().st_size for f in out.iterdir()),
     }
