@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -12,6 +14,17 @@ def resolve_device(device: str) -> torch.device:
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device: cuda requested but no GPU is visible to this job")
     return torch.device(device)
+
+
+def constant(values, dtype: torch.dtype, device) -> torch.Tensor:
+    """A small constant (an index list, entry counts) on ``device``, made once per value and device: made from host
+    data at every use, each would be a blocking host-to-device copy on a GPU. Read it, never write to it."""
+    return _constant(tuple(values), dtype, torch.device(device))
+
+
+@functools.lru_cache(maxsize=512)
+def _constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
 
 
 class PrecisionError(RuntimeError):

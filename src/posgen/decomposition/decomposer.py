@@ -27,8 +27,8 @@ from posgen.decomposition.drift import (
 )
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, band_factors, masked_moments, moments_by_sink
-from posgen.decomposition.operands import DRIFT_SET, SHARED_SET, UnitOperands, unit_operands
-from posgen.device import require_full_precision, resolve_device
+from posgen.decomposition.operands import DRIFT_SET, UnitOperands, unit_operands
+from posgen.device import constant, require_full_precision, resolve_device
 from posgen.layer_types import used_dummy_distance
 from posgen.numerics import DENSE_TOKENS, TOKEN_BLOCK
 from posgen.rope_table import LayerRope
@@ -300,7 +300,7 @@ class Decomposer:
             gamma = q0_kv[i : i + step] @ r_shift[:, None]  # (n, h, T, nD)
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, n, h, T)
             a = moments_by_sink(part, gamma, ops.window)  # (sink, [D,] n, h)
-            drift = drift_moments(part, [(DRIFT_SET, 0), (SHARED_SET, 1)])  # (sink, [pair,] n, h)
+            drift = drift_moments(part, DRIFT_SET)  # (sink, [pair,] n, h): A-drift's sets, then A-shared's
             parts.append(_columns(a, drift))
         return Moments(
             **{name: groups.to_heads(_joined([getattr(part, name) for part in parts], -2)) for name in MOMENT_NAMES}
@@ -320,8 +320,8 @@ class Decomposer:
         T = ops.q.shape[1]  # a sliding-window layer's sweep at min(D, window - 1) (docs/method.md section 4)
         i_sweep = [ops.distances.index(used_dummy_distance(D, ops.window, T)) for D in self.dummy_distances]
         column = {"A": ops.distances.index(ops.dummy_distance), "A-drift": nD, "A-shared": nD + 1, "B": nD + 2}
-        columns = torch.tensor([column[method] for method in METHODS], device=dev)  # (method,)
-        n = torch.tensor([ops.counts[sink] for sink in SINKS], dtype=torch.float64, device=dev)[:, None, None]
+        columns = constant([column[method] for method in METHODS], torch.int64, dev)  # (method,)
+        n = constant([ops.counts[sink] for sink in SINKS], torch.float64, dev)[:, None, None]  # (sink, 1, 1)
         x, xx = m.s_x[:, None], m.s_xx[:, None]  # (sink, 1, H)
         # y = f + g_D per column, then Method B's fit: (sink, column, H)
         s_y = torch.cat([m.s_f + m.s_g, b["sum_y"][:, None]], 1)
@@ -336,7 +336,7 @@ class Decomposer:
         stacked = torch.stack([value.expand(r.shape) for value in by_method.values()])  # (name, sink, column, H)
         stacked = stacked.index_select(2, columns).permute(0, 3, 2, 1)  # (name, H, method, sink), a new tensor
         out = dict(zip(by_method, stacked.unbind()))
-        out["r_sweep"] = r[:, i_sweep].permute(2, 0, 1)  # (H, sink, D)
+        out["r_sweep"] = r.index_select(1, constant(i_sweep, torch.int64, dev)).permute(2, 0, 1)  # (H, sink, D)
         out["lstsq_residual"] = b["lstsq_residual"].T  # (H, sink)
         return out
 
@@ -350,7 +350,8 @@ class Decomposer:
         H = ops.q.shape[0]
         shares = position_share(torch.cat([ops.q.double(), ops.k64]), bases)  # (H + H_kv, sink, M): every degree
         degrees = [min(degree, shares.shape[-1] - 1) for degree in BASES.values()]
-        shares = shares[..., degrees].transpose(-1, -2)  # (H + H_kv, basis, sink)
+        shares = shares.index_select(-1, constant(degrees, torch.int64, shares.device))
+        shares = shares.transpose(-1, -2)  # (H + H_kv, basis, sink)
         out = {"q_position_share": shares[:H], "k_position_share": shares[H:][ops.kv]}  # (H, basis, sink)
         fixed, scaled = shared_shares(ops.k64, ops.shared)  # (H_kv, sink) each
         out["k_shared_share"] = fixed[ops.kv]
@@ -381,7 +382,7 @@ class Decomposer:
         if not self.batched:
             for sink, worst in zip(SINKS, resid):
                 self.check_residual(worst.cpu().numpy(), T, ops.window, sink)
-        n = torch.tensor([ops.counts[sink] for sink in SINKS], dtype=torch.float64, device=mu_w.device)[:, None]
+        n = constant([ops.counts[sink] for sink in SINKS], torch.float64, mu_w.device)[:, None]  # (sink, 1)
         # y = yhat + mu_w: sums of y and of x y from those of yhat and x - mu_w, (sink, H)
         return {
             "sum_y": bs["sum_y"] + n * mu_w,

@@ -141,8 +141,9 @@ def shared_shares(x: torch.Tensor, shared: torch.Tensor) -> tuple[torch.Tensor, 
 
     Both handlings at once: 'without' weighs token 0 by 0."""
     T = x.shape[-2]
-    counted = torch.ones(len(SINKS), T, dtype=torch.float64, device=x.device)  # (sink, T)
-    counted[SINKS.index("without"), 0] = 0
+    tok = torch.arange(T, device=x.device)
+    first = torch.arange(len(SINKS), device=x.device)  # each handling's first counted token: 0 'with', 1 'without'
+    counted = (tok >= first[:, None]).double()  # (sink, T)
     batch = max(x.dim(), shared.dim()) - 2  # the leading dims x and s broadcast to
     w = counted.view(len(SINKS), *[1] * batch, T, 1)  # (sink, ..., T, 1)
     n = w.sum(-2, keepdim=True)  # (sink, ..., 1, 1): the counted tokens
@@ -157,18 +158,18 @@ def shared_shares(x: torch.Tensor, shared: torch.Tensor) -> tuple[torch.Tensor, 
     return fixed.movedim(0, -1), scaled.movedim(0, -1)
 
 
-def drift_moments(m: MaskedMoments, pairs: list[tuple[int, int]]) -> Moments:
+def drift_moments(m: MaskedMoments, first: int) -> Moments:
     """Method A-drift's sums of x = W, f = s (R_i q_i).(R_j kbar(j)) and g = s (R_D q_i).(R_0 (k_j - kbar(j)))
     at the layer's dummy distance, per sink, from :func:`posgen.decomposition.moments.masked_moments` over the
-    'with' mask: for each ``(a, p)`` of ``pairs``, f is the key set ``a`` (the W set is 0) and g the set ``p``
-    scored against q0 (``v``). Method A-shared's sums come the same way from its own pair of sets.
+    'with' mask: pair i's f is the key set ``first + i`` (the W set is 0) and its g the set ``i`` scored against
+    q0 (``v``), one pair per v set (A-drift's, then A-shared's: the same sums from its own pair of sets).
 
     g has no sink-free offset (the drift fit carries the whole mean, and is the same in both handlings), so
     'without' is 'with' less key column 0's products, as in
     :func:`posgen.decomposition.moments.moments_by_sink`. Returns one :class:`Moments`, both handlings stacked
     first: ``s_x``, ``s_xx`` ``(sink, n, h)``, every other ``(sink, pair, n, h)``."""
-    a = torch.tensor([a for a, _ in pairs], device=m.qq.device)  # (pair,) the f sets
-    p = torch.tensor([p for _, p in pairs], device=m.qq.device)  # (pair,) the g sets
+    n_pairs = m.vv.shape[-1]
+    a = slice(first, first + n_pairs)  # the f sets; the g sets are every v set
     c0, v0 = m.q_col0, m.v_col0  # (n, h, a, T), (n, h, p, T)
     s_q = m.q_rows.sum(-1)  # (n, h, a)
     s_v = m.v_rows.sum(-1)  # (n, h, p)
@@ -182,14 +183,17 @@ def drift_moments(m: MaskedMoments, pairs: list[tuple[int, int]]) -> Moments:
     def by_pair(x):  # (sink, n, h, pair) -> (sink, pair, n, h)
         return x.movedim(-1, 1)
 
+    def pairs(x):  # (..., a, p) of a pair's f set against its g set: the diagonal of the block
+        return by_pair(x.diagonal(dim1=-2, dim2=-1))
+
     return Moments(
         s_x=s_q[..., 0],
         s_f=by_pair(s_q[..., a]),
-        s_g=by_pair(s_v[..., p]),
+        s_g=by_pair(s_v),
         s_xx=qq[..., 0, 0],
         s_xf=by_pair(qq[..., 0, a]),
-        s_ff=by_pair(qq[..., a, a]),
-        s_xg=by_pair(qv[..., 0, p]),
-        s_fg=by_pair(qv[..., a, p]),
-        s_gg=by_pair(vv[..., p, p]),
+        s_ff=pairs(qq[..., a, a]),
+        s_xg=by_pair(qv[..., 0, :]),
+        s_fg=pairs(qv[..., a, :]),
+        s_gg=pairs(vv),
     )

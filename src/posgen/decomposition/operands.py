@@ -10,6 +10,7 @@ import torch
 
 from posgen.decomposition.drift import drift_fit, shared_drift
 from posgen.decomposition.mask import SINKS, MaskInfo
+from posgen.device import constant
 from posgen.layer_types import effective_window, used_dummy_distance
 from posgen.rope import rotate
 from posgen.rope_table import LayerRope
@@ -31,9 +32,9 @@ class KVGroups:
         self.n_heads = len(kv_group)
         self.per_kv = int(per_kv[0])
         order = np.argsort(kv_group, kind="stable")
-        self.order = torch.as_tensor(order, device=device)  # query heads by KV head
-        self.from_order = torch.as_tensor(np.argsort(order), device=device)  # back to the original head order
-        self.used = torch.as_tensor(used, device=device)  # (kv_head,) the KV heads that some query head reads
+        self.order = constant(order.tolist(), torch.int64, device)  # query heads by KV head
+        self.from_order = constant(np.argsort(order).tolist(), torch.int64, device)  # back to the original order
+        self.used = constant(used.tolist(), torch.int64, device)  # (kv_head,) the KV heads some query head reads
 
     def by_kv(self, x: torch.Tensor) -> torch.Tensor:
         """(..., head, token, e) -> (..., kv_head, h, token, e): the h query heads of each KV head together."""
@@ -113,7 +114,7 @@ def unit_operands(
     # every D the moments are contracted for; a sliding-window layer's sweep at min(D, window - 1), as its own D
     distances = sorted({used_dummy_distance(D, rope.sliding_window, T) for D in sweep} | {dummy_distance})
     s, amp = float(rope.scaling), float(rope.attention_scaling)
-    theta = torch.as_tensor(rope.inv_freq).to(dev, torch.float32)
+    theta = constant(np.asarray(rope.inv_freq, dtype=np.float32).tolist(), torch.float32, dev)  # (L,)
     pos = torch.arange(T, device=dev)
 
     k64 = k.double()
@@ -142,12 +143,12 @@ def unit_operands(
     keys = torch.cat([*k_sets, (k64 - kbar[:, None]).float() * amp], -1)  # (H_kv, T, 6 d)
     eye = torch.eye(d, device=dev).expand(len(distances), d, d)  # (nD, d, d)
     # rotate() turns each row, so the rotated identity is R_D^T (every D at once: a position per D); transposed, R_D
-    rotations = rotate(eye, torch.tensor(distances, device=dev)[:, None], theta).transpose(-1, -2)  # (nD, d, d)
+    rotations = rotate(eye, constant(distances, torch.int64, dev)[:, None], theta).transpose(-1, -2)  # (nD, d, d)
     return UnitOperands(
         q=q,
         k=k,
         k64=k64,
-        kv=torch.as_tensor(kv_np, device=dev),
+        kv=constant(kv_np.tolist(), torch.int64, dev),
         groups=KVGroups(kv_np, dev),
         rope=rope,
         theta=theta,

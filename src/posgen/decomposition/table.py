@@ -5,6 +5,7 @@ they were made (docs/data-model.md)."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 import xarray as xr
 from tqdm import tqdm
 
@@ -54,7 +55,8 @@ class DecompositionTable:
         self.kv_group = rope.kv_group
         self.layers = [rope.layer(layer) for layer in range(rope.n_layers)]
         self.arrays: dict[str, np.ndarray] = {}
-        self.heldout_coef = heldout_coef
+        # on the analysis device once, not copied there for every (window, layer)
+        self.heldout_coef = None if heldout_coef is None else torch.as_tensor(np.asarray(heldout_coef)).to(dec.device)
         self.heldout_windows = int(heldout_windows) if heldout_coef is not None else 0
         self.pending: list = []  # (sample position, layer, UnitStatistics) not yet copied to the host
 
