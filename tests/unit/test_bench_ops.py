@@ -57,3 +57,4 @@ def test_the_device_layout_dispatches_a_tenth_of_the_issues_count(capsys):
     device = json.loads(capsys.readouterr().out)["device"]
     assert device["analysis_ops"] <= 13_375 // 10
     assert device["layer_syncs"] == 0
+    assert device["layer_host_data"] == 0  # no constant copied from the host in the layer's path

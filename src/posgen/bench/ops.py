@@ -9,7 +9,9 @@ windows; ``--heldout`` Method A-shared; ``--layout``: the CPU's layout, the devi
 side with their largest difference) on random q/k of the shape's heads (one layer), beside one decoder layer of
 the model's own forward pass at that length (random init, eager attention). ``kernels`` leaves out the operations
 that only change a view (:data:`VIEW_OPS`), which launch nothing on a GPU. Host syncs: reads of a tensor's value into Python (``item``, ``float``, ``bool``, ``nonzero``, ``tolist``,
-``numpy``), counted by torch's dispatch mode and by wrapping ``Tensor.tolist`` / ``Tensor.numpy``.
+``numpy``), counted by torch's dispatch mode and by wrapping ``Tensor.tolist`` / ``Tensor.numpy``. Host data:
+tensors made from host values (``torch.tensor`` of a list, an index list), each a blocking copy on a GPU; the q/k
+go in as tensors, as the analysis gets them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from posgen.rope_table import LayerRope
 from posgen.shapes import SHAPES
 
 SYNC_OPS = ("aten._local_scalar_dense", "aten.nonzero", "aten.is_nonzero", "aten.equal")
+# a tensor made from host data (``torch.tensor``, an index list): on a GPU, a blocking copy to the device
+HOST_DATA_OPS = ("aten.lift_fresh", "aten.lift_fresh_copy")
 # operations that only reshape a tensor's view of its storage: dispatched, but no kernel runs on a GPU
 VIEW_OPS = (
     "aten.view",
@@ -69,6 +73,11 @@ class OpCounter(TorchDispatchMode):
     def kernels(self) -> int:
         """The operations that run a kernel (every one but the views)."""
         return sum(n for name, n in self.ops.items() if name not in VIEW_OPS)
+
+    @property
+    def host_data(self) -> int:
+        """Tensors made from host data: each a blocking host-to-device copy on a GPU."""
+        return sum(n for name, n in self.ops.items() if name in HOST_DATA_OPS)
 
     @property
     def syncs(self) -> int:
@@ -115,6 +124,7 @@ def count(fn) -> dict:
         "ops": ops.total,
         "kernels": ops.kernels,
         "syncs": ops.syncs + sum(reads.values()),
+        "host_data": ops.host_data,
         "by_op": dict(ops.ops.most_common(12)),
     }
 
@@ -156,7 +166,7 @@ def compare_layouts(shape_name: str, n_tokens: int, device: str, repeats: int = 
 
     shape = SHAPES[shape_name]
     q, k, kv, rope = layer_inputs(shape, n_tokens)
-    heldout = np.ascontiguousarray(k[:, ::-1])
+    heldout = torch.from_numpy(np.ascontiguousarray(k[:, ::-1])).to(device)
     dev = torch.device(device)
     q_dev, k_dev = torch.from_numpy(q).to(dev), torch.from_numpy(k).to(dev)
 
@@ -213,7 +223,9 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     shape = SHAPES[args.shape]
     q, k, kv, rope = layer_inputs(shape, args.tokens)
-    heldout = np.ascontiguousarray(k[:, ::-1]) if args.heldout else None
+    # as the analysis gets them: tensors (on a GPU, copied there once per layer for both tables: posgen.llm.fused)
+    heldout = torch.from_numpy(np.ascontiguousarray(k[:, ::-1])) if args.heldout else None
+    q, k = torch.from_numpy(q), torch.from_numpy(k)
     layouts = ["host", "device"] if args.layout == "both" else [args.layout]
     result = {"shape": args.shape, "tokens": args.tokens, "bound": args.bound, "heldout": args.heldout}
     values = {}
@@ -226,6 +238,7 @@ def main(argv=None) -> None:
             "analysis_ops": layer["ops"] + copy["ops"],  # one (sample, layer), its copy to the host included
             "analysis_kernels": layer["kernels"] + copy["kernels"],
             "layer_syncs": layer["syncs"],  # host reads in the per-layer path
+            "layer_host_data": layer["host_data"],  # tensors made from host data there (copies to a GPU)
             "copy_syncs": copy["syncs"],  # and in the copy of a window's statistics (once per window)
             "analysis_top_ops": layer["by_op"],
         }
