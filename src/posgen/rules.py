@@ -80,6 +80,9 @@ PER_CLASS = "03175e1 2026-11-28 00:22"  # "30 sequences per class" at distance 7
 ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's rules
 PREFIX_STUDY = "29b2f9c 2026-11-28 07:25"  # the commit that registered the prefix study (issue 50 item 9)
 SCALE_STUDY = "ef1000a 2026-11-28 10:03"  # the commit that registered the scale study (issue 54)
+SCALE_RUN = "4abd9c4 2026-11-28 11:57"  # the scale study's first numbers (Qwen2.5-Coder's among them)
+ISSUE_60_TEXT = "issue-60 2026-11-29 03:17"  # issue 60's text (outside git; at the latest when this work began): row-centred r
+ISSUE_60 = "pending 2026-11-29 03:40"  # the commit that registered issue 60's rules
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -222,6 +225,34 @@ RULE SCALE_RHO (first): scale study: a quantity rises (falls) with size when Spe
 RULE SCALE_DIFF (first): scale study: ... and the largest model's value less the smallest's has a 95 % interval
   wholly above (below) 0, formed from each model's own interval thus
 - 'normal, half widths in quadrature' | SCALE_STUDY | - | - | registered before the scale study ran
+RULE R_STATISTIC (first): the r that decides the first paper's r claims ('r near 0.959', 'random-init lacks the
+  split', 'D barely matters', 'across layers and heads'); the other is shown beside it
+- 'raw' | 25a4df1 2026-11-25 14:19 | FIRST_RUN | mean and pooled r over the raw logits | the paper's statistic
+- 'row-centred' | ISSUE_60 | ISSUE_60_TEXT | SmolLM2's row-centred r (mean 0.913, pooled 0.919), Qwen2's near 0.96 |
+  softmax ignores a constant added to a query row: each row of W and of the construction centred over its scored
+  keys; raw r kept as paper-comparable
+RULE SEEDS_MIN_FIRST (first): random-init seeds that must decide before a first-paper claim against random init is
+  reproduced or not reproduced (fewer: inconclusive)
+- 2 | de5f739 2026-11-28 06:43 | FIRST_RUN | the random-init gap | a literal default of claims.exceeds
+- 3 | ISSUE_60 | FIRST_RUN | the random-init gap | as the second paper's MIN_SEEDS; two seeds give a t interval
+  with 1 degree of freedom
+RULE SAME_STRETCH (both): an entry set less than this many hours before the first printing of the numbers it judges
+  counts as post hoc ('same stretch'): within one stretch of work git cannot show that the rule preceded them
+- 6 | ISSUE_60 | VERDICT_ROWS | HEAD_R and HEADS_BELOW, set 1.5 h before their numbers' first printing | issue 60
+RULE QUANT_NOISE (first): the quantisation bound: what is added to the de-quantised weights of the trained model
+- 'Gaussian, per block the rounding variance step^2 / 12 of the source format; W_q and W_k, then every weight' |
+  ISSUE_60 | - | - | registered before any run
+RULE QUANT_R (first): a first-paper r (row-centred mean and pooled, Method A and B) is insensitive to the 4-bit
+  rounding when its change under QUANT_NOISE is at most this
+- 0.01 | ISSUE_60 | - | - | registered before any run
+RULE QUANT_LOW (first): ... and the low-frequency share (keys and queries) when its change is at most this
+- 0.02 | ISSUE_60 | - | - | registered before any run
+RULE RA_R2 (first): the running-average mechanism: the random-init keys' drift size ||d_j|| follows the profile
+  sqrt(1/j - 1/T) of a running mean of independent contributions (one fitted amplitude) when the fit's R^2 over
+  tokens is at least this
+- 0.9 | ISSUE_60 | - | - | registered before any fit
+RULE RA_SHARE (first): ... in at least this share of the (layer, KV head) of every random-init seed
+- 0.8 | ISSUE_60 | - | - | registered before any fit
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops
