@@ -78,7 +78,8 @@ def reproduction_table(summary: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise KeyError(f"summary.csv: missing column(s) {', '.join(missing)}")
     typed = "layer_type" in summary.columns
-    extra = [c for c in ("n_samples", "layer_type", "dummy_distance") if c in summary.columns]
+    rc = [f"{n}{e}" for n in ("mean_rc", "pooled_rc") for e in ("", "_lo", "_hi")]  # the row-centred r's
+    extra = [c for c in ("n_samples", "layer_type", "dummy_distance", *rc) if c in summary.columns]
     table = summary[cols + extra].copy()
     table.insert(len(TABLE_KEYS), "paper_r", PAPER_R)
     table["mean_r_minus_paper"] = table["mean_r"] - PAPER_R
@@ -104,6 +105,10 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
     def cell(row, stat):
         return f"{row[stat]:.3f} [{row[stat + '_lo']:.3f}, {row[stat + '_hi']:.3f}]"
 
+    def rc_cell(row, stat):  # a summary from before the row-centred r: '-'
+        value = row.get(stat, np.nan)
+        return cell(row, stat) if isinstance(value, float) and np.isfinite(value) else "-"
+
     typed = "layer_type" in table.columns
     lines = [
         "# Reproduction of the 0.959 correlation (Han & Ji 2025)",
@@ -111,7 +116,11 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         "Pearson r between the true attention logits W and the approximation; 95 % bootstrap intervals "
         "over samples in brackets. 'mean r' averages per-(sample, layer, head) r over heads; 'pooled r' "
         "correlates all scored entries of all heads at once. Method A: mean-key f + g at the default "
-        "dummy distance; Method B: least-squares a(i-j) + b(i) + c(j). Sink 'without' drops key column 0.",
+        "dummy distance; Method B: least-squares a(i-j) + b(i) + c(j). Sink 'without' drops key column 0. "
+        "'row-centred': the same after centring each query row of W and of the approximation over its scored keys "
+        "(softmax ignores a row's constant, so this is the r attention sees, and the one the verdicts below decide "
+        "on: posgen.rules R_STATISTIC); the raw r is the paper-comparable number, its pooled value dominated by "
+        "each head's mean offset (docs/method.md section 4).",
     ]
     if typed:
         lines[-1] += (
@@ -122,9 +131,9 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         )
     header = (
         "| model | variant | method | sink | paper r | mean r [95 % CI] | pooled r [95 % CI] | mean r - paper "
-        "| pooled r - paper |"
+        "| pooled r - paper | row-centred mean r | row-centred pooled r |"
     )
-    rule = "|---|---|---|---|---:|---:|---:|---:|---:|"
+    rule = "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     if typed:
         header += " layers | D |"
         rule += "---|---:|"
@@ -133,7 +142,7 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         line = (
             f"| {row['model']} | {row['variant']} | {row['method']} | {row['sink']} | {row['paper_r']:.3f} | "
             f"{cell(row, 'mean_r')} | {cell(row, 'pooled_r')} | {row['mean_r_minus_paper']:+.3f} | "
-            f"{row['pooled_r_minus_paper']:+.3f} |"
+            f"{row['pooled_r_minus_paper']:+.3f} | {rc_cell(row, 'mean_rc')} | {rc_cell(row, 'pooled_rc')} |"
         )
         if typed:
             line += f" {row['layer_type']} | {row.get('dummy_distance', '')} |"

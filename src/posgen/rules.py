@@ -81,7 +81,9 @@ ISSUE_50 = "b5a90ba 2026-11-28 06:39"  # the commit that registered issue 50's r
 PREFIX_STUDY = "29b2f9c 2026-11-28 07:25"  # the commit that registered the prefix study (issue 50 item 9)
 SCALE_STUDY = "ef1000a 2026-11-28 10:03"  # the commit that registered the scale study (issue 54)
 SCALE_RUN = "4abd9c4 2026-11-28 11:57"  # the scale study's first numbers (Qwen2.5-Coder's among them)
-ISSUE_60_TEXT = "issue-60 2026-11-29 03:17"  # issue 60's text (outside git; at the latest when this work began): row-centred r
+ISSUE_60_TEXT = (
+    "issue-60 2026-11-29 03:17"  # issue 60's text (outside git; at the latest when this work began): row-centred r
+)
 ISSUE_60 = "56d206a 2026-11-29 03:22"  # the commit that registered issue 60's rules
 
 

@@ -59,6 +59,9 @@ def direct(q, k, kv, rope: LayerRope, Ds, D0):
             def r(y):
                 return np.corrcoef(w, y.numpy()[M])[0, 1]
 
+            def rc(y):  # row-centred: each row of W and y less its mean over the row's counted keys
+                return row_centred_r(W.numpy(), y.numpy() if torch.is_tensor(y) else y, M)
+
             A = (f + g(D0)).numpy()[M]
             # Method A-drift: the key's least-squares fit over tokens 1..T-1 (the sink left out in both handlings)
             # on Legendre polynomials of the position up to degree 8, evaluated at every token
@@ -68,7 +71,10 @@ def direct(q, k, kv, rope: LayerRope, Ds, D0):
             f_d = q_rot @ rotate(kfit.float(), pos, th, amp).double().T * s
             g_d = rotate(q[h], torch.tensor(D0), th, amp).double() @ (amp * (kh - kfit)).T * s
             out[h, sink, "r_drift"], out[h, sink, "r_f_drift"], out[h, sink, "r_g_drift"] = r(f_d + g_d), r(f_d), r(g_d)
+            out[h, sink, "rc_drift"] = rc(f_d + g_d)
             out[h, sink, "r_A"] = r(f + g(D0))
+            out[h, sink, "rc_A"] = rc(f + g(D0))
+            out[h, sink, "rc_sweep"] = [rc(f + g(D)) for D in Ds]
             out[h, sink, "r_sweep"] = [r(f + g(D)) for D in Ds]
             out[h, sink, "r_f"], out[h, sink, "r_g"] = r(f), r(g(D0))
             err = (W - f - g(D0)).abs().numpy()
@@ -86,9 +92,20 @@ def direct(q, k, kv, rope: LayerRope, Ds, D0):
             X[rows, ii - jj] = X[rows, nd + ii] = X[rows, nd + T + jj] = 1
             B = X @ np.linalg.lstsq(X, w, rcond=None)[0]
             out[h, sink, "r_B"] = np.corrcoef(w, B)[0, 1]
+            B_full = np.zeros((T, T))
+            B_full[ii, jj] = B
+            out[h, sink, "rc_B"] = rc(B_full)
             for method, y in (("A", A), ("B", B)):
                 out[h, sink, method, "suff"] = [len(w), w.sum(), y.sum(), (w * w).sum(), (y * y).sum(), (w * y).sum()]
     return out
+
+
+def row_centred_r(W: np.ndarray, Y: np.ndarray, M: np.ndarray) -> float:
+    """Pearson r of W and Y over the entries of mask M after centring each row over its entries in M."""
+    n = M.sum(1, keepdims=True).clip(min=1)
+    w = np.where(M, W - (W * M).sum(1, keepdims=True) / n, 0.0)
+    y = np.where(M, Y - (Y * M).sum(1, keepdims=True) / n, 0.0)
+    return float((w * y).sum() / np.sqrt((w * w).sum() * (y * y).sum()))
 
 
 CASES = {
@@ -137,6 +154,9 @@ def test_matches_direct_computation(case, batched):
             np.testing.assert_allclose(res["r_f"][h, 2, si], ref[h, sink, "r_f_drift"], rtol=0, atol=1e-6)
             np.testing.assert_allclose(res["r_g"][h, 2, si], ref[h, sink, "r_g_drift"], rtol=0, atol=1e-6)
             np.testing.assert_allclose(res["r_sweep"][h, si], ref[h, sink, "r_sweep"], rtol=0, atol=2e-6)
+            for mi, method in ((0, "A"), (1, "B"), (2, "drift")):  # row-centred r
+                np.testing.assert_allclose(res["r_rc"][h, mi, si], ref[h, sink, f"rc_{method}"], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(res["r_sweep_rc"][h, si], ref[h, sink, "rc_sweep"], rtol=0, atol=2e-6)
             np.testing.assert_allclose(res["err_abs_mean"][h, si], ref[h, sink, "err"], rtol=2e-5)
             np.testing.assert_allclose(res["bound_mean"][h, si], ref[h, sink, "bound"], rtol=2e-5)
             np.testing.assert_allclose(res["bound_slack_min"][h, si], ref[h, sink, "slack"], rtol=0, atol=1e-5 * scale)
@@ -740,3 +760,27 @@ def test_decomposition_options_take_the_schema_defaults_and_refuse_unknown_keys(
         DecompositionOptions.defaults(dummy_distanse=500)
     with pytest.raises(dataclasses.FrozenInstanceError):
         options.dummy_distance = 1
+
+
+@pytest.mark.parametrize("precision, tol", [("float64", 1e-7), ("float32", 1e-5)])
+@pytest.mark.parametrize("batched", [False, True], ids=["host", "device"])
+def test_row_centred_r_ignores_a_constant_added_to_each_query_row(batched, precision, tol):
+    """A key component u in a band that does not rotate (inv_freq 0) adds q_i . u to every entry of row i: a
+    constant per row (and so, for a query that is the same in every row, per head). Softmax cannot see it: the
+    row-centred r and its sums (which make the pooled r) stay put (to 1e-7 with float64 products, the inputs being
+    rotated in float32; to 1e-5 with
+    the default float32 products, whose rounding grows with the offsets), while the raw r moves."""
+    q, k, kv = random_qk(H=4, H_kv=2, T=30, d=8, seed=3)
+    theta = inv_freq(8).clone()
+    theta[-1] = 0.0  # band 3 (dims 3 and 7) does not rotate
+    rope = LayerRope(theta, 8**-0.5, 1.0, 0)
+    dec = Decomposer((0, 5, 30), 5, device="cpu", block=8, batched=batched, precision=precision)
+    before = dec.unit(q, k, kv, rope, with_bound=False)
+    shifted = k.clone()
+    shifted[..., 3] += 5.0
+    shifted[..., 7] -= 3.0
+    after = dec.unit(q, shifted, kv, rope, with_bound=False)
+    for name in ("r_rc", "r_sweep_rc", "rc_sum_xx", "rc_sum_yy", "rc_sum_xy"):
+        scale = np.nanmax(np.abs(before[name]))  # A-shared is NaN: no held-out windows here
+        np.testing.assert_allclose(after[name], before[name], rtol=0, atol=tol * scale, err_msg=name)
+    assert np.abs(after["r"][:, :2] - before["r"][:, :2]).max() > 1e-3  # the raw r of A and B saw the offsets

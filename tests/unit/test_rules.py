@@ -65,7 +65,9 @@ HISTORY = {
     "R_STATISTIC": ["raw", "row-centred"],
     "SEEDS_MIN_FIRST": [2, 3],
     "SAME_STRETCH": [6],
-    "QUANT_NOISE": ["Gaussian, per block the rounding variance step^2 / 12 of the source format; W_q and W_k, then every weight"],
+    "QUANT_NOISE": [
+        "Gaussian, per block the rounding variance step^2 / 12 of the source format; W_q and W_k, then every weight"
+    ],
     "QUANT_R": [0.01],
     "QUANT_LOW": [0.02],
     "RA_R2": [0.9],

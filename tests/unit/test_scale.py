@@ -49,7 +49,14 @@ def summary(trained_a: dict, gap_a: dict, half: float = 0.005, seeds: int = 2) -
                         "k_position_share_smooth": 0.05 if s < 0 else 0.6,
                     }
                 )
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    # the row-centred r's columns (what the first paper's r claims decide on): the raw numbers, as the tests give them
+    for raw, rc in (("mean_r", "mean_rc"), ("pooled_r", "pooled_rc"), ("diff_vs_trained", "diff_rc")):
+        table[rc] = table[raw]
+    for end in ("_lo", "_hi"):
+        table[f"mean_rc{end}"], table[f"pooled_rc{end}"] = table[f"mean_r{end}"], table[f"pooled_r{end}"]
+        table[f"diff_rc{end}"] = table[f"diff{end}"]
+    return table
 
 
 def bands(trained: float = 0.7, random=(0.5, 0.52)) -> dict:
@@ -130,19 +137,19 @@ def test_trend_rows_decide_each_quantity_and_the_distance_to_the_paper():
 
 def test_the_table_has_every_model_trend_and_verdict(tmp_path):
     path = tmp_path / "summary.csv"
-    summary(RISING, GAPS).to_csv(path, index=False)
+    summary(RISING, GAPS, seeds=3).to_csv(path, index=False)  # SEEDS_MIN_FIRST: 3 seeds decide
     models, trends, claims = scale.write_scale(
         path, tmp_path / "scale.csv", tmp_path / "scale.md", tmp_path / "trends.csv", bands(), {}, {}
     )
     assert pd.read_csv(tmp_path / "scale.csv")["model"].tolist() == BY_SIZE
     assert len(pd.read_csv(tmp_path / "trends.csv")) == len(trends) == len(scale.TRENDS) + 2
     text = (tmp_path / "scale.md").read_text()
-    assert "| smollm2-135m | 135 M (106 M) | instruct, de-quantised Q4_1 | 16 x 2 | 0.900 [0.895, 0.905] |" in text
+    assert "| smollm2-135m | 135 M (106 M) | instruct, de-quantised Q4_1 | 16 x 3 | 0.900 [0.895, 0.905] |" in text
     assert "| qwen2.5-coder-1.5b | 1.54 B (1.31 B) | code-instruct, de-quantised Q4_K_M |" in text
     assert "not bf16 base models" in text
     assert "| Method A mean r (trained) | **rises with size** |" in text
     # every claim for every model, decided on that model's rows alone: under A each random-init gap (0.10-0.31
-    # over two seeds 0.002 apart) exceeds LACK, under B (0.01) none does
+    # over three seeds 0.002 apart) exceeds LACK, under B (0.01) none does
     assert len(claims) == 4 * claims["claim"].nunique() and set(claims["model"]) == set(BY_SIZE)
     lacks = claims[claims["claim"] == "learned"].set_index("model")["verdict"]
     assert (lacks == "depends on the construction: reproduced for Method A; not reproduced for Method B").all()

@@ -6,7 +6,29 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from posgen.llm.verdicts import CLAIMS, Perturbation, control_markdown, verdict, verdict_markdown, verdicts
+from posgen.llm import verdicts as first
+from posgen.llm.verdicts import CLAIMS, DECIDING, Perturbation, verdict, verdict_markdown
+
+
+def deciding(rows: pd.DataFrame) -> pd.DataFrame:
+    """A summary whose numbers the tests give under the raw r's names, each copied to the column that the deciding
+    statistic reads (posgen.rules R_STATISTIC: the row-centred r's ``_rc`` columns), so the tests' numbers decide;
+    the raw columns stay beside as the paper-comparable ones."""
+    rows = rows.copy()
+    for raw, decides in DECIDING.items():
+        for end in ("", "_lo", "_hi"):  # each number with its interval
+            if raw + end in rows.columns and decides != raw:
+                rows[decides + end] = rows[raw + end]
+    return rows
+
+
+def verdicts(rows, *args):
+    return first.verdicts(deciding(rows), *args)
+
+
+def control_markdown(rows):
+    return first.control_markdown(deciding(rows))
+
 
 GAP = {"A": -0.15, "B": -0.01, "A-drift": -0.01}  # random-init minus trained mean r
 
@@ -85,16 +107,19 @@ def test_each_claim_gets_its_verdict_from_its_rules():
     md = verdict_markdown(verdicts(summary(), bands, perturb), "results/summary.csv")
     assert f"**{split}**" in md
     assert (
-        "m1 / A: **reproduced**, mean 0.930 [0.925, 0.935], 0.034 from 0.959 at most: holds, NEAR flips "
-        "at a threshold below 0.034" in md
+        "m1 / A: **reproduced**, row-centred mean r 0.930 [0.925, 0.935], 0.034 from 0.959 at most: holds, NEAR "
+        "flips at a threshold below 0.034" in md
     )
-    assert "m1 / A-drift: **diagnostic** (undecided), trained minus random-init holds in 0 of 1 seed" in md
+    assert (
+        "m1 / A-drift: **diagnostic** (undecided), trained minus random-init row-centred mean r holds in 0 of 1 seed"
+        in md
+    )
     assert "token-swap: 5% 1.050 [1.020, 1.080] <= 1.1: holds, flips at a threshold below 1.080" in md
     assert "(every target 1.50 / 3.00; moved 10% / 10%)" in md
     # a diagnostic's finding never says "reproduced", and every row cites its rules, the post-hoc ones marked
     parts = [part for line in md.splitlines() for part in line.split("<br>") if part.startswith("m1 / A-drift:")]
     assert len(parts) == 2 and all("**diagnostic**" in p and "reproduced" not in p for p in parts), parts
-    assert "rules: NEAR 0.05 (post hoc), SINK with (post hoc)" in md
+    assert "rules: NEAR 0.05 (post hoc), R_STATISTIC row-centred (post hoc), SINK with (post hoc)" in md
     # a diagnostic alone never makes a claim hold: A-drift's random-init gap would pass where A and B fail
     gaps = summary(seeds=3)
     gaps.loc[(gaps["method"] == "A-drift") & (gaps["variant"] != "trained"), ["diff_vs_trained", "diff_hi"]] = [
@@ -329,3 +354,25 @@ def test_every_verdict_is_followed_by_the_regime_of_what_its_test_read():
     assert "<br>regime, m2: " in r_row
     perturb_row = next(line for name, line in lines.items() if name.startswith("position perturbations"))
     assert "| regime, m1: 4 windows x 256 tokens<br>" in perturb_row and "held-out" not in perturb_row
+
+
+def test_the_r_claims_decide_on_the_row_centred_r_and_show_the_raw_r_beside():
+    """Issue 60: a raw mean and pooled r inside the band decide nothing once the row-centred r (what softmax sees)
+    lies outside it; the raw r is printed beside, marked not deciding; the seed minimum is the registry's."""
+    rows = deciding(summary(models=("m1",), seeds=3))
+    trained_a = rows["variant"].eq("trained") & rows["method"].eq("A")
+    rows.loc[trained_a, ["mean_rc", "mean_rc_lo", "mean_rc_hi"]] = [0.85, 0.84, 0.86]  # the raw 0.93 is in the band
+    finding = [f for f in first.verdicts(rows, {}, {})[0][2] if f.construction == "A"][0]
+    assert finding.outcome.value == "not reproduced"
+    assert "row-centred mean r 0.850 [0.840, 0.860]" in finding.evidence
+    assert "raw r (paper-comparable, not deciding): mean 0.930, pooled 0.970" in finding.evidence
+    # the random-init gap on the row-centred r: a raw gap of 0.15 decides nothing when the row-centred gap is 0.01
+    random_a = rows["variant"].ne("trained") & rows["method"].eq("A")
+    rows.loc[random_a, ["diff_rc", "diff_rc_lo", "diff_rc_hi"]] = [-0.01, -0.02, 0.0]
+    lacks = {c.name: f for c, _, f in first.verdicts(rows, {}, {})}["learned"]
+    assert [f.outcome.value for f in lacks if f.construction == "A"] == ["not reproduced"]
+    # two seeds that both hold are still fewer than SEEDS_MIN_FIRST = 3
+    two = deciding(summary(models=("m1",), seeds=2))
+    lacks = {c.name: f for c, _, f in first.verdicts(two, {}, {})}["learned"]
+    a = [f for f in lacks if f.construction == "A"][0]
+    assert a.outcome.value == "inconclusive" and "the rule asks for 3" in a.evidence

@@ -39,8 +39,10 @@ HEIGHT = 420  # pixels of a grid figure
 def statistics(heads: pd.DataFrame) -> dict[str, tuple[str, str, str]]:
     """{key: (menu label, heads.parquet column, the method whose rows hold it)} of the grid's menu."""
     stats = {
-        "r_A": ("Method A r", "r", "A"),
-        "r_B": ("Method B r", "r", "B"),
+        "r_rc_A": ("Method A row-centred r (what softmax sees; the verdicts' r)", "r_rc", "A"),
+        "r_rc_B": ("Method B row-centred r", "r_rc", "B"),
+        "r_A": ("Method A r (raw, paper-comparable)", "r", "A"),
+        "r_B": ("Method B r (raw)", "r", "B"),
         "r_A-drift": ("Method A-drift r (diagnostic)", "r", "A-drift"),
         "r_A-shared": ("Method A-shared r (diagnostic)", "r", "A-shared"),
         "f_share": ("f share r2_f / (r2_f + r2_g), Method A", "f_share", "A"),

@@ -29,7 +29,7 @@ from posgen.workflow.job import listed
 HEAD_KEYS = ["model", "variant", "layer", "head", "method", "sink"]
 CLASSIFIER_KEYS = ["experiment", "task", "pe", "seed", "layer", "head"]
 # decomposition.nc's per-window statistics over (layer, head, method, sink): mean over windows with its interval
-PER_METHOD = ("r", "r_f", "r_g", "r2_f", "r2_g")
+PER_METHOD = ("r", "r_rc", "r_f", "r_g", "r2_f", "r2_g")  # r_rc: the row-centred r (docs/method.md section 4)
 # ... over (layer, head, sink), the same on every method's row; (name, variable, basis or None)
 PER_SINK = (
     ("q_position_share_linear", "q_position_share", "linear"),
@@ -85,15 +85,20 @@ def _columns(stats: dict[str, tuple], shape: tuple) -> dict[str, np.ndarray]:
 def variant_heads(decomposition: xr.Dataset, n_boot: int, seed: int, what: str = "decomposition.nc") -> pd.DataFrame:
     """The rows of one (model, variant)'s decomposition.nc (``what``: its path, for errors): (layer, head, method,
     sink) with every statistic."""
+    needed = [name for name in PER_METHOD if name != "r_rc"]
     require(
-        decomposition, [*PER_METHOD, *(v for _, v, _ in PER_SINK), "r_sweep", "layer_type", "dummy_distance_used"], what
+        decomposition, [*needed, *(v for _, v, _ in PER_SINK), "r_sweep", "layer_type", "dummy_distance_used"], what
     )
     dec = decomposition.transpose("sample", "layer", "head", "method", "sink", "basis", "D")
     n_layers, n_heads = dec.sizes["layer"], dec.sizes["head"]
     methods, sinks = dec["method"].values.tolist(), dec["sink"].values.tolist()
     shape = (n_layers, n_heads, len(methods), len(sinks))
     idx = bootstrap_indices(dec.sizes["sample"], n_boot, seed)  # one set for every variant: same windows
-    stats = {name: _mean_interval(dec[name].values.astype(np.float64), idx) for name in PER_METHOD}
+    # r_rc is NaN in a file from before the row-centred r
+    stats = {
+        name: _mean_interval(dec[name].values.astype(np.float64), idx) if name in dec else (np.full(shape, np.nan),) * 3
+        for name in PER_METHOD
+    }
     parts = np.stack([dec["r2_f"].values, dec["r2_g"].values], axis=1).astype(np.float64)  # (sample, 2, ...)
     stats["f_share"] = _mean_interval(parts, idx, _f_share)
     for name, variable, basis in PER_SINK:

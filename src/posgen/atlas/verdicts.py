@@ -57,9 +57,10 @@ def cell_html(markdown: str) -> str:
 
 
 def statistic_of(claim: str) -> str:
-    """The head statistic a first-paper claim reads (Method A r unless the claim names another)."""
+    """The head statistic a first-paper claim reads (Method A's row-centred r, the deciding one, unless the claim names
+    another)."""
     lowered = claim.lower()
-    return next((stat for words, stat in CLAIM_STATISTIC if words in lowered), "r_A")
+    return next((stat for words, stat in CLAIM_STATISTIC if words in lowered), "r_rc_A")
 
 
 def classifiers_of(row: VerdictRow, classifiers: list[dict]) -> list[dict]:

@@ -28,6 +28,7 @@ from posgen.decomposition.drift import (
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.moments import MOMENT_NAMES, Moments, band_factors, masked_moments, moments_by_sink
 from posgen.decomposition.operands import DRIFT_SET, UnitOperands, unit_operands
+from posgen.decomposition.rows import row_moments
 from posgen.device import constant, require_full_precision, resolve_device
 from posgen.layer_types import used_dummy_distance
 from posgen.numerics import DENSE_TOKENS, TOKEN_BLOCK
@@ -36,6 +37,9 @@ from posgen.stats import pearson_from_sums
 
 METHODS = ("A", "B", "A-drift", "A-shared")
 SUMS = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")  # sufficient statistics of r(x = W, y = A, B, ...)
+RC_SUMS = ("rc_sum_xx", "rc_sum_yy", "rc_sum_xy")  # ... of the row-centred r (every row's mean is 0)
+RC_PACKED = "_rc_sums"  # RC_SUMS as one tensor (name, H, method, sink) on the device, split on the host
+RC_SWEEP = "_rc_sweep_sums"  # Method A's row-centred sums over the sweep, made into r_sweep_rc on the host, not kept
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key
 PRECISIONS = {"float32": torch.float32, "float64": torch.float64}  # of the moments' products (masked_moments)
 
@@ -64,15 +68,28 @@ def to_host(units: list[dict[str, torch.Tensor]]) -> list[dict[str, np.ndarray]]
     return [{name: next(parts).reshape(value.shape) for name, value in unit.items()} for unit in units]
 
 
+def row_centred_r(host: dict[str, np.ndarray]) -> None:
+    """Adds ``r_rc`` (H, method, sink) and ``r_sweep_rc`` (H, sink, D), the row-centred r (docs/method.md section
+    4), to a unit's statistics on the host, from its row-centred sums: one division each, not a device operation."""
+    host.update(zip(RC_SUMS, host.pop(RC_PACKED)))  # (H, method, sink) each
+    sweep = host.pop(RC_SWEEP)  # (H, sink, D, xy | yy)
+    xx = host["rc_sum_xx"]  # (H, method, sink)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a head without variance: NaN, as the raw r
+        host["r_rc"] = host["rc_sum_xy"] / np.sqrt(xx * host["rc_sum_yy"])
+        host["r_sweep_rc"] = sweep[..., 0] / np.sqrt(xx[:, :1].transpose(0, 2, 1) * sweep[..., 1])
+
+
 def _joined(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
     """``parts`` concatenated along ``dim``; a lone part as it is (the device layout's one call)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim)
 
 
-def _columns(a: Moments, drift: Moments) -> Moments:
+def _columns(a: Moments, drift: Moments, rows: torch.Tensor) -> Moments:
     """Method A's moments (:func:`moments_by_sink`: g terms per dummy distance) and A-drift's and A-shared's
     (:func:`drift_moments`: per pair) as one :class:`Moments` over the columns of the r's, A's f terms (the same
-    at every D) repeated: ``s_x``, ``s_xx`` ``(sink, n, h)``, every other ``(sink, column, n, h)``."""
+    at every D) repeated, with the row-centring corrections ``rows`` (:func:`row_moments`, already per column):
+    ``s_x``, ``s_xx`` ``(sink, n, h)``, ``c_rows`` ``(sink, xy | yy, column + 1, n, h)``, every other ``(sink,
+    column, n, h)``."""
     nD = a.s_g.shape[1]
 
     def f_term(name):
@@ -86,6 +103,7 @@ def _columns(a: Moments, drift: Moments) -> Moments:
         s_xx=a.s_xx,
         **{name: f_term(name) for name in ("s_f", "s_xf", "s_ff")},
         **{name: g_term(name) for name in ("s_g", "s_xg", "s_fg", "s_gg")},
+        c_rows=rows,
     )
 
 
@@ -218,6 +236,7 @@ class Decomposer:
         if not ops.has_shared:  # no held-out trajectory: no Method A-shared (the stacks above are fresh tensors)
             for name in ("r", "r_f", "r_g", *SUMS):
                 out[name][:, METHODS.index("A-shared")] = float("nan")
+            out[RC_PACKED][:, :, METHODS.index("A-shared")] = float("nan")
             for name in ("k_shared_share", "k_scaled_share"):
                 out[name] = torch.full_like(out[name], float("nan"))
         tol = None
@@ -235,6 +254,8 @@ class Decomposer:
         B's residual (:meth:`check_residual`) and the bound (:meth:`check_bound`)."""
         tensors = [dict(unit.tensors, **({} if unit.bound_tol is None else {TOL: unit.bound_tol})) for unit in units]
         hosts = to_host(tensors)
+        for host in hosts:
+            row_centred_r(host)
         for unit, host in zip(units, hosts):
             self.check_residual(host["lstsq_residual"], unit.n_tokens, unit.window)
             if unit.bound_tol is not None:
@@ -301,7 +322,8 @@ class Decomposer:
             gamma = gamma.permute(3, 0, 1, 2)  # (nD, n, h, T)
             a = moments_by_sink(part, gamma, ops.window)  # (sink, [D,] n, h)
             drift = drift_moments(part, DRIFT_SET)  # (sink, [pair,] n, h): A-drift's sets, then A-shared's
-            parts.append(_columns(a, drift))
+            rows = row_moments(part, gamma, ops.window, DRIFT_SET)  # (sink, xy | yy, column + 1, n, h)
+            parts.append(_columns(a, drift, rows))
         return Moments(
             **{name: groups.to_heads(_joined([getattr(part, name) for part in parts], -2)) for name in MOMENT_NAMES}
         )
@@ -311,9 +333,11 @@ class Decomposer:
         ``pearson_from_sums`` over every column at once: Method A at each dummy distance (the sweep), A-drift,
         A-shared (``moments``, :meth:`moments`) and Method B's fit (``b``, :meth:`method_b`).
 
-        Returns (H, method, sink) arrays ``r``, ``r_f``, ``r_g`` (NaN for Method B, which has no f and g terms) and
-        :data:`SUMS` of y = f + g_D at the layer's dummy distance, in :data:`METHODS` order; ``r_sweep`` (H, sink,
-        D), Method A's r at every dummy distance of the sweep.
+        Returns (H, method, sink) arrays ``r``, ``r_f``, ``r_g`` (NaN for Method B, which has no f and g terms),
+        ``r_rc`` (row-centred r: :mod:`posgen.decomposition.rows`), :data:`SUMS` of y = f + g_D at the layer's dummy
+        distance and :data:`RC_SUMS` (the row-centred sums, for the pooled row-centred r), in :data:`METHODS` order;
+        ``r_sweep`` and ``r_sweep_rc`` (H, sink, D), Method A's raw and row-centred r at every dummy distance of the
+        sweep.
         """
         m, dev = moments, moments.s_x.device
         nD = len(ops.distances)
@@ -328,15 +352,27 @@ class Decomposer:
         s_yy = torch.cat([m.s_ff + 2 * m.s_fg + m.s_gg, b["sum_yy"][:, None]], 1)
         s_xy = torch.cat([m.s_xf + m.s_xg, b["sum_xy"][:, None]], 1)
         r = pearson_from_sums(n, x, s_y, xx, s_yy, s_xy)  # (sink, column, H)
-        no_term = torch.full_like(r[:, :1], float("nan"))  # Method B's column: no f and g terms
-        r_f = torch.cat([pearson_from_sums(n, x, m.s_f, xx, m.s_ff, m.s_xf), no_term], 1)  # (sink, column, H)
-        r_g = torch.cat([pearson_from_sums(n, x, m.s_g, xx, m.s_gg, m.s_xg), no_term], 1)  # (sink, column, H)
+        # row-centred: each row less its mean over its scored keys (docs/method.md section 4); Method B's fit has a
+        # free row term b(i), so its residual sums to 0 in every row and its row sums are W's: c_xy = c_yy = c_xx,
+        # which c_rows holds last at xy and at yy alike (posgen.decomposition.rows.row_moments)
+        rc = torch.stack([s_xy, s_yy], 1) - m.c_rows  # (sink, xy | yy, column, H)
+        rc_xx = xx - m.c_rows[:, 0, -1:]  # (sink, 1, H)
+        # the f and g terms' own r in one pass, then Method B's column (no f and g terms): (sink, column, H) each
+        r_fg = pearson_from_sums(
+            n, x, torch.stack([m.s_f, m.s_g]), xx, torch.stack([m.s_ff, m.s_gg]), torch.stack([m.s_xf, m.s_xg])
+        )  # (f | g, sink, column, H)
+        no_term = r.new_full((2, r.shape[0], 1, r.shape[2]), float("nan"))  # (f | g, sink, 1, H)
+        r_f, r_g = torch.cat([r_fg, no_term], 2).unbind()
         sums = {"n": n, "sum_x": x, "sum_y": s_y, "sum_xx": xx, "sum_yy": s_yy, "sum_xy": s_xy}
-        by_method = {"r": r, "r_f": r_f, "r_g": r_g, **sums}
+        rc_sums = {"rc_sum_xx": rc_xx, "rc_sum_yy": rc[:, 1], "rc_sum_xy": rc[:, 0]}
+        by_method = {"r": r, "r_f": r_f, "r_g": r_g, **sums, **rc_sums}
         stacked = torch.stack([value.expand(r.shape) for value in by_method.values()])  # (name, sink, column, H)
         stacked = stacked.index_select(2, columns).permute(0, 3, 2, 1)  # (name, H, method, sink), a new tensor
-        out = dict(zip(by_method, stacked.unbind()))
-        out["r_sweep"] = r.index_select(1, constant(i_sweep, torch.int64, dev)).permute(2, 0, 1)  # (H, sink, D)
+        out = dict(zip(list(by_method)[: -len(RC_SUMS)], stacked[: -len(RC_SUMS)].unbind()))
+        out[RC_PACKED] = stacked[-len(RC_SUMS) :]  # one copy to the host: split there (row_centred_r)
+        sweep = constant(i_sweep, torch.int64, dev)
+        out["r_sweep"] = r.index_select(1, sweep).permute(2, 0, 1)  # (H, sink, D)
+        out[RC_SWEEP] = rc.index_select(2, sweep).permute(3, 0, 2, 1)  # (H, sink, D, xy | yy): the r's on the host
         out["lstsq_residual"] = b["lstsq_residual"].T  # (H, sink)
         return out
 

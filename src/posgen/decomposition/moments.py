@@ -35,6 +35,8 @@ class MaskedMoments:
     g_col0: torch.Tensor  # (D, n, h, T): g_D in key column 0
     v_col0: torch.Tensor  # (n, h, p, T): v_p in key column 0
     col0_gram: torch.Tensor  # (n, h, F, G): sum over rows of the forms' products in key column 0 (a | D | p)
+    rows: torch.Tensor  # (n, h, T, F): row sums of every form (a | D | p), the three above side by side
+    col0: torch.Tensor  # (n, h, T, F): every form in key column 0 (0 where it does not count)
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class Moments:
     s_xg: torch.Tensor
     s_fg: torch.Tensor
     s_gg: torch.Tensor
+    # the row-centring corrections (posgen.decomposition.rows.row_moments), (sink, xy | yy, column + 1, ..., H);
+    # set by Decomposer.moments over every column of the r's, None in a term's own moments
+    c_rows: torch.Tensor | None = None
 
 
 MOMENT_NAMES = tuple(field.name for field in fields(Moments))
@@ -208,7 +213,12 @@ def masked_moments(
     n, T, d = keys.shape[0], keys.shape[1], q.shape[-1]
     kg_rot = keys[..., k * d :] @ rotations.transpose(0, 1).reshape(d, -1)  # (n, T, (D, e)): R_D^T kg_j, every D
     kg_rot = kg_rot.view(n, T, -1, d)  # (n, T, D, e)
-    q_rows, g_rows, v_rows, q_col0, g_col0, v_col0, col0_gram = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)
+    rows, col0 = _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window)  # (n, h, T, F) each
+    G = slice(k, k + rotations.shape[0])  # the g_D among the forms
+    q_rows, g_rows, v_rows = rows[..., :k].transpose(2, 3), rows[..., G].permute(3, 0, 1, 2), rows[..., G.stop :]
+    q_col0, g_col0, v_col0 = col0[..., :k].transpose(2, 3), col0[..., G].permute(3, 0, 1, 2), col0[..., G.stop :]
+    v_rows, v_col0 = v_rows.transpose(2, 3), v_col0.transpose(2, 3)  # (n, h, p, T)
+    col0_gram = col0.transpose(-1, -2) @ col0  # (n, h, F, G): what dropping column 0 takes from every product
     if dtype == f64:
         qq, qg, gg, qv, vv = _products(q, q0, rotations, keys, q0_keys, window, block, g_sets, batched, w)
     else:
@@ -246,6 +256,8 @@ def masked_moments(
         g_col0=g_col0,
         v_col0=v_col0,
         col0_gram=col0_gram,
+        rows=rows,
+        col0=col0,
     )
 
 
@@ -294,7 +306,8 @@ def _mean_parts(q, q0, kg_rot, keys, q0_keys, window: int) -> torch.Tensor:
 
 
 def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
-    """Row sums of every x_a, g_D and v_p from prefix sums of the keys, and their key column 0 where it counts;
+    """Row sums of every x_a, g_D and v_p from prefix sums of the keys, and their key column 0 where it counts,
+    each ``(n, h, T, a | D | p)``;
     ``kg_rot (n, T, D, e)`` the g keys rotated, R_D^T kg_j (g_D's row i: (R_D q0_i) . kg_j = q0_i . R_D^T kg_j)."""
     n, h, T, d = q.shape
     k = keys.shape[-1] // d - 1
@@ -311,20 +324,9 @@ def _rows_and_column0(q, q0, kg_rot, keys, q0_keys, window: int):
     k0_q = q_keys[:, None, 0].reshape(n, 1, k, d)  # (n, 1, a, e): key column 0
     q_col0 = (q @ k0_q.transpose(-1, -2)) * counts0  # (n, h, T, a)
     col0_0 = (q0 @ u0[:, None, 0].transpose(-1, -2)) * counts0  # (n, h, T, D | p): R_D^T kg_0 and V_p[0]
-    nD = kg_rot.shape[2]
-    g_rows, v_rows = rows_0[..., :nD], rows_0[..., nD:]
-    g_col0, v_col0 = col0_0[..., :nD], col0_0[..., nD:]
+    rows = torch.cat([q_rows, rows_0], -1)  # (n, h, T, a | D | p)
     col0 = torch.cat([q_col0, col0_0], -1)  # (n, h, T, a | D | p)
-    col0_gram = col0.transpose(-1, -2) @ col0  # (n, h, F, G): what dropping column 0 takes from every product
-    return (
-        q_rows.transpose(2, 3),  # (n, h, a, T)
-        g_rows.permute(3, 0, 1, 2),  # (D, n, h, T)
-        v_rows.transpose(2, 3),  # (n, h, p, T)
-        q_col0.transpose(2, 3),  # (n, h, a, T)
-        g_col0.permute(3, 0, 1, 2),  # (D, n, h, T)
-        v_col0.transpose(2, 3),  # (n, h, p, T)
-        col0_gram,
-    )
+    return rows, col0
 
 
 def _full_blocks(qb, q0b, q0, kp, vp, rotations, blocks: Blocks, g_sets: int, batched=False, w=None):
@@ -516,7 +518,7 @@ def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> Momen
     order): ``(sink, n, h)``, the g terms ``(sink, D, n, h)``. method.md sections 3A (the sink-free terms) and 4.
     """
     T = m.q_rows.shape[-1]
-    n_rows = _rows_without(T, window, gamma.device)  # (T,) counted entries per row, no column 0
+    n_rows = rows_without(T, window, gamma.device)  # (T,) counted entries per row, no column 0
     c0, g0 = m.q_col0, m.g_col0  # column 0: (n, h, a, T), (D, n, h, T)
     # without column 0; a indexes the key sets [x | f | phi]
     rows = m.q_rows - c0  # (n, h, a, T)
@@ -547,7 +549,14 @@ def moments_by_sink(m: MaskedMoments, gamma: torch.Tensor, window: int) -> Momen
 
 
 @functools.lru_cache(maxsize=16)
-def _rows_without(n_tokens: int, window: int, device) -> torch.Tensor:
+def rows_with(n_tokens: int, window: int, device) -> torch.Tensor:
+    """(T,) float64: the counted entries of each query row, key column 0 included (the same for every layer)."""
+    tok = torch.arange(n_tokens, device=device)
+    return (tok + 1).clamp(max=window or n_tokens).to(torch.float64)
+
+
+@functools.lru_cache(maxsize=16)
+def rows_without(n_tokens: int, window: int, device) -> torch.Tensor:
     """(T,) float64: the counted entries of each query row without key column 0 (the same for every layer)."""
     tok = torch.arange(n_tokens, device=device)
     nd = window or n_tokens

@@ -10,7 +10,7 @@ import xarray as xr
 from tqdm import tqdm
 
 from posgen.decomposition.bound import STATISTICS as BOUND_STATISTICS
-from posgen.decomposition.decomposer import METHODS, SUMS, VECTORS, Decomposer
+from posgen.decomposition.decomposer import METHODS, RC_SUMS, SUMS, VECTORS, Decomposer
 from posgen.decomposition.drift import BASES, SMOOTH_DEGREE, heldout_coefficients, heldout_fit
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.options import DecompositionOptions
@@ -106,10 +106,12 @@ class DecompositionTable:
             "r": base + ("method", "sink"),
             "r_f": base + ("method", "sink"),
             "r_g": base + ("method", "sink"),
+            "r_rc": base + ("method", "sink"),
             "r_sweep": base + ("sink", "D"),
+            "r_sweep_rc": base + ("sink", "D"),
             **{name: base + ("sink",) for name in BOUND_STATISTICS},
             "lstsq_residual": base + ("sink",),
-            **{name: base + ("method", "sink") for name in SUMS},
+            **{name: base + ("method", "sink") for name in (*SUMS, *RC_SUMS)},
             **{f"{v}_position_share": base + ("basis", "sink") for v in VECTORS},
             "k_shared_share": base + ("sink",),
             "k_scaled_share": base + ("sink",),

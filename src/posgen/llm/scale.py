@@ -96,13 +96,17 @@ def model_rows(summary: pd.DataFrame, bands: dict) -> pd.DataFrame:
         }
         for method in METHODS:
             m = method.lower()
-            for stat in ("mean_r", "pooled_r"):
+            for stat in ("mean_r", "pooled_r", "mean_rc", "pooled_rc"):  # raw, then row-centred
                 for end in ("", "_lo", "_hi"):
-                    row[f"{m}_{stat}{end}"] = (
-                        float(trained.loc[method, f"{stat}{end}"]) if method in trained.index else np.nan
-                    )
-            gaps = -random[random["method"] == method]["diff_vs_trained"].to_numpy(dtype=float)
-            row[f"{m}_gap"], row[f"{m}_gap_lo"], row[f"{m}_gap_hi"] = t_interval(gaps)
+                    column = f"{stat}{end}"
+                    has = method in trained.index and column in trained.columns
+                    row[f"{m}_{stat}{end}"] = float(trained.loc[method, column]) if has else np.nan
+            for gap, column in (("gap", "diff_vs_trained"), ("gap_rc", "diff_rc")):
+                if column not in random.columns:
+                    row[f"{m}_{gap}"] = row[f"{m}_{gap}_lo"] = row[f"{m}_{gap}_hi"] = np.nan
+                    continue
+                gaps = -random[random["method"] == method][column].to_numpy(dtype=float)
+                row[f"{m}_{gap}"], row[f"{m}_{gap}_lo"], row[f"{m}_{gap}_hi"] = t_interval(gaps)
         if "A" in trained.index:
             a = trained.loc["A"]
             for end in ("", "_lo", "_hi"):
@@ -168,8 +172,13 @@ TRENDS = [
     ("Method A pooled r (trained)", "a_pooled_r"),
     ("Method B mean r (trained)", "b_mean_r"),
     ("Method B pooled r (trained)", "b_pooled_r"),
+    ("Method A row-centred mean r (trained)", "a_mean_rc"),
+    ("Method A row-centred pooled r (trained)", "a_pooled_rc"),
+    ("Method B row-centred mean r (trained)", "b_mean_rc"),
+    ("Method B row-centred pooled r (trained)", "b_pooled_rc"),
     ("random-init gap under A", "a_gap"),
     ("random-init gap under B", "b_gap"),
+    ("random-init gap under A, row-centred", "a_gap_rc"),
     ("keys' low-frequency share, trained - random", "low_k_learned"),
     ("queries' low-frequency share, trained - random", "low_q_learned"),
     ("D sweep spread (Method A)", "sweep_spread"),
@@ -231,15 +240,17 @@ def scale_markdown(models: pd.DataFrame, trends: pd.DataFrame, claims: pd.DataFr
         + provenance,
         "",
         "| model | parameters (non-embedding) | weights | windows x seeds | A mean r | A pooled r | B mean r "
-        "| B pooled r | gap under A | gap under B | low-freq. share k / q (trained; random) | k: trained - "
-        "random | D sweep spread | k smooth share (trained; random) | gap origin |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| B pooled r | A row-centred mean / pooled r | B row-centred mean / pooled r | gap under A | gap under B | "
+        "low-freq. share k / q (trained; random) | k: trained - random | D sweep spread | k smooth share (trained; "
+        "random) | gap origin |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in models.iterrows():
         lines.append(
             f"| {r['model']} | {_millions(r['parameters'])} ({_millions(r['non_embedding'])}) | {r['weights']} | "
             f"{r['n_samples']} x {r['seeds']} | {_ci(r, 'a_mean_r')} | {_ci(r, 'a_pooled_r')} | "
-            f"{_ci(r, 'b_mean_r')} | {_ci(r, 'b_pooled_r')} | {_ci(r, 'a_gap', '+.3f')} | "
+            f"{_ci(r, 'b_mean_r')} | {_ci(r, 'b_pooled_r')} | {_ci(r, 'a_mean_rc')} / {_ci(r, 'a_pooled_rc')} | "
+            f"{_ci(r, 'b_mean_rc')} / {_ci(r, 'b_pooled_rc')} | {_ci(r, 'a_gap', '+.3f')} | "
             f"{_ci(r, 'b_gap', '+.3f')} | {r['low_k']:.3f} / {r['low_q']:.3f}; {r['low_k_random']:.3f} / "
             f"{r['low_q_random']:.3f} | {_ci(r, 'low_k_learned', '+.3f')} | {_ci(r, 'sweep_spread')} | "
             f"{r['k_smooth_share']:.3f}; {r['k_smooth_share_random']:.3f} | {r['gap_origin']} |"

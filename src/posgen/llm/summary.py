@@ -26,6 +26,7 @@ from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
+RC_SUFF = ("rc_sum_xx", "rc_sum_yy", "rc_sum_xy")  # the row-centred r's: every row's mean is 0
 VECTORS = ("q", "k")  # position shares of the pre-RoPE query and key (docs/method.md section 3C)
 BASES = ("linear", "smooth")
 # the key's share that Method A-shared's s(j) explains (docs/method.md section 3C), beside the position shares
@@ -70,6 +71,11 @@ COLUMNS = [
     "n_heads",
     "dummy_distance",
     *SHARE_COLUMNS,
+    # the same on the row-centred r (docs/method.md section 4): each query row less its mean over its scored keys
+    *(f"{name}{end}" for name in ("mean_rc", "pooled_rc", "diff_rc") for end in ("", "_lo", "_hi")),
+    *(f"{name}{end}" for name in ("min_layer_rc", "heads_below_rc") for end in ("", "_lo", "_hi")),
+    "r_sweep_rc",
+    *(f"sweep_spread_rc{end}" for end in ("", "_lo", "_hi")),
 ]
 ALL_ROPE = "rope"  # the layer_type of the rows over every RoPE layer (global and sliding-window, never NoPE)
 HEAD_R = value("HEAD_R")  # heads_below: the share of (layer, head) whose mean r over samples is below this
@@ -187,13 +193,59 @@ def share_floor(ds: xr.Dataset) -> float:
     return int(ds.attrs["smooth_degree"]) / (int(ds.attrs["n_tokens"]) - 1)
 
 
+def _suff(ds: xr.Dataset, statistic: str) -> np.ndarray | None:
+    """``(sample, method, sink, 6)`` sufficient statistics of the raw (``"r"``) or row-centred (``"r_rc"``) r,
+    summed over layers and heads (the row-centred entries have mean 0: n, 0, 0, then their sums); None where a
+    file written before the row-centred r lacks them."""
+    if statistic == "r":
+        return np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)
+    if any(name not in ds for name in RC_SUFF):
+        return None
+    sums = [ds[name].values.sum(axis=(1, 2)) for name in ("n", *RC_SUFF)]
+    zero = np.zeros_like(sums[0])
+    return np.stack([sums[0], zero, zero, *sums[1:]], -1)
+
+
+def row_centred(ds: xr.Dataset, per_sample, trained, min_layer, idx) -> dict[str, np.ndarray]:
+    """The row-centred r's columns of one (variant, layer group) (``_rc`` in :data:`COLUMNS`), each ``(method,
+    sink)``: as the raw r's in :func:`_rows`; NaN for a file written before the row-centred r."""
+    shape = per_sample.shape[1:]
+    nan = np.full(shape, np.nan)
+    suff = _suff(ds, "r_rc")
+    if suff is None:
+        names = [
+            f"{n}{e}"
+            for n in ("mean_rc", "pooled_rc", "diff_rc", "min_layer_rc", "heads_below_rc")
+            for e in ("", "_lo", "_hi")
+        ]
+        return {name: nan for name in names} | {f"sweep_spread_rc{e}": nan[0] for e in ("", "_lo", "_hi")}
+    r = ds["r_rc"].values  # (sample, layer, head, method, sink)
+    out = {}
+    out["mean_rc"], out["mean_rc_lo"], out["mean_rc_hi"] = interval(_mean, per_sample, idx)
+    out["pooled_rc"], out["pooled_rc_lo"], out["pooled_rc_hi"] = interval(_pooled, suff, idx)
+    diff = interval(_mean, per_sample - trained, idx) if trained is not None else (nan, nan, nan)
+    out["diff_rc"], out["diff_rc_lo"], out["diff_rc_hi"] = diff
+    _, lo, hi = interval(_lowest_layer, _nanmean(r, 2), idx)
+    out["min_layer_rc"], out["min_layer_rc_lo"], out["min_layer_rc_hi"] = min_layer, lo, hi
+    out["heads_below_rc"], out["heads_below_rc_lo"], out["heads_below_rc_hi"] = interval(_below, r, idx)
+    sweep = _nanmean(ds["r_sweep_rc"].values, (1, 2))  # (sample, sink, D)
+    out["sweep_spread_rc"], out["sweep_spread_rc_lo"], out["sweep_spread_rc_hi"] = interval(_spread, sweep, idx)
+    out["r_sweep_rc"] = _mean(_nanmean(ds["r_sweep_rc"].values, (1, 2)))  # (sink, D)
+    return out
+
+
 def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> list[dict]:
     """The summary.csv rows of one (variant, layer group): ``ds`` its layers, ``per_sample`` its mean r per
-    (sample, method, sink), ``trained`` the trained model's (None for the trained model itself), ``min_layer``
-    its lowest per-layer mean r per (method, sink), ``idx`` the bootstrap draws."""
+    (sample, method, sink), raw and row-centred (``{"r": .., "r_rc": ..}``), ``trained`` the trained model's (None
+    for the trained model itself), ``min_layer`` its lowest per-layer mean r per (method, sink) (the same two),
+    ``idx`` the bootstrap draws."""
+    rc = row_centred(ds, per_sample["r_rc"], trained and trained["r_rc"], min_layer["r_rc"], idx)
+    has_rc = "r_rc" in ds
+    per_sample, min_layer = per_sample["r"], min_layer["r"]
+    trained = trained and trained["r"]
     methods, sinks, n_samples = list(ds["method"].values), list(ds["sink"].values), ds.sizes["sample"]
     r = ds["r"].values  # (sample, layer, head, method, sink)
-    suff = np.stack([ds[name].values.sum(axis=(1, 2)) for name in SUFF], -1)  # (sample, method, sink, 6)
+    suff = _suff(ds, "r")  # (sample, method, sink, 6)
     mean_r, mean_lo, mean_hi = interval(_mean, per_sample, idx)
     pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
     if trained is not None:
@@ -270,6 +322,12 @@ def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> lis
                     "n_heads": ds.sizes["head"],
                     "dummy_distance": distance if has_fg else "",
                     **{name: value[si] for name, value in shares.items()},
+                    **{name: value[mi, si] for name, value in rc.items() if "sweep" not in name},
+                    "r_sweep_rc": _sweep_text(ds, rc["r_sweep_rc"][si]) if method == "A" and has_rc else "",
+                    **{
+                        f"sweep_spread_rc{end}": rc[f"sweep_spread_rc{end}"][si] if method == "A" else np.nan
+                        for end in ("", "_lo", "_hi")
+                    },
                 }
             )
     return rows
@@ -291,16 +349,20 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
     n_samples = first.sizes["sample"]
     idx = bootstrap_indices(n_samples, n_boot, seed)
     groups = layer_groups(types)
-    layer_r = np.full((len(variants), len(methods), len(sinks), len(layers)), np.nan)
+    statistics = ("r", "r_rc")  # raw and row-centred (a file from before the row-centred r: NaN)
+    layer_r = np.full((len(statistics), len(variants), len(methods), len(sinks), len(layers)), np.nan)
     layer_lo, layer_hi = layer_r.copy(), layer_r.copy()
     # per layer, the mean over samples and heads of each position share: (variant, vector, basis, sink, layer)
     layer_share = np.full((len(variants), len(VECTORS), len(BASES), len(sinks), len(layers)), np.nan)
     rows = []
     data = {v: by_variant[v].transpose("sample", "layer", "head", "method", "sink", ...) for v in variants}
     for vi, v in enumerate(variants):
-        per_layer = _nanmean(data[v]["r"].values, 2)  # (sample, layer, method, sink)
-        lr, llo, lhi = interval(_mean, per_layer, idx)
-        layer_r[vi], layer_lo[vi], layer_hi[vi] = (np.moveaxis(a, 0, -1) for a in (lr, llo, lhi))
+        for ri, name in enumerate(statistics):
+            if name not in data[v]:
+                continue
+            per_layer = _nanmean(data[v][name].values, 2)  # (sample, layer, method, sink)
+            lr, llo, lhi = interval(_mean, per_layer, idx)
+            layer_r[ri, vi], layer_lo[ri, vi], layer_hi[ri, vi] = (np.moveaxis(a, 0, -1) for a in (lr, llo, lhi))
         for ci, vector in enumerate(VECTORS):
             share = data[v][f"{vector}_position_share"].sel(basis=list(BASES))  # (sample, layer, head, basis, sink)
             share = share.transpose("sample", "layer", "head", "basis", "sink").values
@@ -309,11 +371,16 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
         per_sample = {}
         for vi, v in enumerate(variants):
             ds = data[v].isel(layer=np.flatnonzero(keep))
-            per_sample[v] = _nanmean(ds["r"].values, (1, 2))  # (sample, method, sink)
+            per_sample[v] = {  # (sample, method, sink) each
+                name: _nanmean(ds[name].values, (1, 2))
+                if name in ds
+                else np.full(ds["r"].shape[:1] + ds["r"].shape[3:], np.nan)
+                for name in statistics
+            }
             trained = per_sample.get(VARIANT_TRAINED) if v != VARIANT_TRAINED else None
             with warnings.catch_warnings():  # a method without any r (A-shared without held-out windows): NaN
                 warnings.simplefilter("ignore", RuntimeWarning)
-                min_layer = np.nanmin(layer_r[vi][..., keep], -1)  # (method, sink)
+                min_layer = {name: np.nanmin(layer_r[ri, vi][..., keep], -1) for ri, name in enumerate(statistics)}
             rows += _rows(model, v, group, ds, per_sample[v], trained, min_layer, idx)
     # rows: variant, then layer type, method, sink
     order = {v: i for i, v in enumerate(variants)}
@@ -333,9 +400,12 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
         coords["dummy_distance_used"] = ("layer", np.asarray(first["dummy_distance_used"].values))
     nc = xr.Dataset(
         {
-            "layer_r": (dims, layer_r),
-            "layer_r_lo": (dims, layer_lo),
-            "layer_r_hi": (dims, layer_hi),
+            "layer_r": (dims, layer_r[0]),
+            "layer_r_lo": (dims, layer_lo[0]),
+            "layer_r_hi": (dims, layer_hi[0]),
+            "layer_rc": (dims, layer_r[1]),  # the row-centred r's
+            "layer_rc_lo": (dims, layer_lo[1]),
+            "layer_rc_hi": (dims, layer_hi[1]),
             "layer_position_share": (("variant", "vector", "basis", "sink", "layer"), layer_share),
         },
         coords=coords,

@@ -40,6 +40,25 @@ DIAGNOSTICS = {
     "absolute position closes, as against a window's own prefix content. Its f also depends on absolute position j",
 }
 SINK = value("SINK")  # every causal entry, as the paper's correlation
+R_STATISTIC = value("R_STATISTIC")  # the r the r claims are decided on; the other is shown beside it
+SEEDS_MIN = value("SEEDS_MIN_FIRST")  # seeds a claim against random init needs before it is decided
+# summary.csv's column of each raw-r quantity under the deciding statistic (the row-centred r: summary's "_rc")
+DECIDING = {
+    name: (rc if R_STATISTIC == "row-centred" else name)
+    for name, rc in {
+        "mean_r": "mean_rc",
+        "pooled_r": "pooled_rc",
+        "diff_vs_trained": "diff_rc",
+        "diff_lo": "diff_rc_lo",
+        "diff_hi": "diff_rc_hi",
+        "min_layer_r": "min_layer_rc",
+        "heads_below": "heads_below_rc",
+        "sweep_spread": "sweep_spread_rc",
+        "r_sweep": "r_sweep_rc",
+    }.items()
+}
+SHOWN = {v: k for k, v in DECIDING.items() if k != v}  # the deciding column's raw twin, shown beside it
+WORD = {"mean_rc": "row-centred mean", "pooled_rc": "row-centred pooled", "mean_r": "mean", "pooled_r": "pooled"}
 NEAR = value("NEAR")  # "r near 0.959": mean and pooled r both within this of it
 LACK = value("LACK")  # "random-init models lack the split": mean r below the trained model's by more than this
 LEARNED = value("LEARNED")  # "the pattern is learned": low-frequency share this far above random init
@@ -121,7 +140,7 @@ def _near(row, column: str) -> tuple[Outcome, str]:
     far = max(abs(lo - PAPER_R), abs(hi - PAPER_R))
     near = 0.0 if lo <= PAPER_R <= hi else min(abs(lo - PAPER_R), abs(hi - PAPER_R))
     outcome, flip = against(near, far, NEAR, above=False)
-    text = f"{column.split('_')[0]} {row[column]:.3f} [{lo:.3f}, {hi:.3f}], {far:.3f} from {PAPER_R} at most"
+    text = f"{WORD.get(column, column)} r {row[column]:.3f} [{lo:.3f}, {hi:.3f}], {far:.3f} from {PAPER_R} at most"
     return outcome, f"{text}: {HOLDS.get(outcome, '')}NEAR {flip}"
 
 
@@ -131,9 +150,10 @@ def _rope_rows(summary: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["layer_type"] == "rope"] if "layer_type" in rows.columns else rows
 
 
-def sweep_of(row) -> dict[int, float]:
-    """{D: Method A's mean r} from a summary row's ``r_sweep`` ("0:0.883 250:0.947"); {} without one."""
-    text = row.get("r_sweep", "")
+def sweep_of(row, column: str = "r_sweep") -> dict[int, float]:
+    """{D: Method A's mean r} from a summary row's ``r_sweep`` (or ``r_sweep_rc``: "0:0.883 250:0.947"); {}
+    without one."""
+    text = row.get(column, "")
     if not isinstance(text, str) or not text:
         return {}
     return {int(D): float(r) for D, r in (pair.split(":") for pair in text.split())}
@@ -145,7 +165,15 @@ def _random_rows(rows: pd.DataFrame, row) -> pd.DataFrame:
     return same[same["variant"].str.startswith("random-seed")]
 
 
-def _random_r(rows: pd.DataFrame, row, column: str = "mean_r") -> str:
+def _raw(row) -> str:
+    """The raw (paper-comparable) mean and pooled r of a row where the row-centred r decides: "; raw r (paper-
+    comparable): mean 0.929, pooled 0.972"."""
+    if R_STATISTIC != "row-centred":
+        return ""
+    return f"; raw r (paper-comparable, not deciding): mean {row['mean_r']:.3f}, pooled {row['pooled_r']:.3f}"
+
+
+def _random_r(rows: pd.DataFrame, row, column: str = DECIDING["mean_r"]) -> str:
     """The random-init variants' ``column`` of ``row``'s model and method, for the same row of a verdict."""
     random = _random_rows(rows, row)
     return ", ".join(f"{variant} {value:.3f}" for variant, value in zip(random["variant"], random[column]))
@@ -160,7 +188,7 @@ def _trained_rows(rows: pd.DataFrame, column: str, methods) -> pd.DataFrame:
 
 def _in_band(row) -> Outcome:
     """(a)'s test of one row: mean and pooled r both within ``NEAR`` of the paper's r, on their intervals."""
-    return combine([_near(row, "mean_r")[0], _near(row, "pooled_r")[0]])
+    return combine([_near(row, DECIDING["mean_r"])[0], _near(row, DECIDING["pooled_r"])[0]])
 
 
 def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
@@ -174,8 +202,8 @@ def r_near_paper(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) 
         within = [_in_band(r) == Outcome.REPRODUCED for _, r in random_rows.iterrows()]
         if outcome == Outcome.REPRODUCED and within and all(within):
             outcome, why = Outcome.NOT_DISCRIMINATIVE, "control meets it"  # the untrained control meets it too
-        evidence = "; ".join(_near(row, column)[1] for column in ("mean_r", "pooled_r"))
-        sweep = sweep_of(row)
+        evidence = "; ".join(_near(row, DECIDING[column])[1] for column in ("mean_r", "pooled_r")) + _raw(row)
+        sweep = sweep_of(row, DECIDING["r_sweep"])
         if sweep:  # Method A depends on D: its mean r at every D of the sweep
             evidence += " (over D: " + ", ".join(f"{D} {r:.3f}" for D, r in sweep.items()) + ")"
         random = _random_r(rows, row)
@@ -189,11 +217,12 @@ def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: d
     rows = _rope_rows(summary)
     out = []
     for _, row in rows[(rows["variant"] == VARIANT_TRAINED) & (rows["method"] == "A")].iterrows():
-        sweep = sweep_of(row)
+        sweep = sweep_of(row, DECIDING["r_sweep"])
         if len(sweep) < 2:
             continue
-        spread = row.get("sweep_spread", max(sweep.values()) - min(sweep.values()))
-        outcome, text = _decide("spread", spread, *_interval(row, "sweep_spread"), SWEEP, above=False)
+        column = DECIDING["sweep_spread"]
+        spread = row.get(column, max(sweep.values()) - min(sweep.values()))
+        outcome, text = _decide("spread", spread, *_interval(row, column), SWEEP, above=False)
         evidence = f"{text}; over D = " + ", ".join(f"{D}: {r:.3f}" for D, r in sweep.items())
         if "/" in str(row.get("dummy_distance", "")):  # several D used: a model with sliding-window layers
             evidence += " (sliding-window layers at min(D, window - 1))"
@@ -203,9 +232,10 @@ def insensitive_to_dummy_distance(summary: pd.DataFrame, bands: dict, perturb: d
 
 def consistent_across_layers_and_heads(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict) -> list[Finding]:
     out = []
-    for _, row in _trained_rows(_rope_rows(summary), "min_layer_r", (*CONSTRUCTIONS, *DIAGNOSTICS)).iterrows():
-        layers = _decide("lowest layer mean r", row["min_layer_r"], *_interval(row, "min_layer_r"), LAYER_MIN, True)
-        heads = _decide(f"heads below {HEAD_R}", row["heads_below"], *_interval(row, "heads_below"), HEADS_BELOW, False)
+    lowest, below = DECIDING["min_layer_r"], DECIDING["heads_below"]
+    for _, row in _trained_rows(_rope_rows(summary), lowest, (*CONSTRUCTIONS, *DIAGNOSTICS)).iterrows():
+        layers = _decide("lowest layer mean r", row[lowest], *_interval(row, lowest), LAYER_MIN, True)
+        heads = _decide(f"heads below {HEAD_R}", row[below], *_interval(row, below), HEADS_BELOW, False)
         outcome = combine([layers[0], heads[0]])
         out.append(
             Finding(row["model"], row["method"], outcome, f"{layers[1]}; {heads[1]}", row["method"] in DIAGNOSTICS)
@@ -225,14 +255,16 @@ def random_init_lacks_split(summary: pd.DataFrame, bands: dict, perturb: dict, c
             continue
         # per seed: trained minus random-init mean r above LACK, and the seed's interval over windows above 0;
         # over seeds, the t interval of the gap (claims.exceeds: one seed is inconclusive)
-        outcome, over_seeds = exceeds(-random["diff_vs_trained"].to_numpy(), LACK, points=False)
-        if outcome == Outcome.REPRODUCED and not (random["diff_hi"] < 0).all():
+        mean, diff, lo, hi = (DECIDING[c] for c in ("mean_r", "diff_vs_trained", "diff_lo", "diff_hi"))
+        outcome, over_seeds = exceeds(-random[diff].to_numpy(), LACK, points=False, min_seeds=SEEDS_MIN)
+        if outcome == Outcome.REPRODUCED and not (random[hi] < 0).all():
             outcome = Outcome.INCONCLUSIVE  # a seed whose own interval reaches 0
         diffs = ", ".join(
-            f"{r.variant} {r.mean_r:.3f} (diff {r.diff_vs_trained:+.3f} [{r.diff_lo:+.3f}, {r.diff_hi:+.3f}])"
-            for r in random.itertuples()
+            f"{r[0]} {r[1]:.3f} (diff {r[2]:+.3f} [{r[3]:+.3f}, {r[4]:+.3f}])"
+            for r in random[["variant", mean, diff, lo, hi]].itertuples(index=False)
         )
-        evidence = f"trained minus random-init {over_seeds}; trained {trained['mean_r'].iloc[0]:.3f}; {diffs}"
+        word = WORD.get(mean, "mean")
+        evidence = f"trained minus random-init {word} r {over_seeds}; trained {trained[mean].iloc[0]:.3f}; {diffs}"
         out.append(Finding(model, method, outcome, evidence, method in DIAGNOSTICS))
     return out
 
@@ -250,7 +282,8 @@ def low_frequency_pattern_learned(summary: pd.DataFrame, bands: dict, perturb: d
             continue
         for vector, name in (("k", "keys"), ("q", "queries")):
             column = f"low_share_{vector}"
-            outcome, over_seeds = exceeds([trained[column] - s[column] for s in random.values()], LEARNED, False)
+            diffs = [trained[column] - s[column] for s in random.values()]
+            outcome, over_seeds = exceeds(diffs, LEARNED, False, min_seeds=SEEDS_MIN)
             shares = ", ".join(f"{v} {s[column]:.3f}" for v, s in random.items())
             evidence = f"trained minus random-init {over_seeds}; trained {trained[column]:.3f}, {shares}"
             out.append(Finding(f"{model} ({name})", "", outcome, evidence))
@@ -329,38 +362,46 @@ def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
 
 
 ON_INTERVAL = "decided on its 95 % bootstrap interval over windows (inconclusive when it straddles)"
+R_WORDS = (
+    "row-centred (each query row less its mean over its scored keys: what softmax sees)"
+    if R_STATISTIC == ("row-centred")
+    else "raw"
+)
 CLAIMS = [
     Claim(
         "split",
         "attention logits ~ f(q, i - j) + g(q, k) with r = 0.959",
-        f"trained model, sink '{SINK}': mean and pooled r both within {NEAR} of {PAPER_R}, {ON_INTERVAL}; not "
-        "discriminative where every random-init seed meets the band too",
+        f"trained model, sink '{SINK}', {R_WORDS} r: mean and pooled r both within {NEAR} of {PAPER_R}, "
+        f"{ON_INTERVAL}; not discriminative where every random-init seed meets the band too",
         r_near_paper,
-        rules=("NEAR", "SINK", "CONSTRUCTIONS", "DECISION"),
+        rules=("NEAR", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "DECISION"),
     ),
     Claim(
         "learned",
         "random-init models lack the split (it is learned)",
-        f"per seed: random-init mean r below the trained model's by more than {LACK}, the seed's 95 % interval "
-        "over windows below 0; over seeds, the t interval of the gap above it (one seed is inconclusive)",
+        f"{R_WORDS} r, per seed: random-init mean r below the trained model's by more than {LACK}, the seed's 95 % "
+        f"interval over windows below 0; over seeds, the t interval of the gap above it (fewer than {SEEDS_MIN} "
+        "seeds are inconclusive)",
         random_init_lacks_split,
-        rules=("LACK", "SINK", "CONSTRUCTIONS", "SEEDS_FIRST"),
+        rules=("LACK", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "SEEDS_FIRST", "SEEDS_MIN_FIRST"),
     ),
     Claim(
         "dummy distance",
         "the semantic term barely depends on the dummy distance D",
-        f"trained model, Method A, sink '{SINK}': mean r moves by at most {SWEEP} over the dummy-distance sweep "
+        f"trained model, Method A, sink '{SINK}', {R_WORDS} r: mean r moves by at most {SWEEP} over the "
+        "dummy-distance sweep "
         f"(a sliding-window layer's sweep at min(D, window - 1), as its own D), {ON_INTERVAL}",
         insensitive_to_dummy_distance,
-        rules=("SWEEP", "SWEEP_SLIDING", "SINK", "DECISION"),
+        rules=("SWEEP", "R_STATISTIC", "SWEEP_SLIDING", "SINK", "DECISION"),
     ),
     Claim(
         "layers and heads",
         "the split holds across layers and heads",
-        f"trained model, sink '{SINK}': every layer's mean r at least {LAYER_MIN}, and at most {HEADS_BELOW:.0%} of "
+        f"trained model, sink '{SINK}', {R_WORDS} r: every layer's mean r at least {LAYER_MIN}, and at most "
+        f"{HEADS_BELOW:.0%} of "
         f"the heads (mean r over windows) below {HEAD_R}, each {ON_INTERVAL}",
         consistent_across_layers_and_heads,
-        rules=("LAYER_MIN", "HEADS_BELOW", "HEAD_R", "SINK", "CONSTRUCTIONS", "DECISION"),
+        rules=("LAYER_MIN", "HEADS_BELOW", "HEAD_R", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "DECISION"),
     ),
     Claim(
         "distance cap",
@@ -383,11 +424,11 @@ CLAIMS = [
         "low frequency",
         "the low-frequency feature pattern is learned",
         f"share of the token variance in the low-frequency half of the bands, keys and queries each: trained "
-        f"minus random-init above {LEARNED:.2f} in every seed and its t interval over seeds above it (one seed is "
-        "inconclusive). The control sits near 0.5 by symmetry (random weights give every band the same variance "
+        f"minus random-init above {LEARNED:.2f} in every seed and its t interval over seeds above it (fewer than "
+        f"{SEEDS_MIN} seeds are inconclusive). The control sits near 0.5 by symmetry (random weights give every band the same variance "
         "in expectation), so this asks for a trained share above about 0.6",
         low_frequency_pattern_learned,
-        rules=("LEARNED", "SEEDS_FIRST"),
+        rules=("LEARNED", "SEEDS_FIRST", "SEEDS_MIN_FIRST"),
     ),
     Claim(
         "perturbations",
@@ -434,6 +475,10 @@ def verdicts(
     ``bands``: {model: {variant: {"low_share_q": .., "low_share_k": ..}}} (posgen.llm.bands.band_shares);
     ``perturb``: {model: {variant: {(kind, rate): Perturbation}}} (posgen.reproduction.perturbation_ratios);
     ``caps``: {model: {variant: {cap: CapEffect}}} (posgen.reproduction.cap_effects)."""
+    missing = [f"{c}{end}" for c in set(DECIDING.values()) for end in ("", "_lo", "_hi")]
+    missing = [c for c in missing if c not in summary.columns]
+    if missing:  # a summary from before the deciding statistic's columns: its claims have no interval
+        summary = summary.assign(**{c: "" if c.startswith("r_sweep") else np.nan for c in missing})
     out = []
     for claim in CLAIMS:
         findings = claim.check(summary, bands, perturb, caps or {})
@@ -451,10 +496,14 @@ def control_markdown(summary: pd.DataFrame) -> str:
         rows = rows[rows["layer_type"] == "rope"]
     methods = [m for m in shown if m in set(rows["method"])]
     names = [f"Method {m}" + (" (diagnostic)" if m in DIAGNOSTICS else "") for m in methods]
+    columns = ("diff_vs_trained", "diff_lo", "diff_hi")
+    deciding = all(DECIDING[c] in rows.columns for c in columns)  # else a summary from before the row-centred r
+    diff, lo, hi = (DECIDING[c] if deciding else c for c in columns)
     lines = [
         "## The random-init control under each construction",
         "",
-        "Random-init minus trained mean r over every RoPE layer [95 % bootstrap interval, paired over samples]. "
+        f"Random-init minus trained mean r ({R_STATISTIC if deciding else 'raw'}) over every RoPE layer [95 % "
+        "bootstrap interval, paired over samples]. "
         "Method A and B are the paper's constructions; a diagnostic is shown beside them and decides nothing.",
         "",
         "| model | variant | sink | " + " | ".join(names) + " |",
@@ -462,10 +511,7 @@ def control_markdown(summary: pd.DataFrame) -> str:
     ]
     for (model, variant, sink), group in rows.groupby(["model", "variant", "sink"], sort=False):
         by = group.set_index("method")
-        cells = [
-            f"{by.loc[m, 'diff_vs_trained']:+.3f} [{by.loc[m, 'diff_lo']:+.3f}, {by.loc[m, 'diff_hi']:+.3f}]"
-            for m in methods
-        ]
+        cells = [f"{by.loc[m, diff]:+.3f} [{by.loc[m, lo]:+.3f}, {by.loc[m, hi]:+.3f}]" for m in methods]
         lines.append(f"| {model} | {variant} | {sink} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
