@@ -19,7 +19,7 @@ from posgen.config import VARIANT_TRAINED, init_seed
 from posgen.integrity import made_from, shown
 from posgen.llm.bands import band_shares
 from posgen.llm.gap_origin import origin_markdown
-from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime
+from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime, window_seeds
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
 from posgen.stats import bootstrap_indices, interval
@@ -366,7 +366,8 @@ def write_reproduction(
         "perturb": _file_regimes(perturb_paths),
         "caps": _file_regimes(cap_paths),
     }
-    text += "\n" + paper_verdict_markdown(paper_verdicts(summary, bands, ratios, caps), str(summary_csv), regimes)
+    results = paper_verdicts(summary, bands, ratios, caps)
+    text += "\n" + paper_verdict_markdown(results, str(summary_csv), regimes, window_seeds(summary))
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))

@@ -16,6 +16,7 @@ table, the default run) had been printed under the old rules are post hoc all th
 from __future__ import annotations
 
 import ast
+import hashlib
 from dataclasses import dataclass
 
 
@@ -48,7 +49,24 @@ class Entry:
             return "post hoc"
         if commit == self.commit:
             return "same commit"
-        return "before" if self.when < when else "post hoc"
+        if not self.when < when:
+            return "post hoc"
+        return "same stretch" if _hours(self.when, when) < value("SAME_STRETCH") else "before"
+
+    @property
+    def post_hoc(self) -> bool:
+        """Set after the numbers it judges, or too close before them to show it preceded them (SAME_STRETCH)."""
+        return self.status in ("post hoc", "same stretch")
+
+
+def _hours(earlier: str, later: str) -> float:
+    """Hours from one ``YYYY-MM-DD HH:MM`` to another."""
+    from datetime import datetime
+
+    def parse(text: str) -> datetime:
+        return datetime.strptime(text, "%Y-%m-%d %H:%M")
+
+    return (parse(later) - parse(earlier)).total_seconds() / 3600
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,7 @@ class Rule:
 
     @property
     def post_hoc(self) -> bool:
-        return self.history[-1].status == "post hoc"
+        return self.history[-1].post_hoc
 
 
 # the first printings the rules judge (docs/results.md unless the text says otherwise)
@@ -289,6 +307,87 @@ def _parse(text: str) -> dict[str, Rule]:
 RULES = _parse(REGISTRY)
 
 
+def version(rules: dict[str, Rule] | None = None) -> str:
+    """The registry's version: a digest of every rule's current value (its name and value's repr), so that any
+    change of a value, and only that, makes a new version; printed in every verdict table."""
+    rules = RULES if rules is None else rules
+    text = "".join(f"{name}={rule.value!r}\n" for name, rule in sorted(rules.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def frozen_at(rules: dict[str, Rule] | None = None) -> str:
+    """When the current version's last value was set (``YYYY-MM-DD HH:MM``): data first printed after it met every
+    rule as it is now."""
+    return max(rule.history[-1].when for rule in (RULES if rules is None else rules).values())
+
+
+# The data sets the verdicts of this repository have judged, each a model (its config name) on the windows of one
+# window seed of the embedded corpus, with the first printing of its numbers, and the registry version it was first
+# met under where that was after the freeze (a confirmatory data set; "" for one printed before its rules). Any
+# other data set (a new window seed, a user's model) meets the rules first when its verdicts are made: confirmatory
+# under the version in force.
+DATA_SETS = {
+    ("smollm2-135m", 0): (FIRST_RUN, ""),
+    ("gemma3-270m", 0): (GEMMA_LAYERS, ""),
+    ("smollm2-135m-first", 0): (VERDICT_ROWS, ""),
+    ("gemma3-270m-first", 0): (VERDICT_ROWS, ""),
+    ("qwen2.5-coder-0.5b", 0): (SCALE_RUN, ""),
+    ("qwen2.5-coder-1.5b", 0): (SCALE_RUN, ""),
+    ("tiny-rope", 0): (TRAJECTORY, ""),
+}
+
+
+def data_status(names, model: str, window_seed) -> str:
+    """Whether the verdict of a claim citing rules ``names`` on ``model``'s windows of ``window_seed`` is
+    exploratory (a rule set after, or within SAME_STRETCH hours before, the data set's first printing) or
+    confirmatory under the registry version in force (the data set first met every rule as it is now)."""
+    if window_seed is None or int(window_seed) < 0:
+        return "status unknown: the summary records no window seed (made before posgen.rules.data_status)"
+    known = DATA_SETS.get((model, int(window_seed)))
+    if known is None:
+        return f"confirmatory under registry {version()} (a data set first met under it)"
+    printed, met_under = known
+    if met_under:
+        if met_under == version():
+            return f"confirmatory under registry {version()}"
+        return f"exploratory: first met under registry {met_under}, whose rules have changed since"
+    when = printed.split(" ", 1)[1]
+    late = [n for n in names if not _before(RULES[n].history[-1].when, when)]
+    if late:
+        return f"exploratory: {', '.join(late)} set after its numbers were first printed ({printed})"
+    return f"confirmatory under registry {version()}"
+
+
+def _before(set_at: str, printed: str) -> bool:
+    """A value set at ``set_at`` precedes numbers first printed at ``printed``: earlier, and by SAME_STRETCH hours."""
+    return set_at < printed and _hours(set_at, printed) >= value("SAME_STRETCH")
+
+
+def unverified(rules: dict[str, Rule] | None = None, git_dir: str | None = None) -> list[str]:
+    """The entries whose cited commit (set at, or first printed) is not in this repository's history, or whose
+    time differs from the commit's own (to the minute): ``"RULE: <ref> (why)"``. References that are not commits
+    (a text outside git, such as ``issue-60``) are not checked. Needs git and the repository's history."""
+    import re
+    import subprocess
+
+    out, seen = [], {}
+    for rule in (RULES if rules is None else rules).values():
+        for entry in rule.history:
+            for ref in (entry.set_at, entry.printed):
+                commit, _, when = ref.partition(" ")
+                if not ref or not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+                    continue
+                if commit not in seen:
+                    cmd = ["git", *(["--git-dir", git_dir] if git_dir else []), "show", "-s", "--format=%ci", commit]
+                    done = subprocess.run(cmd, capture_output=True, text=True)
+                    seen[commit] = done.stdout.strip() if done.returncode == 0 else ""
+                if not seen[commit]:
+                    out.append(f"{rule.name}: {ref} (no such commit)")
+                elif not seen[commit].startswith(when):
+                    out.append(f"{rule.name}: {ref} (the commit's time is {seen[commit][:16]})")
+    return out
+
+
 def value(name: str):
     """The current value of rule ``name``."""
     if name not in RULES:
@@ -298,7 +397,8 @@ def value(name: str):
 
 def cite(names) -> str:
     """The rules of a claim for its verdict row: ``NEAR 0.05 (post hoc), HEAD_R 0.8``."""
-    parts = [f"{n} {_text(RULES[n].value)}{' (post hoc)' if RULES[n].post_hoc else ''}" for n in names]
+    marks = {"post hoc": " (post hoc)", "same stretch": " (post hoc: same stretch)"}
+    parts = [f"{n} {_text(RULES[n].value)}{marks.get(RULES[n].history[-1].status, '')}" for n in names]
     return "rules: " + ", ".join(parts)
 
 
@@ -323,11 +423,13 @@ def table() -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m posgen.rules``: every rule's history (value, date, commit, before / after the numbers)."""
+    """``python -m posgen.rules``: the registry's version, then every rule's history (value, date, commit, before /
+    after the numbers)."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m posgen.rules", description=main.__doc__)
     parser.parse_args(argv)
+    print(f"registry {version()}, frozen at {frozen_at()} (the latest value's time)\n")
     print(table(), end="")
 
 

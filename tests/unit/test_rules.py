@@ -4,6 +4,9 @@ times, and the command that prints it."""
 from __future__ import annotations
 
 import importlib
+import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -158,23 +161,112 @@ def test_every_status_follows_from_the_commit_times():
     for rule in rules.RULES.values():
         times = [entry.when for entry in rule.history]
         assert times == sorted(times), f"{rule.name}: entries out of order"
-    # known cases: the gate's constants came after the deposit study; the deposit criterion preceded the drops;
-    # the held-out noise allowance judges numbers nobody has printed; the ALiBi control was read off the table
+    # known cases: the gate's constants came after the deposit study; the deposit criterion preceded the drops by
+    # 57 minutes (same stretch: SAME_STRETCH); the held-out noise allowance judges numbers nobody has printed; the
+    # ALiBi control was read off the table
     assert rules.RULES["MAX_SLOPE"].post_hoc and rules.RULES["SWEEP"].post_hoc
-    assert rules.RULES["CRITERION_TOP"].history[-1].status == "before"
+    assert rules.RULES["CRITERION_TOP"].history[-1].status == "same stretch"
     assert rules.RULES["HELDOUT_SE"].history[-1].status == "before"
     assert rules.RULES["LEARN_FRACTION"].history[0].status == "post hoc"
 
 
 def test_the_rows_cite_their_rules_and_mark_the_post_hoc_ones():
-    assert rules.cite(["NEAR", "HEAD_R"]) == "rules: NEAR 0.05 (post hoc), HEAD_R 0.8"
+    assert rules.cite(["NEAR", "HEAD_R"]) == "rules: NEAR 0.05 (post hoc), HEAD_R 0.8 (post hoc: same stretch)"
+    assert rules.cite(["QUANT_R"]) == "rules: QUANT_R 0.01"
     with pytest.raises(KeyError, match="no rule 'NOPE'"):
         rules.value("NOPE")
 
 
 def test_the_command_prints_one_row_per_entry(capsys):
     rules.main([])
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().out.splitlines()[2:]  # after the version and a blank line
     assert lines[0].startswith("| rule | paper | value | set | commit |")
     assert len(lines) == 2 + sum(len(v) for v in HISTORY.values())
     assert "| NEAR | first | 0.05 | 2026-11-25 14:19 | 25a4df1 | 1644730 2026-11-22 17:16" in "\n".join(lines)
+
+
+# The values of every registry version, committed as they were frozen: a value changed in place in the registry and
+# in HISTORY together still differs from the version it was frozen under. A new version (any value appended) adds
+# its snapshot here (tests/unit/rules_snapshot.json; its values as the registry's reprs).
+SNAPSHOT = Path(__file__).with_name("rules_snapshot.json")
+
+
+def off_snapshot(registry: dict, snapshot: dict) -> list[str]:
+    """What a registry does not keep of the frozen versions: the current version missing from the snapshot or
+    with other values, and every frozen value that is no longer in its rule's history."""
+    version = rules.version(registry)
+    current = {name: repr(rule.value) for name, rule in sorted(registry.items())}
+    out = [] if snapshot.get(version, {}).get("values") == current else [f"version {version}: not in the snapshot"]
+    for frozen, entry in snapshot.items():
+        for name, text in entry["values"].items():
+            if name not in registry or text not in [repr(e.value) for e in registry[name].history]:
+                out.append(f"version {frozen}: {name} {text} is no longer in its history")
+    return out
+
+
+def test_the_registry_keeps_every_frozen_version():
+    assert off_snapshot(rules.RULES, json.loads(SNAPSHOT.read_text())) == []
+
+
+def test_a_value_changed_in_place_in_both_places_is_caught():
+    """Issue 60's battery: SCALE_RHO 1.0 -> 0.8 edited in the registry and in HISTORY together passes the
+    append-only guard, not the snapshot."""
+    line = "- 1.0 | SCALE_STUDY | - | - | registered before the scale study ran;"
+    assert line in rules.REGISTRY
+    edited = rules._parse(rules.REGISTRY.replace(line, line.replace("1.0", "0.8", 1)))
+    HISTORY["SCALE_RHO"][0] = 0.8
+    try:
+        assert unregistered(edited) == []  # both places agree
+    finally:
+        HISTORY["SCALE_RHO"][0] = 1.0
+    problems = off_snapshot(edited, json.loads(SNAPSHOT.read_text()))
+    assert any("SCALE_RHO 1.0 is no longer in its history" in p for p in problems), problems
+
+
+def _has_history() -> bool:
+    done = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout.strip() == "false" and rules.version() is not None
+
+
+@pytest.mark.skipif(not _has_history(), reason="needs this repository's git history")
+def test_every_cited_commit_exists_at_its_time():
+    assert rules.unverified() == []
+    bad = rules.REGISTRY.replace(
+        "- 0.05 | 25a4df1 2026-11-25 14:19 | FIRST_RUN | mean r 0.928, pooled 0.972",
+        "- 0.05 | 0000000 2026-11-25 14:19 | FIRST_RUN | mean r 0.928, pooled 0.972",
+    ).replace("- 0.02 | 63288ee 2026-11-27 02:32 |", "- 0.02 | 63288ee 2026-11-20 02:32 |")
+    found = rules.unverified(rules._parse(bad))
+    assert "NEAR: 0000000 2026-11-25 14:19 (no such commit)" in found
+    assert "SWEEP: 63288ee 2026-11-20 02:32 (the commit's time is 2026-11-27 02:32)" in found
+
+
+def test_same_stretch_counts_as_post_hoc_and_the_version_follows_the_values():
+    """HEAD_R and HEADS_BELOW were set 1.5 h before the first printing of their numbers: 'same stretch', which
+    counts as post hoc (SAME_STRETCH 6 h); the version changes with any value and only with a value."""
+    for name in ("HEAD_R", "HEADS_BELOW"):
+        assert rules.RULES[name].history[-1].status == "same stretch" and rules.RULES[name].post_hoc
+    assert rules.RULES["NEAR"].history[-1].status == "post hoc"
+    assert rules.RULES["QUANT_R"].history[-1].status == "before"
+    noted = rules._parse(rules.REGISTRY.replace("| a literal default of claims.exceeds", "| another note"))
+    assert rules.version(noted) == rules.version()
+    line = "- 0.01 | ISSUE_60 | - | - | registered before any run"
+    changed = rules._parse(rules.REGISTRY.replace(line, line.replace("0.01", "0.02")))
+    assert rules.version(changed) != rules.version()
+
+
+def test_a_verdict_is_exploratory_or_confirmatory_per_data_set():
+    """SmolLM2's default windows (seed 0) were printed before most rules: exploratory, naming them; a window seed
+    no run of this repository has printed meets every rule as it is: confirmatory under the current version."""
+    assert rules.data_status(("NEAR", "SINK"), "smollm2-135m", 0).startswith("exploratory: NEAR, SINK set after")
+    fresh = rules.data_status(("NEAR", "SINK"), "smollm2-135m", 4242)
+    assert fresh == f"confirmatory under registry {rules.version()} (a data set first met under it)"
+    # the Qwen models' data came after NEAR and SINK: confirmatory for rules set before, not for R_STATISTIC
+    assert rules.data_status(("NEAR",), "qwen2.5-coder-0.5b", 0).startswith("confirmatory")
+    assert rules.data_status(("NEAR", "R_STATISTIC"), "qwen2.5-coder-0.5b", 0).startswith("exploratory: R_STATISTIC")
+    assert rules.data_status(("NEAR",), "smollm2-135m", -1).startswith("status unknown")
+
+
+def test_the_command_prints_the_version_first(capsys):
+    rules.main([])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"registry {rules.version()}, frozen at {rules.frozen_at()}")

@@ -414,9 +414,17 @@ def summarize_model(model: str, by_variant: dict[str, xr.Dataset], n_boot: int, 
 
 
 def summarize(
-    decomposition_paths, csv_path, nc_paths: dict, *, n_boot: int = 1000, seed: int = 0, config_hash: str = ""
+    decomposition_paths,
+    csv_path,
+    nc_paths: dict,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    config_hash: str = "",
+    window_seed: int | None = None,
 ) -> pd.DataFrame:
-    """results/summary.csv over all models and variants, and results/<model>/summary.nc per model."""
+    """results/summary.csv over all models and variants, and results/<model>/summary.nc per model; ``window_seed``
+    (the windows' seed, a column: which data set the verdicts judge, posgen.rules.data_status)."""
     data = read_decompositions(decomposition_paths)
     missing = sorted(set(nc_paths) - set(data))
     if missing:
@@ -430,6 +438,7 @@ def summarize(
             nc.attrs = {**prov, "model": model}
             write_netcdf(nc, nc_paths[model])
     table = pd.DataFrame(all_rows, columns=COLUMNS)
+    table["window_seed"] = -1 if window_seed is None else int(window_seed)  # -1: not recorded
     # provenance as constant columns, so that plain CSV readers keep working
     table["config_hash"] = config_hash
     table["posgen_version"] = prov["posgen_version"]
@@ -460,6 +469,7 @@ def summarize_step(job) -> pd.DataFrame:
         n_boot=p["n_boot"],
         seed=p["seed"],
         config_hash=p["config_hash"],
+        window_seed=p["window_seed"],
     )
 
 

@@ -25,7 +25,7 @@ from posgen.claims import WHY, Claim, Outcome, against, combine, exceeds, label
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.llm.summary import HEAD_R
-from posgen.rules import cite, value
+from posgen.rules import cite, data_status, frozen_at, value, version
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
 CONSTRUCTIONS = value("CONSTRUCTIONS")  # the paper's constructions of f + g: only these decide a verdict
@@ -524,7 +524,16 @@ def _cell(finding: Finding) -> str:
     return f"**{finding.label}**, {finding.evidence}"
 
 
-def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | None = None) -> str:
+def window_seeds(summary: pd.DataFrame) -> dict[str, int]:
+    """{model: the window seed of its windows} from summary.csv's ``window_seed`` (-1 where not recorded)."""
+    if "window_seed" not in summary.columns:
+        return {}
+    return {str(m): int(s) for m, s in summary.groupby("model", sort=False)["window_seed"].first().items()}
+
+
+def verdict_markdown(
+    results, source: str, regimes: dict[str, dict[str, str]] | None = None, seeds: dict[str, int] | None = None
+) -> str:
     """The verdict table of the first paper's claims (posgen.claims' table): per claim, the regime of each model
     its test read (``regimes[claim.reads or "summary"][model]``), then each finding with its outcome."""
     preamble = (
@@ -535,13 +544,17 @@ def verdict_markdown(results, source: str, regimes: dict[str, dict[str, str]] | 
         "after the numbers it judges were first printed is marked post hoc in its row. A claim on the trained model "
         "is decided on its 95 % bootstrap interval over windows and prints the threshold at which it would flip. "
         "Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its reason) / not tested "
-        "(docs/method.md section 8.9); a diagnostic's finding says whether it meets the test, never 'reproduced'."
+        "(docs/method.md section 8.9); a diagnostic's finding says whether it meets the test, never 'reproduced'. "
+        f"Registry {version()} (frozen at {frozen_at()}); each verdict's status per model: exploratory where a rule "
+        "it cites was set after (or within SAME_STRETCH hours before) that model's data were first printed, else "
+        "confirmatory under this version (posgen.rules.data_status)."
     )
     rows = []
     for claim, text, findings in results:
         regime = (regimes or {}).get(claim.reads or "summary", {})
         models = [m for m in dict.fromkeys(f.model.split(" (")[0] for f in findings) if m in regime]
         lines = [f"regime, {m}: {regime[m]}" for m in models]
+        lines += [f"status, {m}: {data_status(claim.rules, m, (seeds or {}).get(m))}" for m in models]
         lines += [f"{f.model}{' / ' + f.construction if f.construction else ''}: {_cell(f)}" for f in findings]
         test = f"{claim.test}; {cite(claim.rules)}" if claim.rules else claim.test
         rows.append({"paper": claim.paper, "test": test, "verdict": text, "evidence": lines})

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from posgen.claims import Claim, Decision, Outcome, combine, exceeds, overall, t_interval, verdict_markdown
-from posgen.rules import cite, value
+from posgen.rules import cite, frozen_at, value, version
 from posgen.stats import CRITERION_TOP
 from posgen.store import atomic_path
 from posgen.synthetic.convergence import LEARN_FRACTION, LEARNING, line
@@ -476,7 +476,8 @@ def verdicts_markdown(table: pd.DataFrame, source: str, classifiers: pd.DataFram
         f"t intervals over seeds, at least {MIN_SEEDS} seeds to decide; tie margin = max(seed SD, {TIE_SE} "
         f"binomial SE of the test set). The paper's regime: {PAPER_REGIME}. Rules: `posgen.rules` (post-hoc ones "
         "marked in each row). Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its "
-        "reason) / not testable here / sanity check failed (docs/method.md section 8.9)."
+        "reason) / not testable here / sanity check failed (docs/method.md section 8.9). "
+        f"Registry {version()} (frozen at {frozen_at()})."
     )
     decided = table["outcome"].isin([Outcome.REPRODUCED.value, Outcome.NOT_REPRODUCED.value]).any()
     if classifiers is not None and not decided:

@@ -119,7 +119,8 @@ STEPS = {
         ),
         _step("bands", "posgen.llm.bands:bands_step"),
         _step("gather", "posgen.shards:gather_step", hashed=False),
-        _step("summarize", "posgen.llm.summary:summarize_step", leaves=INTERVALS),
+        # window_seed: the data set a verdict judges (posgen.rules.data_status), carried as a column
+        _step("summarize", "posgen.llm.summary:summarize_step", leaves={**INTERVALS, "window_seed": "window_seed"}),
         _step("summary_table", "posgen.llm.summary:summary_table_step", hashed=False),
         _step("gap_origin", "posgen.llm.gap_origin:gap_origin_step", per_model=False),
         _step(
