@@ -77,6 +77,7 @@ localrules:
     prefix_table,
     reproduction,
     scale_table,
+    confirmatory_table,
 
 
 # The shards' NetCDFs merged along `sample` (bands: averaged, weighted by windows): the unsharded file.
@@ -357,5 +358,25 @@ rule reproduction:
         "../envs/posgen.yaml"
     params:
         **params_of("reproduction"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+# The confirmatory replication (README "The confirmatory replication"; config.confirm.yaml): every first-paper
+# verdict on fresh windows beside its exploratory twin's.
+rule confirmatory_table:
+    input:
+        summary=paths.SUMMARY_TABLE,
+        bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
+        perturb=expand(paths.PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
+        cap=expand(paths.CAP, model=MODELS, variant=step_variants(config, "cap")),
+    output:
+        **paths.CONFIRMATORY_TABLE,
+    log:
+        paths.log("confirmatory_table"),
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        **params_of("confirmatory_table"),
     script:
         "../workflow_scripts/step.py"

@@ -9,6 +9,7 @@ localrules:
     decisive_study,
     decisive_gpu,
     scale_study,
+    confirmatory,
 
 
 # The position study's answer (README "The position study"), from the run's summary.
@@ -61,3 +62,10 @@ rule decisive_gpu:
 rule scale_study:
     input:
         targets(config, "scale_study"),
+
+
+# The confirmatory replication (README "The confirmatory replication"): config.confirm.yaml's fresh windows beside
+# their exploratory twin, every first-paper verdict under the frozen registry, and every outcome that differs.
+rule confirmatory:
+    input:
+        targets(config, "confirmatory"),

@@ -18,14 +18,23 @@ class CorpusError(ValueError):
     """A corpus that cannot serve the request, phrased as one line naming the source."""
 
 
+JOIN = "\n\n"  # between the documents of a corpus
+
+
 def load_text(source: str) -> str:
-    """The corpus text of ``source`` (see the config schema for the accepted forms)."""
+    """The corpus text of ``source`` (see the config schema for the accepted forms): its documents joined."""
+    return JOIN.join(load_documents(source))
+
+
+def load_documents(source: str) -> list[str]:
+    """The documents of ``source``: the embedded corpus's topics, a ``text:`` glob's files, a JSON-lines file's or a
+    Hub dataset's records (see the config schema for the accepted forms)."""
     kind, _, spec = source.partition(":")
     if source == "embedded":
         # Python's own bundled documentation: English prose present on every CPython.
         from pydoc_data.topics import topics
 
-        return "\n\n".join(topics[key] for key in sorted(topics))
+        return [topics[key] for key in sorted(topics)]
     if kind == "text":
         matches = sorted(glob.glob(spec, recursive=True))
         if not matches:
@@ -34,7 +43,7 @@ def load_text(source: str) -> str:
         paths = [Path(p) for p in matches if not Path(p).is_dir()]
         if not paths:
             raise CorpusError(f"corpus {source}: {matches[0]} is a directory (match files, e.g. {spec}/*.txt)")
-        return "\n\n".join(_read_utf8(p, source) for p in paths)
+        return [_read_utf8(p, source) for p in paths]
     if kind == "jsonl":
         path, _, field = spec.rpartition(":")
         if not Path(path).exists():
@@ -56,7 +65,7 @@ def load_text(source: str) -> str:
                 kind_found = "null" if record[field] is None else type(record[field]).__name__
                 raise CorpusError(f"corpus {source}: {path} line {n}: field {field!r} is {kind_found}, not text")
             texts.append(record[field])
-        return "\n\n".join(texts)
+        return texts
     if kind == "hf":
         dataset, split, field = spec.rsplit(":", 2)
         # "<org>/<name>[/<config>]": hub dataset ids carry an org, so a third part is the config.
@@ -74,7 +83,7 @@ def load_text(source: str) -> str:
             ) from None
         if field not in ds.column_names:
             raise CorpusError(f"corpus {source}: no field {field!r} (have {', '.join(ds.column_names)})")
-        return "\n\n".join(map(str, ds[field]))
+        return [str(text) for text in ds[field]]
     raise CorpusError(f"corpus {source}: unknown source kind")
 
 
@@ -111,13 +120,27 @@ def prepends_bos(tokenizer) -> bool:
 
 
 def cut_windows(
-    text: str, tokenizer, n_samples: int, seq_len: int, seed: int, source: str = "corpus", n_heldout: int = 0
+    text: str,
+    tokenizer,
+    n_samples: int,
+    seq_len: int,
+    seed: int,
+    source: str = "corpus",
+    n_heldout: int = 0,
+    exclude=(),
+    doc_starts=None,
+    disjoint: str = "documents",
 ) -> xr.Dataset:
     """``n_samples`` non-overlapping windows of ``seq_len`` tokens, placed by ``seed``, and ``n_heldout`` more
     (``heldout_token_id``, never analysed: Method A-shared's held-out windows, docs/method.md section 3C),
     drawn after them from the slots left, so that the analysed windows do not depend on ``n_heldout``.
 
-    Windows start with BOS when the tokenizer adds one, so the model sees text the way it was trained.
+    ``exclude``: window sets ``(seed, n_samples, n_heldout)`` cut the same way from the same text (another run's
+    windows); the windows are then drawn only from slots that share no document with any of theirs (documents
+    start at the characters ``doc_starts``), or with ``disjoint="windows"`` only from slots none of theirs took
+    (no token in common), so that they are data no earlier run has seen (a confirmatory replication,
+    docs/method.md section 6.2). Windows start with BOS when the tokenizer adds one, so the model sees
+    text the way it was trained.
     """
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(encoded["input_ids"], dtype=np.int64)
@@ -131,10 +154,17 @@ def cut_windows(
             f"{n_samples} requested" + (f" plus {n_heldout} held-out" if n_heldout else "") + " (lower "
             "n_samples, heldout_windows or seq_len, or use a larger corpus)"
         )
-    rng = np.random.default_rng(seed)
-    slots = np.sort(rng.choice(n_fit, size=n_samples, replace=False))
-    left = np.setdiff1d(np.arange(n_fit), slots)
-    heldout = np.sort(rng.choice(left, size=n_heldout, replace=False))
+    pool, fresh = np.arange(n_fit), {}
+    if exclude:
+        pool, fresh = _fresh_slots(offsets, body, n_fit, exclude, doc_starts, source, disjoint)
+        if len(pool) < n_samples + n_heldout:
+            unit = "document" if disjoint == "documents" else "token"
+            raise CorpusError(
+                f"corpus {source}: only {len(pool)} windows of {seq_len} tokens share no {unit} with the excluded "
+                f"window sets, {n_samples + n_heldout} requested (lower n_samples or heldout_windows"
+                + (", or fresh_windows.disjoint: windows)" if disjoint == "documents" else ")")
+            )
+    slots, heldout = _draw(pool, seed, n_samples, n_heldout)
 
     def rows_at(chosen):  # (n, seq_len) token ids of the windows at slots ``chosen``
         rows = np.array([ids[s * body : s * body + body] for s in chosen], dtype=np.int64).reshape(-1, body)
@@ -150,6 +180,8 @@ def cut_windows(
             "window_start": ("sample", starts),
             "char_start": ("sample", offsets[starts, 0]),
             "char_end": ("sample", offsets[starts + body - 1, 1]),
+            "heldout_char_start": ("heldout", offsets[heldout * body, 0]),
+            "heldout_char_end": ("heldout", offsets[heldout * body + body - 1, 1]),
         },
         coords={"sample": np.arange(n_samples), "token": np.arange(seq_len)},
         attrs={
@@ -162,8 +194,43 @@ def cut_windows(
             "seq_len": seq_len,
             "bos_prepended": int(bos),
             "tokenizer": type(tokenizer).__name__,
+            **fresh,
         },
     )
+
+
+def _draw(pool: np.ndarray, seed: int, n_samples: int, n_heldout: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slots of ``n_samples`` analysed and ``n_heldout`` held-out windows drawn from ``pool`` by ``seed``."""
+    rng = np.random.default_rng(seed)
+    slots = np.sort(rng.choice(pool, size=n_samples, replace=False))
+    left = np.setdiff1d(pool, slots)
+    return slots, np.sort(rng.choice(left, size=n_heldout, replace=False))
+
+
+def _fresh_slots(offsets: np.ndarray, body: int, n_fit: int, exclude, doc_starts, source: str, disjoint: str):
+    """The slots that share no document (``disjoint="documents"``) or no slot (``"windows"``) with the windows of
+    the ``exclude`` sets, and the attrs that record it."""
+    taken = set()
+    for seed, n, n_held in exclude:
+        taken.update(int(slot) for slot in np.concatenate(_draw(np.arange(n_fit), int(seed), int(n), int(n_held))))
+    if disjoint == "windows":
+        free = np.array([s for s in range(n_fit) if s not in taken], dtype=np.int64)
+        excluded = {"excluded_windows": len(taken)}
+    else:
+        if doc_starts is None:
+            raise CorpusError(f"corpus {source}: excluding documents needs the corpus's document boundaries")
+        starts = np.asarray(doc_starts)
+        first = np.searchsorted(starts, offsets[np.arange(n_fit) * body, 0], side="right") - 1  # (slot,)
+        last = np.searchsorted(starts, offsets[np.arange(n_fit) * body + body - 1, 1] - 1, side="right") - 1
+        docs = set().union(*(range(first[s], last[s] + 1) for s in taken))
+        free = np.array([s for s in range(n_fit) if not docs & set(range(first[s], last[s] + 1))], dtype=np.int64)
+        excluded = {"excluded_documents": len(docs)}
+    return free, {
+        "excluded_window_sets": json.dumps([[int(v) for v in ws] for ws in exclude]),
+        "disjoint": disjoint,
+        **excluded,
+        "fresh_slots": len(free),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- window sets
@@ -251,11 +318,14 @@ def windows_job(
     model_name: str,
     heldout: int = 0,
     window_set: str = "corpus",
+    fresh: dict | None = None,
     config_hash: str = "",
 ) -> xr.Dataset:
     """Write ``windows.h5`` of one model: ``source`` cut into windows with the model's tokenizer (its files
     checked against the model's manifest first: a damaged tokenizer would fail deep inside transformers), as
-    ``window_set`` (:func:`apply_window_set`)."""
+    ``window_set`` (:func:`apply_window_set`); ``fresh``: a models entry's ``fresh_windows`` (its own window seed,
+    and the window sets whose documents it must not share: :func:`cut_windows`)."""
+    fresh = fresh or {}
     from transformers import AutoTokenizer
 
     from posgen.models import verify_checkpoint
@@ -263,7 +333,14 @@ def windows_job(
     verify_checkpoint(model_dir, weights=False)
     check_context(seq_len, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(Path(model_dir))
-    windows = cut_windows(load_text(source), tokenizer, n_samples, seq_len, seed, source, n_heldout=heldout)
+    documents = load_documents(source)
+    doc_starts = np.cumsum([0] + [len(d) + len(JOIN) for d in documents[:-1]])  # each document's first character
+    exclude = [(w["window_seed"], w["n_samples"], w.get("heldout_windows", 0)) for w in fresh.get("exclude", [])]
+    seed = int(fresh.get("window_seed", seed))
+    disjoint = fresh.get("disjoint", "documents")
+    windows = cut_windows(
+        JOIN.join(documents), tokenizer, n_samples, seq_len, seed, source, heldout, exclude, doc_starts, disjoint
+    )
     if window_set != "corpus":
         windows = apply_window_set(windows, window_set, seed)
     write_windows(windows, out_path, config_hash=config_hash, model=model_name)
@@ -283,5 +360,6 @@ def windows_step(job) -> xr.Dataset:
         heldout=p["heldout"],
         model_name=job.wildcards["model"],
         window_set=p.get("window_set", "corpus"),
+        fresh=p.get("fresh_windows") or {},
         config_hash=p["config_hash"],
     )

@@ -83,3 +83,39 @@ def test_text_and_jsonl_sources(tmp_path):
         load_text(f"jsonl:{path}:text")
     with pytest.raises(CorpusError, match="no such file"):
         load_text(f"jsonl:{tmp_path}/missing.jsonl:body")
+
+
+def test_fresh_windows_share_no_document_with_the_excluded_window_sets(tokenizer):
+    """A confirmatory replication's windows: drawn only from slots that touch no document (an embedded topic) of
+    the excluded runs' windows, analysed and held-out; checked here from each window's character span."""
+    from posgen.corpus import JOIN, load_documents
+
+    docs = load_documents("embedded")
+    text = JOIN.join(docs)
+    assert text == load_text("embedded")
+    starts = np.cumsum([0] + [len(d) + len(JOIN) for d in docs[:-1]])
+    exclude = [(0, 30, 30), (0, 8, 8)]
+    fresh = cut_windows(text, tokenizer, 12, 300, seed=1, n_heldout=12, exclude=exclude, doc_starts=starts)
+    old = [cut_windows(text, tokenizer, n, 300, seed=s, n_heldout=h) for s, n, h in exclude]
+
+    def touched(ds) -> set:  # the documents the characters of every window (analysed and held-out) touch
+        spans = [(ds[f"{k}char_start"].values, ds[f"{k}char_end"].values) for k in ("", "heldout_")]
+        first = [np.searchsorted(starts, a, "right") - 1 for a, _ in spans]
+        last = [np.searchsorted(starts, b - 1, "right") - 1 for _, b in spans]
+        return {d for f, la in zip(first, last) for lo, hi in zip(f, la) for d in range(lo, hi + 1)}
+
+    seen = set().union(*(touched(o) for o in old))
+    assert fresh.attrs["excluded_documents"] == len(seen) and fresh.attrs["fresh_slots"] >= 24
+    assert touched(fresh) and not touched(fresh) & seen
+    with pytest.raises(CorpusError, match="share no document with the excluded window sets, 699 requested"):
+        cut_windows(text, tokenizer, 600, 300, seed=1, n_heldout=99, exclude=exclude, doc_starts=starts)
+    # windows that share no token: none of the excluded slots, so no character span in common
+    apart = cut_windows(text, tokenizer, 12, 300, seed=1, n_heldout=12, exclude=exclude, disjoint="windows")
+
+    def spans(ds) -> list:
+        return [
+            (a, b) for k in ("", "heldout_") for a, b in zip(ds[f"{k}char_start"].values, ds[f"{k}char_end"].values)
+        ]
+
+    assert apart.attrs["excluded_windows"] > 0
+    assert not any(a < d and c < b for a, b in spans(apart) for o in old for c, d in spans(o))

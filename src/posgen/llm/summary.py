@@ -469,7 +469,7 @@ def summarize_step(job) -> pd.DataFrame:
         n_boot=p["n_boot"],
         seed=p["seed"],
         config_hash=p["config_hash"],
-        window_seed=p["window_seed"],
+        window_seed=(p.get("fresh_windows") or {}).get("window_seed", p["window_seed"]),
     )
 
 

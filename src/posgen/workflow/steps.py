@@ -81,7 +81,7 @@ STEPS = {
             "windows",
             "posgen.corpus:windows_step",
             leaves=leaves("corpus.source", "n_samples", "seq_len", seed="window_seed", heldout="heldout_windows"),
-            optional={"window_set": "corpus"},
+            optional={"window_set": "corpus", "fresh_windows": {}},
         ),
         _step(
             "extract",
@@ -120,7 +120,12 @@ STEPS = {
         _step("bands", "posgen.llm.bands:bands_step"),
         _step("gather", "posgen.shards:gather_step", hashed=False),
         # window_seed: the data set a verdict judges (posgen.rules.data_status), carried as a column
-        _step("summarize", "posgen.llm.summary:summarize_step", leaves={**INTERVALS, "window_seed": "window_seed"}),
+        _step(
+            "summarize",
+            "posgen.llm.summary:summarize_step",
+            leaves={**INTERVALS, "window_seed": "window_seed"},
+            optional={"fresh_windows": {}},
+        ),
         _step("summary_table", "posgen.llm.summary:summary_table_step", hashed=False),
         _step("gap_origin", "posgen.llm.gap_origin:gap_origin_step", per_model=False),
         _step(
@@ -194,6 +199,12 @@ STEPS = {
         _step("prefix_table", "posgen.llm.prefix_content:prefix_table_step", leaves=INTERVALS, per_model=False),
         # the scale study (target `scale_study`): the first paper's numbers against model size
         _step("scale_table", "posgen.llm.scale:scale_step", per_model=False),
+        _step(
+            "confirmatory_table",
+            "posgen.llm.confirm:confirm_step",
+            leaves=leaves("confirmatory.pairs"),
+            per_model=False,
+        ),
         _step("figure", "posgen.figures.registry:figure_step"),
         # the head atlas (issue 55): tidy per-head tables and the page over both papers
         _step("heads", "posgen.atlas.tables:heads_step", leaves=INTERVALS, per_model=False),

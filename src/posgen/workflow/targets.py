@@ -62,6 +62,8 @@ def targets(config: dict, name: str) -> list[str]:
     if name == "scale_study":
         figures = [path for row in of_group("scale_study") for path in figure_outputs(row, {})]
         return [*paths.SCALE_TABLE.values(), *figures, paths.GAP_ORIGIN, *paths.REPRODUCTION.values()]
+    if name == "confirmatory":
+        return [*paths.CONFIRMATORY_TABLE.values(), *paths.REPRODUCTION.values()]
     if name == "prefix_study":
         return list(paths.PREFIX_TABLE.values())
     if name == "deposit_study":
