@@ -103,6 +103,10 @@ ISSUE_60_TEXT = (
     "issue-60 2026-11-29 03:17"  # issue 60's text (outside git; at the latest when this work began): row-centred r
 )
 ISSUE_60 = "56d206a 2026-11-29 03:22"  # the commit that registered issue 60's rules
+ISSUE_61_TEXT = (
+    "issue-61 2026-11-29 03:17"  # issue 61's text (outside git): NoPE's training slope 0.0102 in a default run
+)
+ISSUE_61 = "pending 2026-11-29 04:05"  # the commit that registered issue 61's rules
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -191,6 +195,9 @@ RULE GATE_CURVE (second): the convergence gate's curve
 - 'training accuracy' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
 - "held-out accuracy; 'did not fit' below FIT_FRACTION" | ISSUE_50 | H200_TABLE | the H200 regime table | the
   training slope selected for failure
+- 'held-out accuracy for every classifier with a held-out curve, fitted or not; the training slope only without one' |
+  ISSUE_61 | ISSUE_61_TEXT | NoPE's training slope 0.0102 in a default run | an unfit memorising seed with a flat
+  held-out curve is 'did not fit', not 'still learning' (issue 61 item 4)
 RULE LR_FLOOR (second): the gate reads the epochs whose closing learning rate is at least this share of the peak
 - 0.1 | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the deposit study's cells
 RULE PLATEAU_WINDOW (second): the gate reads the last this-many such epochs
@@ -214,6 +221,11 @@ RULE MIN_SEEDS (second): seeds that must decide before a regime's verdict is rep
 RULE MIN_PER_CLASS (second): training sequences per class (distance task, at the longest distance) below which a
   regime is not testable (data per class)
 - 100 | ISSUE_50 | PER_CLASS | 30 per class at distance 71 | a tenth of the paper's 1,000 per class
+RULE PER_CLASS_BEARS (second): the claims MIN_PER_CLASS makes 'not testable here (data per class)'
+- 'every distance claim' | ISSUE_50 | PER_CLASS | size-d36/d71 cells | -
+- "claims that a PE fails (and 'RoPE best'), and claims whose seeds did not learn; a learned seed decides at any data
+  size" | ISSUE_61 | PER_CLASS | rope+sinusoidal 100 % at 60 and 30 per class, the deposit criterion in 0 of 6 |
+  issue 61 item 5: data per class bears on sample efficiency, not on how a model that generalised computes
 RULE PAPER_LONGEST_DISTANCE (second): 'ALiBi fails' testable only at the paper's longest distance
 - 71 | 35e5564 2026-11-26 20:48 | SECOND_RUN | ALiBi 94.7 % at the default distance
 - None | ISSUE_50 | H200_TABLE | ALiBi at distances 17-71 | retired: ALIBI_HIDES decides by the bias
@@ -273,6 +285,9 @@ RULE RA_R2 (first): the running-average mechanism: the random-init keys' drift s
 - 0.9 | ISSUE_60 | - | - | registered before any fit
 RULE RA_SHARE (first): ... in at least this share of the (layer, KV head) of every random-init seed
 - 0.8 | ISSUE_60 | - | - | registered before any fit
+RULE DEPOSIT_COUNT (second): the deposit's 'only' half on the decisive GPU experiment: its count control
+- 'rope+sinusoidal trained on count beside distance: the same seeds, size, steps and mode' | ISSUE_61 | - | - |
+  registered before any decisive_gpu output (issue 61 item 2)
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops
@@ -322,10 +337,9 @@ def frozen_at(rules: dict[str, Rule] | None = None) -> str:
 
 
 # The data sets the verdicts of this repository have judged, each a model (its config name) on the windows of one
-# window seed of the embedded corpus, with the first printing of its numbers, and the registry version it was first
-# met under where that was after the freeze (a confirmatory data set; "" for one printed before its rules). Any
-# other data set (a new window seed, a user's model) meets the rules first when its verdicts are made: confirmatory
-# under the version in force.
+# window seed of the embedded corpus: the first printing of its numbers, and the commit whose code (and registry)
+# made them where that data was new to every rule ("" for data printed before its rules). Any other data set (a new
+# window seed, a user's model) meets the rules first when its verdicts are made: confirmatory under the registry.
 DATA_SETS = {
     ("smollm2-135m", 0): (FIRST_RUN, ""),
     ("gemma3-270m", 0): (GEMMA_LAYERS, ""),
@@ -339,18 +353,23 @@ DATA_SETS = {
 
 def data_status(names, model: str, window_seed) -> str:
     """Whether the verdict of a claim citing rules ``names`` on ``model``'s windows of ``window_seed`` is
-    exploratory (a rule set after, or within SAME_STRETCH hours before, the data set's first printing) or
-    confirmatory under the registry version in force (the data set first met every rule as it is now)."""
+    exploratory or confirmatory under the registry version in force.
+
+    Data printed before its rules: exploratory where a rule was set after, or within SAME_STRETCH hours before, the
+    data's first printing. Data made new by a run of this repository's code (the confirmatory replication):
+    exploratory only where a rule changed after the commit that made it, whose registry the data met first (its
+    outputs record that commit's config hash and version). Any other data set: confirmatory."""
     if window_seed is None or int(window_seed) < 0:
         return "status unknown: the summary records no window seed (made before posgen.rules.data_status)"
     known = DATA_SETS.get((model, int(window_seed)))
     if known is None:
         return f"confirmatory under registry {version()} (a data set first met under it)"
-    printed, met_under = known
-    if met_under:
-        if met_under == version():
-            return f"confirmatory under registry {version()}"
-        return f"exploratory: first met under registry {met_under}, whose rules have changed since"
+    printed, made_under = known
+    if made_under:
+        late = [n for n in names if RULES[n].history[-1].when > made_under.split(" ", 1)[1]]
+        if late:
+            return f"exploratory: {', '.join(late)} changed after the run that made it ({made_under})"
+        return f"confirmatory under registry {version()} (made by {made_under.split(' ', 1)[0]})"
     when = printed.split(" ", 1)[1]
     late = [n for n in names if not _before(RULES[n].history[-1].when, when)]
     if late:

@@ -47,7 +47,12 @@ HISTORY = {
     "DISPLACED": [0.5],
     "TIE_SE": [2],
     "LEAK_SE": [2],
-    "GATE_CURVE": ["training accuracy", "held-out accuracy; 'did not fit' below FIT_FRACTION"],
+    "GATE_CURVE": [
+        "training accuracy",
+        "held-out accuracy; 'did not fit' below FIT_FRACTION",
+        "held-out accuracy for every classifier with a held-out curve, fitted or not; the training slope only "
+        "without one",
+    ],
     "LR_FLOOR": [0.1],
     "PLATEAU_WINDOW": [3],
     "MAX_SLOPE": [0.01],
@@ -56,6 +61,12 @@ HISTORY = {
     "LEARN_FRACTION": ["Bayes + FAIL_MARGIN", 0.5],
     "MIN_SEEDS": [2, 3],
     "MIN_PER_CLASS": [100],
+    "PER_CLASS_BEARS": [
+        "every distance claim",
+        "claims that a PE fails (and 'RoPE best'), and claims whose seeds did not learn; a learned seed decides at any "
+        "data size",
+    ],
+    "DEPOSIT_COUNT": ["rope+sinusoidal trained on count beside distance: the same seeds, size, steps and mode"],
     "PAPER_LONGEST_DISTANCE": [71, None],
     "ALIBI_HIDES": [4.6],
     "PC_SHUFFLE": [0.1],
