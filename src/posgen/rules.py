@@ -106,7 +106,7 @@ ISSUE_60 = "56d206a 2026-11-29 03:22"  # the commit that registered issue 60's r
 ISSUE_61_TEXT = (
     "issue-61 2026-11-29 03:17"  # issue 61's text (outside git): NoPE's training slope 0.0102 in a default run
 )
-ISSUE_61 = "pending 2026-11-29 04:05"  # the commit that registered issue 61's rules
+ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
