@@ -16,6 +16,7 @@ from posgen.synthetic.regime import regime
 from posgen.synthetic.verdicts import (
     alibi_fails_distance,
     deposit_contrast,
+    deposit_rope_distance_only,
     few_rope_heads_suffice,
     main,
     verdicts,
@@ -134,8 +135,65 @@ def test_data_per_class_and_the_bias_decide_what_is_testable():
     # faithful slopes hide a trigger at 17 already (-6.7), which distance alone called untestable
     short = table({"alibi": [0.2, 0.21, 0.19], "rope+sinusoidal": [0.99] * 3}, longest=17, bayes=0.18)
     assert alibi_fails_distance(short).outcome == Outcome.REPRODUCED
+    # PER_CLASS_BEARS (issue 61): a claim whose seeds all learned decides at any data size; one seed that did not
+    # learn leaves it not testable (sample efficiency)
     few = table({"partial-rope-1": [0.97, 0.98, 0.99], "rope+sinusoidal": [1.0] * 3}, n_train=2100)
-    assert few_rope_heads_suffice(few).label == "not testable here (data per class)"
+    decision = few_rope_heads_suffice(few)
+    assert decision.outcome == Outcome.REPRODUCED and "30 training sequences per class" in decision.evidence
+    short = table({"partial-rope-1": [0.97, 0.30, 0.99], "rope+sinusoidal": [1.0] * 3}, n_train=2100)
+    assert few_rope_heads_suffice(short).label == "not testable here (data per class)"
+
+
+def with_count(distance: pd.DataFrame, count_accuracy, count_deposit) -> pd.DataFrame:
+    """``distance``'s classifiers and rope+sinusoidal on count (the decisive experiment's count control,
+    DEPOSIT_COUNT): its per-seed test accuracies and whether each meets the deposit criterion."""
+    count = distance[distance["pe"] == "rope+sinusoidal"].copy()
+    count["task"], count["test_accuracy"], count["layer0_deposit"] = "count", count_accuracy, count_deposit
+    count["baseline_majority"] = 0.1
+    return pd.concat([distance, count], ignore_index=True)
+
+
+def deposit_table(accuracies, tops, seconds, n_train=30000) -> pd.DataFrame:
+    """rope+sinusoidal on distance (per-seed test accuracies and layer-0 drops) beside a NoPE that cannot learn."""
+    rows = table({"rope+sinusoidal": accuracies, "nope": [0.05] * len(accuracies)}, n_train=n_train)
+    main = rows["pe"] == "rope+sinusoidal"
+    rows.loc[main, "layer0_top_drop"], rows.loc[main, "layer0_second_drop"] = tops, seconds
+    rows.loc[main, "layer0_deposit"] = [t >= 0.3 and s <= 0.05 for t, s in zip(tops, seconds)]
+    return rows
+
+
+def test_the_deposit_is_decided_with_its_count_control():
+    """Issue 61: the measured half holds in 3 of 3 learned seeds and the count control learned without the
+    criterion: reproduced; the count control with it: not reproduced; without a count control the 'only' half
+    stays open."""
+    distance = deposit_table([0.95, 0.97, 0.96], [0.6, 0.55, 0.62], [0.02, 0.01, 0.03])
+    assert deposit_rope_distance_only(distance).outcome == Outcome.INCONCLUSIVE  # the 'only' half open
+    clean = deposit_rope_distance_only(with_count(distance, [0.9, 0.92, 0.91], [False] * 3))
+    assert clean.outcome == Outcome.REPRODUCED and "rope+sinusoidal count: criterion in 0 of 3" in clean.evidence
+    present = deposit_rope_distance_only(with_count(distance, [0.9, 0.92, 0.91], [True, False, False]))
+    assert present.outcome == Outcome.NOT_REPRODUCED
+
+
+def test_a_learned_seed_decides_the_deposit_at_30_sequences_per_class():
+    """PER_CLASS_BEARS: at 30 per class (distance 71, 2,100 sequences) the seeds that learned decide the deposit
+    (size-d71-clean's drops: the criterion in 0 of 3); a regime where none learned is not testable (data per
+    class)."""
+    learned = deposit_table([1.0, 1.0, 1.0], [0.187, 0.053, 0.317], [0.157, 0.04, 0.057], n_train=2100)
+    decision = deposit_rope_distance_only(with_count(learned, [0.9] * 3, [False] * 3))
+    assert decision.outcome == Outcome.NOT_REPRODUCED
+    assert "30 training sequences per class, fewer than 100, but the seeds that learned decide" in decision.evidence
+    none = deposit_table([0.157, 0.137, 0.14], [0.1] * 3, [0.01] * 3, n_train=2100)
+    assert deposit_rope_distance_only(none).label == "not testable here (data per class)"
+
+
+def test_an_unfit_memorising_seed_with_a_flat_held_out_curve_did_not_fit():
+    """GATE_CURVE (issue 61): training accuracy still climbing (slope 0.05 > MAX_SLOPE) below the fit line, held-out
+    curve flat: 'did not fit', where the training slope called it 'still learning'; without a held-out curve the
+    training slope still decides."""
+    memorising = row(final_train_accuracy=0.4, train_slope=0.05, test_accuracy=0.12, heldout_rising=False)
+    assert gate(memorising) == NO_FIT
+    assert gate(row(final_train_accuracy=0.4, train_slope=0.05, test_accuracy=0.12)) == LEARNING
+    assert gate(row(final_train_accuracy=0.4, train_slope=0.0, test_accuracy=0.3, heldout_rising=True)) == LEARNING
 
 
 def test_a_table_that_decides_nothing_says_so():

@@ -6,9 +6,10 @@ held-out curve and whether it fits its own training data, so that the gate canno
 * **still learning**: the held-out (test) accuracy still rises: of the epochs that end with the learning rate at
   or above ``LR_FLOOR`` of its peak, the last ``WINDOW`` give its least-squares slope per tenth of the budget,
   above ``MAX_SLOPE``, and the rise over those epochs exceeds ``HELDOUT_SE`` binomial standard errors of the test
-  set (the curve's own noise). A classifier that did not fit and whose training accuracy still rises by more than
-  ``MAX_SLOPE`` is still learning too. Memorisation (training accuracy rising at a flat test accuracy) no longer
-  keeps a fitted model out, and a model at 100 % is not "unconverged".
+  set (the curve's own noise), for every classifier with a held-out curve, fitted or not (GATE_CURVE, issue 61):
+  memorisation (training accuracy rising at a flat test accuracy) is never "still learning", and a model at 100 %
+  is not "unconverged". Only a row without a held-out curve is still learning when it did not fit and its training
+  accuracy rises by more than ``MAX_SLOPE``.
 * **converged**: it fits and its held-out accuracy has reached its plateau.
 
 Tables written before the held-out curve was recorded (no ``heldout_rising`` column, e.g. the committed H200
@@ -76,11 +77,18 @@ def line(row, fraction: float) -> float:
 
 
 def gate(row) -> str:
-    """The state of one classifier (a per-classifier row): :data:`CONVERGED`, :data:`NO_FIT` or :data:`LEARNING`."""
+    """The state of one classifier (a per-classifier row): :data:`CONVERGED`, :data:`NO_FIT` or :data:`LEARNING`.
+
+    Still learning is read off the held-out curve wherever the row has one, fitted or not (GATE_CURVE): a
+    classifier that memorises (its training accuracy rising while its held-out accuracy stays flat) did not fit
+    or converged, never "still learning". Only a row without a held-out curve is gated on its training slope."""
     fit = row["final_train_accuracy"] >= line(row, FIT_FRACTION)
-    rising = row.get("heldout_rising", False)
-    rising = bool(rising) if rising == rising else False  # NaN: no held-out curve in this table
-    if rising or (not fit and row["train_slope"] > MAX_SLOPE):
+    rising = row.get("heldout_rising", float("nan"))
+    if rising == rising:  # a held-out curve (NaN: none in this table)
+        still = bool(rising)
+    else:
+        still = not fit and row["train_slope"] > MAX_SLOPE
+    if still:
         return LEARNING
     return CONVERGED if fit else NO_FIT
 

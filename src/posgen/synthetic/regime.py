@@ -4,7 +4,9 @@ A regime is one experiment of a collection: depth, heads, width, optimiser steps
 sequences (and sequences per class on the distance task), longest distance, seeds, mode, and the gate's count of
 converged / did-not-fit / still-learning classifiers (``posgen.synthetic.convergence``). A distance cell whose
 training set holds fewer than ``MIN_PER_CLASS`` sequences per class measures sample efficiency, not the
-encoding: its claims are "not testable here (data per class)".
+encoding, where it matters (PER_CLASS_BEARS): a claim that a PE fails, and a claim whose seeds did not learn, is
+"not testable here (data per class)"; a seed that learned the task decides at any data size, with the data per
+class in its regime.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def regime(rows: pd.DataFrame) -> str:
     ]
     if "heldout_rising" not in rows.columns:
         parts.append("held-out curve not recorded (gated on fit and the training slope)")
+    else:
+        parts.append("gated on each held-out curve")
     return ", ".join(parts)
 
 

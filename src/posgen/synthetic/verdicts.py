@@ -34,7 +34,7 @@ from posgen.rules import cite, frozen_at, value, version
 from posgen.stats import CRITERION_TOP
 from posgen.store import atomic_path
 from posgen.synthetic.convergence import LEARN_FRACTION, LEARNING, line
-from posgen.synthetic.regime import regime, too_little_data, with_states
+from posgen.synthetic.regime import MIN_PER_CLASS, per_class, regime, too_little_data, with_states
 
 ROPE = "rope+sinusoidal"  # the authors' "rope"
 AUTHORS_PES = ("nope", "sinusoidal", "learned", "t5", "alibi", ROPE, "decoupled")  # the PEs the paper compares
@@ -82,20 +82,38 @@ def tie_margin(acc: pd.DataFrame, n_test: int) -> float:
     return float(max(binomial, np.nan_to_num(sd)))
 
 
-def _needs_data(check):
-    """A distance claim's check, not testable here (data per class) where the regime's distance cells hold too few
-    sequences per class; the evidence keeps what the gate and the control alone would say."""
+def _needs_data(pes=None, learned_seeds_decide: bool = False):
+    """A distance claim's check under too little data per class (PER_CLASS_BEARS): ``pes`` None, a claim that a PE
+    fails (or that RoPE is best), is not testable here (data per class); otherwise the claim stands where every
+    seed of ``pes(rows)`` (the classifiers it reads on distance) learned the task, and is not testable where one did
+    not; with ``learned_seeds_decide`` (the deposit, which counts only the seeds that learned), it stands where any
+    seed learned. The evidence keeps what the gate and the control alone would say, and the data per class."""
 
-    @functools.wraps(check)
-    def checked(rows):
-        decision = check(rows)
-        why = too_little_data(rows)
-        if decision is None or not why or decision.outcome == Outcome.NOT_TESTABLE:
-            return decision
-        evidence = f"{why}; by the gate and the control alone: {decision.label}, {decision.evidence}"
-        return Decision(Outcome.NOT_TESTABLE, evidence, "data per class")
+    def wrap(check):
+        @functools.wraps(check)
+        def checked(rows):
+            decision = check(rows)
+            why = too_little_data(rows)
+            if decision is None or not why or decision.outcome == Outcome.NOT_TESTABLE:
+                return decision
+            if pes is not None:
+                cells = _states(rows)
+                cells = cells[(cells["task"] == "distance") & cells["pe"].isin(pes(cells))]
+                learned = cells["learned"].eq(True)
+                if len(cells) and (learned.any() if learned_seeds_decide else learned.all()):
+                    said = "the seeds that learned decide" if learned_seeds_decide else "every seed learned"
+                    data = f"{per_class(rows):.0f} training sequences per class, fewer than {MIN_PER_CLASS}"
+                    return Decision(decision.outcome, f"{decision.evidence}; {data}, but {said}", decision.why)
+            evidence = f"{why}; by the gate and the control alone: {decision.label}, {decision.evidence}"
+            return Decision(Outcome.NOT_TESTABLE, evidence, "data per class")
 
-    return checked
+        return checked
+
+    return wrap
+
+
+def _partial_and_full(rows: pd.DataFrame) -> list[str]:
+    return [pe for pe in rows["pe"].unique() if re.fullmatch(r"partial-rope-\d+", pe) or pe in ("rope", ROPE)]
 
 
 def _over_seeds(diff: pd.Series, open_seeds: pd.Series, threshold: float, points: bool = True):
@@ -137,7 +155,7 @@ def _best(rows: pd.DataFrame, task: str, pe: str, named: tuple) -> Decision | No
     return _paired(rows, task, pe, rival, lambda margin: -margin)
 
 
-@_needs_data
+@_needs_data()
 def rope_best_distance(rows):
     return _best(rows, "distance", ROPE, ("nope", "sinusoidal", "alibi", "decoupled"))
 
@@ -181,7 +199,7 @@ def _seed_text(cells: pd.DataFrame, seed) -> str:
     return f"{_pct(row['test_accuracy'])} % ({row['state']}{', learned' if row['learned'] else ''})"
 
 
-@_needs_data
+@_needs_data()
 def alibi_fails_distance(rows):
     rows = _states(rows)
     cells = rows[(rows["task"] == "distance") & (rows["pe"] == "alibi")]
@@ -282,7 +300,7 @@ def _only_half(rows: pd.DataFrame) -> tuple[str, str]:
     return state, "; ".join(texts)
 
 
-@_needs_data
+@_needs_data(lambda rows: [ROPE], learned_seeds_decide=True)
 def deposit_rope_distance_only(rows):
     """The measured half first (the deposit in the seeds of rope+sinusoidal that learned distance), then the
     "only" half (the controls); a question the data cannot answer stays inconclusive."""
@@ -319,7 +337,7 @@ def deposit_contrast(classifiers: pd.DataFrame) -> str:
     return "**Finding, deposit by mode** (rope+sinusoidal on distance, seeds that learned it): " + "; ".join(parts)
 
 
-@_needs_data
+@_needs_data(_partial_and_full)
 def few_rope_heads_suffice(rows):
     rows = _states(rows)
     acc = _table(rows, "distance")
@@ -343,7 +361,7 @@ def _displacement(cells: pd.DataFrame) -> pd.Series:
     return DISPLACED * cells["transfer_r2_input"] - cells["transfer_r2_after_layer2"]
 
 
-@_needs_data
+@_needs_data(lambda rows: [ROPE])
 def additive_displaced(rows):
     rows = _states(rows)
     cells = rows[(rows["task"] == "distance") & (rows["pe"] == ROPE)]
@@ -376,7 +394,7 @@ CLAIMS = [
         "RoPE best on distance (92.6 %)",
         f"{ROPE} not below the best other PE of the paper's set by more than the tie margin, per seed",
         rope_best_distance,
-        rules=("TIE_SE", "MIN_PER_CLASS", *GATE_RULES),
+        rules=("TIE_SE", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
     ),
     Claim(
         "nope_fails_distance",
@@ -393,7 +411,7 @@ CLAIMS = [
         f"({ROPE}) learned the task; testable where the shallowest head's bias at the longest distance is at most "
         f"-{ALIBI_HIDES}",
         alibi_fails_distance,
-        rules=("FAIL_MARGIN", "LEARN_FRACTION", "ALIBI_HIDES", "MIN_PER_CLASS", *GATE_RULES),
+        rules=("FAIL_MARGIN", "LEARN_FRACTION", "ALIBI_HIDES", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
     ),
     Claim(
         "nope_ge_rope_count",
@@ -417,14 +435,23 @@ CLAIMS = [
         f"distance, in none (not reproduced); then the 'only' half: in no seed of nope on distance or of {ROPE} that "
         "learned count",
         deposit_rope_distance_only,
-        rules=("CRITERION_TOP", "CRITERION_SECOND", "LEARN_FRACTION", "DEPOSIT_RULE", "MIN_PER_CLASS", *GATE_RULES),
+        rules=(
+            "CRITERION_TOP",
+            "CRITERION_SECOND",
+            "LEARN_FRACTION",
+            "DEPOSIT_RULE",
+            "DEPOSIT_COUNT",
+            "MIN_PER_CLASS",
+            "PER_CLASS_BEARS",
+            *GATE_RULES,
+        ),
     ),
     Claim(
         "few_rope_heads_suffice",
         "one or two RoPE heads suffice (about 90 %)",
         "every partial-rope-k within 5 points of the better full RoPE, per seed",
         few_rope_heads_suffice,
-        rules=("SUFFICE", "MIN_PER_CLASS", *GATE_RULES),
+        rules=("SUFFICE", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
     ),
     Claim(
         "additive_displaced",
@@ -432,7 +459,7 @@ CLAIMS = [
         "the probe fitted on the input stream, applied unchanged after layer 2: R^2 below half its input R^2, per "
         "seed (depth > 3)",
         additive_displaced,
-        rules=("DISPLACED", "MIN_PER_CLASS", *GATE_RULES),
+        rules=("DISPLACED", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
     ),
 ]
 
