@@ -222,13 +222,14 @@ def test_a_gpu_study_is_priced_no_faster_than_the_measured_small_classifier_rate
     assert sum(r.classifiers * r.steps for r in regime) >= 151_470 * 0.9  # the budget cells' steps, the size cells'
     assert 318 <= 3600 * sum(r.device_hours for r in regime) < 1.1 * 318  # above the floor where the scaling is
     decisive = study_cost(merged, "decisive_gpu", "gpu")
-    assert [(r.classifiers, r.steps, r.tokens) for r in decisive] == [(12, 4690, 122), (12, 4690, 122)]
+    # distance and its count control (DEPOSIT_COUNT), 4 PEs x 3 seeds each, in each of the two experiments
+    assert [(r.classifiers, r.steps, r.tokens) for r in decisive] == [(24, 4690, 122), (24, 4690, 122)]
     seconds = 3600 * sum(r.device_hours for r in decisive)
-    assert seconds == pytest.approx(GPU_STEP_FLOOR * 24 * 4690) and seconds < 600
+    assert seconds == pytest.approx(GPU_STEP_FLOOR * 48 * 4690) and seconds < 600
     plan.main(
         ["--configfile", str(ROOT / "config.yaml"), str(ROOT / "config.ensemble.yaml"), "--study", "decisive_gpu"]
     )
-    assert "total: 24 classifiers" in capsys.readouterr().out
+    assert "total: 48 classifiers" in capsys.readouterr().out
 
 
 # The device-check report damaged (issue 53 item 2): the damage, the line posgen.plan prints, and whether the plans
