@@ -106,6 +106,7 @@ ISSUE_60 = "56d206a 2026-11-29 03:22"  # the commit that registered issue 60's r
 ISSUE_61_TEXT = (
     "issue-61 2026-11-29 03:17"  # issue 61's text (outside git): NoPE's training slope 0.0102 in a default run
 )
+CONFIRM_RUN = "confirm-run 2026-11-29 04:35"  # the replication's first numbers (its own tree; printed in results.md)
 ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
 
 
@@ -348,6 +349,8 @@ DATA_SETS = {
     ("qwen2.5-coder-0.5b", 0): (SCALE_RUN, ""),
     ("qwen2.5-coder-1.5b", 0): (SCALE_RUN, ""),
     ("tiny-rope", 0): (TRAJECTORY, ""),
+    # the confirmatory replication's fresh windows (config.confirm.yaml), made by 7eb79dc under registry f9850b5bea27
+    ("smollm2-135m-fresh", 1): (CONFIRM_RUN, "7eb79dc 2026-11-29 03:59"),
 }
 
 

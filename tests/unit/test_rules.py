@@ -275,6 +275,11 @@ def test_a_verdict_is_exploratory_or_confirmatory_per_data_set():
     assert rules.data_status(("NEAR",), "qwen2.5-coder-0.5b", 0).startswith("confirmatory")
     assert rules.data_status(("NEAR", "R_STATISTIC"), "qwen2.5-coder-0.5b", 0).startswith("exploratory: R_STATISTIC")
     assert rules.data_status(("NEAR",), "smollm2-135m", -1).startswith("status unknown")
+    # the confirmatory replication's fresh windows, made by 7eb79dc: confirmatory under every rule set before that
+    # commit, exploratory for one changed after it (GATE_CURVE's issue 61 entry)
+    assert rules.data_status(("NEAR", "R_STATISTIC"), "smollm2-135m-fresh", 1).startswith("confirmatory under")
+    late = rules.data_status(("NEAR", "GATE_CURVE"), "smollm2-135m-fresh", 1)
+    assert late == "exploratory: GATE_CURVE changed after the run that made it (7eb79dc 2026-11-29 03:59)"
 
 
 def test_the_command_prints_the_version_first(capsys):
