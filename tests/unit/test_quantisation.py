@@ -68,3 +68,4 @@ def test_the_study_compares_every_number_with_the_unperturbed_models(tiny_source
     assert (table.loc[0, deltas] == 0).all() and table.loc[0, "within"]
     assert (table.loc[1:, deltas].abs().to_numpy().max(axis=1) > 0).all()
     assert table["A_mean_rc"].between(-1, 1).all() and table["low_share_k"].between(0, 1).all()
+    assert (table["A_mean_r"] != table["B_mean_r"]).all()  # each method's own rows

@@ -67,10 +67,11 @@ def numbers(qk, decomposition) -> dict[str, float]:
     from posgen.llm.bands import BandTable, low_frequency_share
     from posgen.llm.summary import RC_SUFF
 
-    dec = decomposition.sel(sink="with")
+    sinks, methods = list(decomposition["sink"].values), list(decomposition["method"].values)
+    dec = decomposition.isel(sink=sinks.index("with"))
     out = {}
     for method in ("A", "B"):
-        one = dec.sel(method=method)
+        one = dec.isel(method=methods.index(method))  # by position: the method labels are not an index here
         out[f"{method}_mean_rc"] = float(np.nanmean(one["r_rc"].values))
         sums = [float(np.nansum(one[name].values)) for name in RC_SUFF]  # xx, yy, xy
         out[f"{method}_pooled_rc"] = sums[2] / np.sqrt(sums[0] * sums[1])
@@ -107,7 +108,8 @@ def study(source: str, n_windows: int, seq_len: int, seeds, window_seed: int = 0
         model, tokenizer, manifest = api.load(source) if which != "none" else loaded
         perturbed = add_rounding_noise(model, which, seed) if which != "none" else 0
         qk = api.capture_qk((model, tokenizer, manifest), windows, check=False)
-        rows.append({"noise": which, "seed": seed, "weights": perturbed, **numbers(qk, api.decompose(qk))})
+        decomposition = api.decompose(qk, bound_rows=64)  # the bound (checked, not read here) on 64 rows
+        rows.append({"noise": which, "seed": seed, "weights": perturbed, **numbers(qk, decomposition)})
     table = pd.DataFrame(rows)
     base = table.iloc[0]
     for name, bound in THRESHOLD.items():
