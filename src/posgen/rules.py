@@ -108,6 +108,7 @@ ISSUE_61_TEXT = (
 )
 CONFIRM_RUN = "confirm-run 2026-11-29 04:35"  # the replication's first numbers (its own tree; printed in results.md)
 ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
+ISSUE_61_PILOT = "pending 2026-11-29 05:05"  # the commit that registered the faithful arm after its CPU pilot
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -289,6 +290,11 @@ RULE RA_SHARE (first): ... in at least this share of the (layer, KV head) of eve
 RULE DEPOSIT_COUNT (second): the deposit's 'only' half on the decisive GPU experiment: its count control
 - 'rope+sinusoidal trained on count beside distance: the same seeds, size, steps and mode' | ISSUE_61 | - | - |
   registered before any decisive_gpu output (issue 61 item 2)
+RULE FAITHFUL_LR (second): the decisive GPU experiment's faithful arm: its learning rate and seeds, chosen by the CPU
+  pilot (config.pilot.yaml) before any decisive_gpu output
+- '6e-3, betas (0.98, 0.9), 3 seeds' | ISSUE_61_PILOT | - | - | the faithful rope+sinusoidal learned distance 71 on the
+  experiment's 30,000 sequences in the pilot (test 39.4 % -> 95.0 % in 2 epochs, 1 seed), where at 2,100 it learned
+  in 1 of 3 H200 seeds; lr 1e-3's pilot was stopped unfinished
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops

@@ -66,6 +66,7 @@ HISTORY = {
         "claims that a PE fails (and 'RoPE best'), and claims whose seeds did not learn; a learned seed decides at any "
         "data size",
     ],
+    "FAITHFUL_LR": ["6e-3, betas (0.98, 0.9), 3 seeds"],
     "DEPOSIT_COUNT": ["rope+sinusoidal trained on count beside distance: the same seeds, size, steps and mode"],
     "PAPER_LONGEST_DISTANCE": [71, None],
     "ALIBI_HIDES": [4.6],
