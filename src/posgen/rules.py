@@ -108,7 +108,7 @@ ISSUE_61_TEXT = (
 )
 CONFIRM_RUN = "confirm-run 2026-11-29 04:35"  # the replication's first numbers (its own tree; printed in results.md)
 ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
-ISSUE_61_PILOT = "pending 2026-11-29 05:05"  # the commit that registered the faithful arm after its CPU pilot
+ISSUE_61_PILOT = "995db22 2026-11-29 05:02"  # the commit that registered the faithful arm after its CPU pilot
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
