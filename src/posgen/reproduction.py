@@ -19,6 +19,7 @@ from posgen.config import VARIANT_TRAINED, init_seed
 from posgen.integrity import made_from, shown
 from posgen.llm.bands import band_shares
 from posgen.llm.gap_origin import origin_markdown
+from posgen.llm.scale import WEIGHTS_NOTE
 from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime, window_seeds
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
@@ -147,6 +148,13 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         if typed:
             line += f" {row['layer_type']} | {row.get('dummy_distance', '')} |"
         lines.append(line)
+    formats = [f"{m}: {WEIGHTS_NOTE[m]}" for m in dict.fromkeys(table["model"]) if m in WEIGHTS_NOTE]
+    if formats:  # every "trained" number of an embedded model comes from de-quantised 4-bit weights
+        lines += [
+            "",
+            "Weights: " + "; ".join(formats) + ". The 4-bit rounding moves the numbers the verdicts read on "
+            'SmolLM2 by at most 0.0025 (within QUANT_R / QUANT_LOW: docs/results.md, "The 4-bit weights").',
+        ]
     if provenance:
         lines += ["", "Provenance: " + ", ".join(f"{k}={v}" for k, v in sorted(provenance.items()))]
     return "\n".join(lines) + "\n"
