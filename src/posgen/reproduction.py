@@ -302,6 +302,18 @@ def cap_effects(path) -> dict:
     return out
 
 
+def claim_tables(inputs) -> tuple[dict, dict, dict]:
+    """The bands, perturbation and cap tables the first paper's claims read, ``{model: {variant: ...}}`` each, from
+    a job's ``bands``, ``perturb`` and ``cap`` inputs (the scale study's and the replication's jobs)."""
+    from posgen.workflow.job import listed
+
+    return (
+        by_model_variant(listed(inputs["bands"]), band_shares),
+        by_model_variant(listed(inputs["perturb"]), perturbation_ratios),
+        by_model_variant(listed(inputs["cap"]), cap_effects),
+    )
+
+
 def by_model_variant(paths, read) -> dict:
     """{model: {variant: read(path)}} over files whose attrs name their model and variant."""
     out: dict = {}

@@ -107,21 +107,11 @@ def write_confirmatory(summary_csv, csv, md, bands: dict, perturb: dict, caps: d
 
 def confirm_step(job) -> None:
     """Rule confirmatory_table's job (a :class:`posgen.workflow.job.StepJob`)."""
-    from posgen.llm.bands import band_shares
-    from posgen.reproduction import by_model_variant, cap_effects, perturbation_ratios
-    from posgen.workflow.job import listed
+    from posgen.reproduction import claim_tables
 
-    i, o = job.input, job.output
-    write_confirmatory(
-        i["summary"],
-        o["csv"],
-        o["md"],
-        by_model_variant(listed(i["bands"]), band_shares),
-        by_model_variant(listed(i["perturb"]), perturbation_ratios),
-        by_model_variant(listed(i["cap"]), cap_effects),
-        job.params["pairs"],
-        provenance=f"config_hash {job.params['config_hash']}.",
-    )
+    i, o, p = job.input, job.output, job.params
+    provenance = f"config_hash {p['config_hash']}."
+    write_confirmatory(i["summary"], o["csv"], o["md"], *claim_tables(i), p["pairs"], provenance=provenance)
 
 
 def main(argv=None) -> int:

@@ -290,18 +290,10 @@ def write_scale(summary_csv, csv, md, trends_csv, bands: dict, perturb: dict, ca
 
 def scale_step(job) -> None:
     """Rule scale_table's job (a :class:`posgen.workflow.job.StepJob`)."""
-    from posgen.llm.bands import band_shares
-    from posgen.reproduction import by_model_variant, cap_effects, perturbation_ratios
-    from posgen.workflow.job import listed
+    from posgen.reproduction import claim_tables
 
     i, o = job.input, job.output
+    config_hash = job.params["config_hash"]
     write_scale(
-        i["summary"],
-        o["csv"],
-        o["md"],
-        o["trends"],
-        by_model_variant(listed(i["bands"]), band_shares),
-        by_model_variant(listed(i["perturb"]), perturbation_ratios),
-        by_model_variant(listed(i["cap"]), cap_effects),
-        provenance=f"config_hash {job.params['config_hash']}.",
+        i["summary"], o["csv"], o["md"], o["trends"], *claim_tables(i), provenance=f"config_hash {config_hash}."
     )
