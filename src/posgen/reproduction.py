@@ -19,12 +19,12 @@ from posgen.config import VARIANT_TRAINED, init_seed
 from posgen.integrity import made_from, shown
 from posgen.llm.bands import band_shares
 from posgen.llm.gap_origin import origin_markdown
-from posgen.llm.scale import WEIGHTS_NOTE
-from posgen.llm.verdicts import PAPER_R, CapEffect, Perturbation, control_markdown, summary_regime, window_seeds
+from posgen.llm.readers import by_model_variant, cap_effects, perturbation_ratios
+from posgen.llm.verdicts import PAPER_R, control_markdown, summary_regime, window_seeds
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdicts as paper_verdicts
-from posgen.stats import bootstrap_indices, interval
-from posgen.store import atomic_path, open_dataset, require, stable_provenance
+from posgen.parts import WEIGHTS_NOTE
+from posgen.store import atomic_path, open_dataset, stable_provenance
 from posgen.synthetic.regime import size_and_budget
 from posgen.synthetic.verdicts import verdicts, verdicts_markdown
 from posgen.workflow.job import listed, resolve
@@ -246,83 +246,6 @@ def synthetic_reproduction_markdown(rows: pd.DataFrame) -> str:
 
 
 # -------------------------------------------------------------------------------------------------- writing
-
-
-N_BOOT, BOOT_SEED = 1000, 0  # the bootstrap over windows of the verdicts' intervals (as the summary's defaults)
-
-
-def _over_windows(per_sample) -> tuple[float, float]:
-    """The 95 % percentile bootstrap interval over windows of the mean of ``per_sample (sample,)``."""
-    values = np.asarray(per_sample, dtype=np.float64)
-    idx = bootstrap_indices(len(values), N_BOOT, BOOT_SEED)
-    _, lo, hi = interval(lambda v: np.nanmean(v, 0), values, idx)
-    return float(lo), float(hi)
-
-
-def perturbation_ratios(path) -> dict:
-    """{(kind, rate): Perturbation} of a perturb.nc: the mean perplexity ratios over samples, on every target and
-    on the kept targets (with its 95 % bootstrap interval over windows), and the share of positions 1..T-1 moved
-    (posgen.llm.draws)."""
-    ds = open_dataset(path, lazy=False)
-    require(ds, ["ppl_ratio", "ppl_ratio_kept", "moved", "kind", "rate"], str(path))
-    means = {name: ds[name].mean("sample") for name in ("ppl_ratio", "ppl_ratio_kept", "moved")}
-    out = {}
-    for kind in ds["kind"].values:
-        for rate in ds["rate"].values:
-            at = {name: float(mean.sel(kind=kind, rate=rate)) for name, mean in means.items()}
-            kept = ds["ppl_ratio_kept"].sel(kind=kind, rate=rate).transpose("sample").values
-            out[str(kind), round(float(rate), 9)] = Perturbation(
-                at["ppl_ratio"],
-                at["ppl_ratio_kept"],
-                at["moved"],  # moved: a fraction of positions 1..T-1
-                *_over_windows(kept),
-            )
-    ds.close()
-    return out
-
-
-def cap_effects(path) -> dict:
-    """{cap: CapEffect} of a cap.nc: f_corr and g_corr (means over samples and layers), the perplexity ratio
-    (mean over samples), and 95 % bootstrap intervals over windows of g_corr and of g_corr - f_corr."""
-    ds = open_dataset(path, lazy=False)
-    require(ds, ["f_corr", "g_corr", "ppl_ratio", "cap"], str(path))
-    out = {}
-    for cap in ds["cap"].values:
-        f, g = (ds[name].sel(cap=cap) for name in ("f_corr", "g_corr"))
-        g_windows = g.mean([d for d in g.dims if d != "sample"]).values  # (sample,): mean over layers
-        gap_windows = (g - f).mean([d for d in g.dims if d != "sample"]).values
-        out[int(cap)] = CapEffect(
-            float(f.mean()),
-            float(g.mean()),
-            float(ds["ppl_ratio"].sel(cap=cap).mean()),
-            *_over_windows(g_windows),
-            *_over_windows(gap_windows),
-        )
-    ds.close()
-    return out
-
-
-def claim_tables(inputs) -> tuple[dict, dict, dict]:
-    """The bands, perturbation and cap tables the first paper's claims read, ``{model: {variant: ...}}`` each, from
-    a job's ``bands``, ``perturb`` and ``cap`` inputs (the scale study's and the replication's jobs)."""
-    from posgen.workflow.job import listed
-
-    return (
-        by_model_variant(listed(inputs["bands"]), band_shares),
-        by_model_variant(listed(inputs["perturb"]), perturbation_ratios),
-        by_model_variant(listed(inputs["cap"]), cap_effects),
-    )
-
-
-def by_model_variant(paths, read) -> dict:
-    """{model: {variant: read(path)}} over files whose attrs name their model and variant."""
-    out: dict = {}
-    for path in paths:
-        ds = open_dataset(path, lazy=False)
-        model, variant = ds.attrs.get("model", ""), ds.attrs.get("variant", "")
-        ds.close()
-        out.setdefault(model, {})[variant] = read(path)
-    return out
 
 
 def windows_in_words(path) -> str:

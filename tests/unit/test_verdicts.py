@@ -295,7 +295,7 @@ def test_the_tables_are_read_as_the_verdicts_need_them(tmp_path):
     import numpy as np
     import xarray as xr
 
-    from posgen.reproduction import cap_effects, perturbation_ratios
+    from posgen.llm.readers import cap_effects, perturbation_ratios
     from posgen.store import write_netcdf
 
     dims = ("kind", "rate", "sample")

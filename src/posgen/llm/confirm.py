@@ -107,7 +107,7 @@ def write_confirmatory(summary_csv, csv, md, bands: dict, perturb: dict, caps: d
 
 def confirm_step(job) -> None:
     """Rule confirmatory_table's job (a :class:`posgen.workflow.job.StepJob`)."""
-    from posgen.reproduction import claim_tables
+    from posgen.llm.readers import claim_tables
 
     i, o, p = job.input, job.output, job.params
     provenance = f"config_hash {p['config_hash']}."

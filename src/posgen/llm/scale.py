@@ -26,6 +26,7 @@ from posgen.config import VARIANT_TRAINED
 from posgen.integrity import made_from
 from posgen.llm.gap_origin import model_outcome, origin_table
 from posgen.llm.verdicts import PAPER_R, verdicts
+from posgen.parts import WEIGHTS_NOTE
 from posgen.rules import value
 from posgen.store import atomic_path
 
@@ -49,12 +50,6 @@ NON_EMBEDDING = {
     "gemma3-270m": 100_326_016,
     "qwen2.5-coder-0.5b": 357_898_112,
     "qwen2.5-coder-1.5b": 1_310_340_608,
-}
-WEIGHTS_NOTE = {  # beside every number of these models (posgen.parts)
-    "qwen2.5-coder-0.5b": "code-instruct, de-quantised Q4_K_M",
-    "qwen2.5-coder-1.5b": "code-instruct, de-quantised Q4_K_M",
-    "smollm2-135m": "instruct, de-quantised Q4_1",
-    "gemma3-270m": "de-quantised Q4_K_M",
 }
 METHODS = ("A", "B")
 RISES, FALLS, FLAT = "rises with size", "falls with size", "no monotone trend"
@@ -290,7 +285,7 @@ def write_scale(summary_csv, csv, md, trends_csv, bands: dict, perturb: dict, ca
 
 def scale_step(job) -> None:
     """Rule scale_table's job (a :class:`posgen.workflow.job.StepJob`)."""
-    from posgen.reproduction import claim_tables
+    from posgen.llm.readers import claim_tables
 
     i, o = job.input, job.output
     config_hash = job.params["config_hash"]

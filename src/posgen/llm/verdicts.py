@@ -473,8 +473,8 @@ def verdicts(
     """(claim, verdict, findings) for every claim of :data:`CLAIMS`.
 
     ``bands``: {model: {variant: {"low_share_q": .., "low_share_k": ..}}} (posgen.llm.bands.band_shares);
-    ``perturb``: {model: {variant: {(kind, rate): Perturbation}}} (posgen.reproduction.perturbation_ratios);
-    ``caps``: {model: {variant: {cap: CapEffect}}} (posgen.reproduction.cap_effects)."""
+    ``perturb``: {model: {variant: {(kind, rate): Perturbation}}} (posgen.llm.readers.perturbation_ratios);
+    ``caps``: {model: {variant: {cap: CapEffect}}} (posgen.llm.readers.cap_effects)."""
     missing = [f"{c}{end}" for c in set(DECIDING.values()) for end in ("", "_lo", "_hi")]
     missing = [c for c in missing if c not in summary.columns]
     if missing:  # a summary from before the deciding statistic's columns: its claims have no interval
