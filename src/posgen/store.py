@@ -9,7 +9,9 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5netcdf
@@ -368,111 +370,125 @@ def qk_dataset(q: np.ndarray, k: np.ndarray, token_id: np.ndarray, rope: RopeTab
     return xr.Dataset(data, coords=coords, attrs=provenance(qk_dtype=q.dtype.name, **attrs))
 
 
+@dataclass(frozen=True)
+class QKLayout:
+    """What qk.h5 holds and how it is stored (:class:`QKWriter`'s one argument besides the RoPE table and the attrs):
+    the windows, the model's shapes, the windows and layers whose reference logits it keeps, the gzip level (0: none)
+    and the storage dtype of q/k."""
+
+    samples: Sequence[int]  # the windows' global indices, in file order
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    n_tokens: int
+    head_dim: int
+    ref_samples: Sequence[int]
+    ref_layers: Sequence[int]
+    compression: int = 0
+    qk_dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.qk_dtype not in QK_DTYPES:
+            raise ValueError(f"extract.qk_dtype: {self.qk_dtype!r} is not one of {', '.join(QK_DTYPES)}")
+
+    def stored_bytes(self) -> int:
+        """The file's size uncompressed, checked against the free space before a write: q and k of every kept
+        window, and the reference logits (float32) of the reference windows it keeps."""
+        samples = np.asarray(self.samples, dtype=np.int64).tolist()
+        window_values = self.n_layers * (self.n_heads + self.n_kv_heads) * self.n_tokens * self.head_dim
+        qk_bytes = len(samples) * window_values * np.dtype(self.qk_dtype).itemsize
+        n_refs = len(set(self.ref_samples) & set(samples))
+        return qk_bytes + n_refs * len(self.ref_layers) * self.n_heads * self.n_tokens**2 * 4
+
+    def filters(self) -> dict:
+        """The HDF5 filters of the chunked variables: gzip where asked, and the Fletcher-32 checksum that HDF5
+        verifies on every chunk it reads (a changed byte fails loudly)."""
+        if not self.compression:
+            return {"fletcher32": True}
+        return {"compression": "gzip", "compression_opts": self.compression, "shuffle": True, "fletcher32": True}
+
+
 class QKWriter:
     """Writes ``qk.h5`` one sample at a time (see docs/data-model.md).
 
     Use as a context manager: the file appears under its final name only after ``close`` succeeds.
     """
 
-    def __init__(
-        self,
-        path: str | Path,
-        *,
-        samples,
-        n_layers: int,
-        n_heads: int,
-        n_kv_heads: int,
-        n_tokens: int,
-        head_dim: int,
-        ref_samples: list[int],
-        ref_layers: list[int],
-        rope: RopeTable,
-        attrs: dict,
-        compression: int = 0,
-        qk_dtype: str = "float32",
-    ):
-        if qk_dtype not in QK_DTYPES:
-            raise ValueError(f"extract.qk_dtype: {qk_dtype!r} is not one of {', '.join(QK_DTYPES)}")
+    def __init__(self, path: str | Path, layout: QKLayout, *, rope: RopeTable, attrs: dict):
         self.path = Path(path)
-        self.samples = np.asarray(samples, dtype=np.int64)  # the windows' global indices, in file order
-        n_samples = len(self.samples)
-        self.qk_dtype = np.dtype(qk_dtype)
-        if not compression:  # the size is known: q and k of every kept window, and the reference logits
-            qk_bytes = n_samples * n_layers * (n_heads + n_kv_heads) * n_tokens * head_dim * self.qk_dtype.itemsize
-            refs = len(set(ref_samples) & set(self.samples.tolist())) * len(ref_layers) * n_heads * n_tokens**2 * 4
-            require_space(self.path, qk_bytes + refs)
+        self.samples = np.asarray(layout.samples, dtype=np.int64)  # the windows' global indices, in file order
+        self.qk_dtype = np.dtype(layout.qk_dtype)
+        if not layout.compression:  # the size is known
+            require_space(self.path, layout.stored_bytes())
         self._atomic = atomic_path(self.path)
         tmp = self._atomic.__enter__()
         # only the reference windows this file holds
-        self.ref_samples = [int(s_) for s_ in ref_samples if s_ in set(self.samples.tolist())]
-        self.ref_layers = list(ref_layers)
-        f = self.file = h5netcdf.File(tmp, "w")
-        f.dimensions = {
-            "sample": n_samples,
-            "layer": n_layers,
-            "head": n_heads,
-            "kv_head": n_kv_heads,
-            "token": n_tokens,
-            "dim": head_dim,
-            "band": head_dim // 2,
-            "ref_sample": len(self.ref_samples),
-            "ref_layer": len(self.ref_layers),
-            "query": n_tokens,
-            "key": n_tokens,
-        }
-        for dim, values in {
-            "sample": self.samples,
-            "layer": np.arange(n_layers),
-            "head": np.arange(n_heads),
-            "kv_head": np.arange(n_kv_heads),
-            "token": np.arange(n_tokens),
-            "dim": np.arange(head_dim),
-            "band": np.arange(head_dim // 2),
-            "ref_sample": np.asarray(self.ref_samples),
-            "ref_layer": np.asarray(self.ref_layers),
-            "query": np.arange(n_tokens),
-            "key": np.arange(n_tokens),
-        }.items():
-            f.create_variable(dim, (dim,), "i8", data=values)
-
-        packed = {"compression": "gzip", "compression_opts": compression, "shuffle": True} if compression else {}
-        # HDF5 verifies the Fletcher-32 checksum of every chunk it reads: a changed byte fails loudly
-        packed["fletcher32"] = True
-
-        def chunked(name, dims, dtype, chunks):
-            # HDF5 cannot chunk an empty dimension: a file that keeps no window holds its metadata only
-            empty = any(f.dimensions[dim].size == 0 for dim in dims)
-            return f.create_variable(name, dims, dtype, **({} if empty else {"chunks": chunks, **packed}))
-
-        def with_block_digests(var, block_dims):
-            # the digest of each block (every other dim whole), written with the block (integrity.BLOCK_DIGEST_ATTR)
-            var.attrs[BLOCK_DIGEST_ATTR] = " ".join(block_dims)
-            return f.create_variable(f"{var.name.lstrip('/')}_digest", block_dims, "i8", fillvalue=-1)
-
-        # One chunk per (sample, layer): the unit every reader works on, and the block of its digest.
-        self.q = chunked(
-            "q", ("sample", "layer", "head", "token", "dim"), self.qk_dtype, (1, 1, n_heads, n_tokens, head_dim)
-        )
-        self.k = chunked(
-            "k", ("sample", "layer", "kv_head", "token", "dim"), self.qk_dtype, (1, 1, n_kv_heads, n_tokens, head_dim)
-        )
-        self.token_id = f.create_variable("token_id", ("sample", "token"), "i8")
-        self.logits_ref = chunked(
-            "logits_ref", ("ref_sample", "ref_layer", "head", "query", "key"), "f4", (1, 1, 1, n_tokens, n_tokens)
-        )
-        self.digests = {
-            "q": with_block_digests(self.q, ("sample", "layer")),
-            "k": with_block_digests(self.k, ("sample", "layer")),
-            "logits_ref": with_block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
-        }
+        self.ref_samples = [int(s_) for s_ in layout.ref_samples if s_ in set(self.samples.tolist())]
+        self.ref_layers = list(layout.ref_layers)
+        self.file = h5netcdf.File(tmp, "w")
+        self._write_dimensions(layout)
+        self._create_blocks(layout)
         self.whole = {}  # the digests of the variables written whole, by name
         self._write_rope(rope)
-        f.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
-        if identity_attr(self.path):  # what the file is, from its path
-            f.attrs[IDENTITY_ATTR] = identity_attr(self.path)
-        f.attrs[INPUTS_ATTR] = input_digests()
-        self.written = np.zeros(n_samples, dtype=bool)
+        self._write_attrs(attrs)
+        self.written = np.zeros(len(self.samples), dtype=bool)
         self.closed = False
+
+    def _write_dimensions(self, layout: QKLayout) -> None:
+        """Every dimension of the file, each with its coordinate (the windows' and reference layers' own indices,
+        0, 1, ... for the others)."""
+        coords = {
+            "sample": self.samples,
+            "layer": np.arange(layout.n_layers),
+            "head": np.arange(layout.n_heads),
+            "kv_head": np.arange(layout.n_kv_heads),
+            "token": np.arange(layout.n_tokens),
+            "dim": np.arange(layout.head_dim),
+            "band": np.arange(layout.head_dim // 2),
+            "ref_sample": np.asarray(self.ref_samples),
+            "ref_layer": np.asarray(self.ref_layers),
+            "query": np.arange(layout.n_tokens),
+            "key": np.arange(layout.n_tokens),
+        }
+        self.file.dimensions = {dim: len(values) for dim, values in coords.items()}
+        for dim, values in coords.items():
+            self.file.create_variable(dim, (dim,), "i8", data=values)
+
+    def _create_blocks(self, layout: QKLayout) -> None:
+        """q, k, token_id and the reference logits, empty, the first three with the digest of each block beside
+        them. One chunk per (sample, layer): the unit every reader works on, and the block of its digest."""
+        n_tokens, head_dim, packed = layout.n_tokens, layout.head_dim, layout.filters()
+        q_dims = ("sample", "layer", "head", "token", "dim")
+        self.q = self._chunked("q", q_dims, self.qk_dtype, (1, 1, layout.n_heads, n_tokens, head_dim), packed)
+        k_dims = ("sample", "layer", "kv_head", "token", "dim")
+        self.k = self._chunked("k", k_dims, self.qk_dtype, (1, 1, layout.n_kv_heads, n_tokens, head_dim), packed)
+        self.token_id = self.file.create_variable("token_id", ("sample", "token"), "i8")
+        ref_dims = ("ref_sample", "ref_layer", "head", "query", "key")
+        self.logits_ref = self._chunked("logits_ref", ref_dims, "f4", (1, 1, 1, n_tokens, n_tokens), packed)
+        self.digests = {
+            "q": self._block_digests(self.q, ("sample", "layer")),
+            "k": self._block_digests(self.k, ("sample", "layer")),
+            "logits_ref": self._block_digests(self.logits_ref, ("ref_sample", "ref_layer")),
+        }
+
+    def _chunked(self, name: str, dims: tuple, dtype, chunks: tuple, packed: dict):
+        """Variable ``name`` stored in ``chunks`` with the ``packed`` filters; HDF5 cannot chunk an empty
+        dimension: a file that keeps no window holds its metadata only."""
+        empty = any(self.file.dimensions[dim].size == 0 for dim in dims)
+        return self.file.create_variable(name, dims, dtype, **({} if empty else {"chunks": chunks, **packed}))
+
+    def _block_digests(self, var, block_dims: tuple):
+        """The variable holding the digest of each block of ``var`` (every other dim whole), written with the block
+        (integrity.BLOCK_DIGEST_ATTR); -1 until it is."""
+        var.attrs[BLOCK_DIGEST_ATTR] = " ".join(block_dims)
+        return self.file.create_variable(f"{var.name.lstrip('/')}_digest", block_dims, "i8", fillvalue=-1)
+
+    def _write_attrs(self, attrs: dict) -> None:
+        """The provenance with the caller's ``attrs``, what the file is (from its path) and the job's inputs."""
+        self.file.attrs.update(provenance(qk_dtype=self.qk_dtype.name, **attrs))
+        if identity_attr(self.path):  # what the file is, from its path
+            self.file.attrs[IDENTITY_ATTR] = identity_attr(self.path)
+        self.file.attrs[INPUTS_ATTR] = input_digests()
 
     def _write_rope(self, rope: RopeTable) -> None:
         """The RoPE table, each array under its name (the layout too: how each layer's stored, canonical dims map

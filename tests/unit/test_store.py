@@ -4,7 +4,7 @@ import xarray as xr
 
 from posgen.integrity import StoreError
 from posgen.rope_table import RopeTable
-from posgen.store import QKWriter, atomic_path, open_dataset, write_netcdf
+from posgen.store import QKLayout, QKWriter, atomic_path, open_dataset, write_netcdf
 
 
 def _writer(path, rng, n_samples=2):
@@ -15,8 +15,7 @@ def _writer(path, rng, n_samples=2):
         sliding_window=np.array([4, 0, 4]),
         kv_group=np.array([0, 0, 1, 1]),
     )
-    return QKWriter(
-        path,
+    layout = QKLayout(
         samples=range(n_samples),
         n_layers=3,
         n_heads=4,
@@ -25,9 +24,8 @@ def _writer(path, rng, n_samples=2):
         head_dim=8,
         ref_samples=[0],
         ref_layers=[0, 2],
-        rope=rope,
-        attrs={"model": "m", "seed": 3, "extra": {"a": 1}},
     )
+    return QKWriter(path, layout, rope=rope, attrs={"model": "m", "seed": 3, "extra": {"a": 1}})
 
 
 def test_qk_round_trip_through_xarray_with_named_dims(tmp_path):

@@ -35,7 +35,7 @@ from posgen.bench.steps import STEPS, StepTimer
 from posgen.decomposition import SINKS, Decomposer, DecompositionOptions, decompose_store
 from posgen.rope import rotate
 from posgen.rope_table import RopeTable
-from posgen.store import QKWriter, open_dataset, read_rope
+from posgen.store import QKLayout, QKWriter, open_dataset, read_rope
 
 
 def synthetic_store(
@@ -56,8 +56,7 @@ def synthetic_store(
     rng = np.random.default_rng(seed)
     half = head_dim // 2
     inv_freq = (rope_theta ** (-np.arange(half) / half)).astype(np.float32)
-    with QKWriter(
-        path,
+    layout = QKLayout(
         samples=range(n_samples),
         n_layers=n_layers,
         n_heads=n_heads,
@@ -66,16 +65,17 @@ def synthetic_store(
         head_dim=head_dim,
         ref_samples=[0],
         ref_layers=[0],
-        rope=RopeTable(
-            inv_freq=np.tile(inv_freq, (n_layers, 1)),
-            attention_scaling=np.ones(n_layers),
-            scaling=np.full(n_layers, head_dim**-0.5),
-            sliding_window=np.full(n_layers, sliding_window),
-            kv_group=np.arange(n_heads) // (n_heads // n_kv_heads),
-        ),
-        attrs={"model": "synthetic", "variant": "trained", "init_seed": -1},
         compression=compression,
-    ) as writer:
+    )
+    rope = RopeTable(
+        inv_freq=np.tile(inv_freq, (n_layers, 1)),
+        attention_scaling=np.ones(n_layers),
+        scaling=np.full(n_layers, head_dim**-0.5),
+        sliding_window=np.full(n_layers, sliding_window),
+        kv_group=np.arange(n_heads) // (n_heads // n_kv_heads),
+    )
+    attrs = {"model": "synthetic", "variant": "trained", "init_seed": -1}
+    with QKWriter(path, layout, rope=rope, attrs=attrs) as writer:
         for s in range(n_samples):
             q = rng.standard_normal((n_layers, n_heads, n_tokens, head_dim)) + rng.standard_normal(head_dim)
             k = rng.standard_normal((n_layers, n_kv_heads, n_tokens, head_dim)) + 2 * rng.standard_normal(head_dim)

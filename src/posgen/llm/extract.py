@@ -36,7 +36,7 @@ from posgen.llm.fused import Analysis
 from posgen.llm.run import ModelRun
 from posgen.models import manifest_attrs
 from posgen.rope_table import RopeTable
-from posgen.store import QKWriter, carried_attrs
+from posgen.store import QKLayout, QKWriter, carried_attrs
 
 
 class SelfCheckError(RuntimeError):
@@ -230,8 +230,7 @@ def open_writer(out_path, capture, params, attrs: dict, kept, n_tokens: int, ref
     """qk.h5's writer for the captured model's shapes: the ``kept`` windows, ``refs`` = (reference windows to
     store, reference layers), ``storage`` = (gzip level, q/k dtype)."""
     (ref_samples, ref_layers), (compression, qk_dtype) = refs, storage
-    return QKWriter(
-        out_path,
+    layout = QKLayout(
         samples=kept,
         n_layers=capture.n_layers,
         n_heads=capture.n_heads,
@@ -240,11 +239,10 @@ def open_writer(out_path, capture, params, attrs: dict, kept, n_tokens: int, ref
         head_dim=capture.head_dim,
         ref_samples=ref_samples,
         ref_layers=ref_layers,
-        rope=params,
         compression=compression,
         qk_dtype=qk_dtype,
-        attrs=attrs,
     )
+    return QKWriter(out_path, layout, rope=params, attrs=attrs)
 
 
 def transparency_attrs(model, capture: Capture, token_ids: np.ndarray, n_tokens: int, rtol: float) -> dict:

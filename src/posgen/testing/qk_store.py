@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from posgen.rope_table import RopeTable
-from posgen.store import QKWriter
+from posgen.store import QKLayout, QKWriter
 
 # the attrs of a toy model's trained variant
 TOY_ATTRS = {"model": "toy", "variant": "trained", "init_seed": -1}
@@ -50,8 +50,7 @@ def write_qk_store(
     is the reference window. Returns ``path``."""
     n_samples, n_layers, n_heads, n_tokens, head_dim = np.shape(q)
     samples = range(n_samples) if samples is None else samples
-    with QKWriter(
-        path,
+    layout = QKLayout(
         samples=samples,
         n_layers=n_layers,
         n_heads=n_heads,
@@ -60,10 +59,9 @@ def write_qk_store(
         head_dim=head_dim,
         ref_samples=[0],
         ref_layers=list(ref_layers),
-        rope=rope,
-        attrs=TOY_ATTRS if attrs is None else attrs,
         qk_dtype=qk_dtype,
-    ) as w:
+    )
+    with QKWriter(path, layout, rope=rope, attrs=TOY_ATTRS if attrs is None else attrs) as w:
         logits_ref = np.zeros((len(ref_layers), n_heads, n_tokens, n_tokens), np.float32)
         for position, sample in enumerate(samples):
             w.write_sample(sample, q[position], k[position], np.zeros(n_tokens, np.int64), logits_ref)
