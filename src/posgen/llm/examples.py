@@ -61,6 +61,69 @@ def head_maps(q, k, positions, rope, dummy_distance: int, mask: np.ndarray, crop
     }
 
 
+def scored_mask(n_tok: int, sliding_window: int) -> np.ndarray:
+    """The entries the examples score, (T, T) booleans: causal, inside a sliding window, and never the sink column
+    j = 0 (the attention sink is analysed apart)."""
+    mask = causal_mask(n_tok, sliding_window).numpy()
+    mask[:, 0] = False
+    return mask
+
+
+def draw_pairs(mask: np.ndarray, n_pool: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded sample of up to ``n_pool`` scored entries of ``mask``, without repeats and in row-major order, so
+    that the pool is the same on every run: (query indices, key indices)."""
+    valid = np.flatnonzero(mask)
+    chosen = np.sort(rng.choice(valid, size=min(n_pool, valid.size), replace=False))
+    return np.unravel_index(chosen, mask.shape)
+
+
+def layer_operands(qs: xr.DataArray, ks: xr.DataArray, rope, li: int) -> tuple:
+    """Layer ``li``'s pre-RoPE q (head, T, dim) and k expanded to the query heads (head, T, dim), float32 tensors,
+    and its RoPE as Method A takes it: (inv_freq tensor, scaling, amplitude)."""
+    q = torch.from_numpy(np.asarray(qs.isel(layer=li).values, dtype=np.float32))
+    k = torch.from_numpy(np.asarray(ks.isel(layer=li).values, dtype=np.float32))[torch.as_tensor(rope.kv_group)]
+    layer_rope = rope.layer(li)
+    inv_freq = torch.as_tensor(layer_rope.inv_freq, dtype=torch.float32)
+    return q, k, (inv_freq, float(layer_rope.scaling), float(layer_rope.attention_scaling))
+
+
+def pools_and_maps(qk: xr.Dataset, sample: int, used: np.ndarray, heads: dict, crop: int, n_pool: int, seed: int):
+    """Every layer of window ``sample`` in turn: a seeded sample of (W, f + g) entries of every head, and the maps
+    of the example heads it holds (:func:`head_maps`): (examples.nc's pool variables, {example name: maps})."""
+    qs = qk["q"].sel(sample=sample).astype(np.float32)  # float32 whatever the storage dtype
+    ks = qk["k"].sel(sample=sample).astype(np.float32)
+    n_tok = qs.sizes["token"]
+    positions = torch.arange(n_tok)
+    rope = read_rope(qk)
+    rng = np.random.default_rng(seed)
+    layer_ids, head_ids = qk["layer"].values, qk["head"].values
+    pool_w = np.full((len(layer_ids), len(head_ids), n_pool), np.nan, np.float32)  # NaN-padded past a layer's draw
+    pool_a = np.full_like(pool_w, np.nan)
+    pool_ij = np.full((2, len(layer_ids), n_pool), -1, np.int64)
+    maps = {}
+    for li in tqdm(range(len(layer_ids)), desc="example heads", unit="layer"):
+        mask = scored_mask(n_tok, int(rope.sliding_window[li]))
+        ii, jj = draw_pairs(mask, n_pool, rng)
+        pool_ij[:, li, : len(ii)] = ii, jj
+        q, k, layer_rope = layer_operands(qs, ks, rope, li)
+        pairs = (torch.from_numpy(ii), torch.from_numpy(jj))
+        w_pairs, f_pairs, g_pairs = method_a_pairs(q, k, positions, *layer_rope, int(used[li]), *pairs)
+        pool_w[li, :, : len(ii)] = w_pairs.numpy()
+        pool_a[li, :, : len(ii)] = (f_pairs + g_pairs).numpy()
+        for name, (layer, head, _) in heads.items():
+            if layer != layer_ids[li]:
+                continue
+            h = int(np.flatnonzero(head_ids == head)[0])
+            maps[name] = head_maps(q[h : h + 1], k[h : h + 1], positions, layer_rope, int(used[li]), mask, crop)
+    pools = {
+        "pool_W": (("layer", "head", "pair"), pool_w),
+        "pool_A": (("layer", "head", "pair"), pool_a),
+        "pool_query": (("layer", "pair"), pool_ij[0]),
+        "pool_key": (("layer", "pair"), pool_ij[1]),
+    }
+    return pools, maps
+
+
 def example_heads(
     qk: xr.Dataset,
     decomposition: xr.Dataset,
@@ -84,82 +147,38 @@ def example_heads(
     dummy_distance = int(decomposition.attrs["dummy_distance"])
     used = distances_used(decomposition, qk.sizes["layer"])  # (layer,)
     heads = select_heads(decomposition)
-    qs = qk["q"].sel(sample=sample).astype(np.float32)  # float32 whatever the storage dtype
-    ks = qk["k"].sel(sample=sample).astype(np.float32)
-    n_tok = qs.sizes["token"]
-    positions = torch.arange(n_tok)
-    rope = read_rope(qk)
-    kv_group = torch.as_tensor(rope.kv_group)
+    n_tok = qk.sizes["token"]
     crop = min(map_tokens, n_tok)
-    rng = np.random.default_rng(seed)
-    layer_ids, head_ids = qk["layer"].values, qk["head"].values
-
-    n_layers, n_heads = len(layer_ids), len(head_ids)
     n_pool = min(pool_pairs, n_tok * (n_tok - 1) // 2)  # a sliding-window layer may offer fewer: NaN-padded
-    pool_w = np.full((n_layers, n_heads, n_pool), np.nan, np.float32)
-    pool_a = np.full_like(pool_w, np.nan)
-    pool_ij = np.full((2, n_layers, n_pool), -1, np.int64)
-    maps = {}
-    for li in tqdm(range(n_layers), desc="example heads", unit="layer"):
-        mask = causal_mask(n_tok, int(rope.sliding_window[li])).numpy()
-        mask[:, 0] = False  # the attention sink is analysed apart
-        valid = np.flatnonzero(mask)
-        chosen = np.sort(rng.choice(valid, size=min(n_pool, valid.size), replace=False))
-        ii, jj = np.unravel_index(chosen, mask.shape)
-        pool_ij[:, li, : len(chosen)] = ii, jj
-
-        q = torch.from_numpy(np.asarray(qs.isel(layer=li).values, dtype=np.float32))
-        k = torch.from_numpy(np.asarray(ks.isel(layer=li).values, dtype=np.float32))[kv_group]
-        layer_rope = rope.layer(li)
-        inv_freq = torch.as_tensor(layer_rope.inv_freq, dtype=torch.float32)
-        s, a = float(layer_rope.scaling), float(layer_rope.attention_scaling)
-        w_pairs, f_pairs, g_pairs = method_a_pairs(
-            q, k, positions, inv_freq, s, a, int(used[li]), torch.from_numpy(ii), torch.from_numpy(jj)
-        )
-        pool_w[li, :, : len(chosen)] = w_pairs.numpy()
-        pool_a[li, :, : len(chosen)] = (f_pairs + g_pairs).numpy()
-        for name, (layer, head, _) in heads.items():
-            if layer != layer_ids[li]:
-                continue
-            h = int(np.flatnonzero(head_ids == head)[0])
-            maps[name] = head_maps(q[h : h + 1], k[h : h + 1], positions, (inv_freq, s, a), int(used[li]), mask, crop)
-
+    pools, maps = pools_and_maps(qk, sample, used, heads, crop, n_pool, seed)
     names = list(heads)
-    ds = xr.Dataset(
-        {
-            var: (("example", "query", "key"), np.stack([maps[n][var] for n in names]).astype(np.float32))
-            for var in ("W", "f", "g")
-        }
-        | {
-            "pool_W": (("layer", "head", "pair"), pool_w),
-            "pool_A": (("layer", "head", "pair"), pool_a),
-            "pool_query": (("layer", "pair"), pool_ij[0]),
-            "pool_key": (("layer", "pair"), pool_ij[1]),
-        },
-        coords={
-            "example": names,
-            "example_layer": ("example", [heads[n][0] for n in names]),
-            "example_head": ("example", [heads[n][1] for n in names]),
-            "example_r": ("example", [heads[n][2] for n in names]),
-            "example_r_sample": ("example", [maps[n]["r_sample"] for n in names]),
-            "query": np.arange(crop),
-            "key": np.arange(crop),
-            "layer": qk["layer"].values,
-            "head": qk["head"].values,
-            "pair": np.arange(n_pool),
-            "dummy_distance_used": ("layer", used),
-        },
-        attrs={
-            "sample": sample,
-            "dummy_distance": dummy_distance,
-            "sink": "without",
-            "map_tokens": crop,
-            "pool_pairs": n_pool,
-            "pool_seed": seed,
-            "selection_rule": SELECTION_RULE,
-        },
-    )
-    return ds
+    example_maps = {
+        var: (("example", "query", "key"), np.stack([maps[n][var] for n in names]).astype(np.float32))
+        for var in ("W", "f", "g")
+    }
+    coords = {
+        "example": names,
+        "example_layer": ("example", [heads[n][0] for n in names]),
+        "example_head": ("example", [heads[n][1] for n in names]),
+        "example_r": ("example", [heads[n][2] for n in names]),
+        "example_r_sample": ("example", [maps[n]["r_sample"] for n in names]),
+        "query": np.arange(crop),
+        "key": np.arange(crop),
+        "layer": qk["layer"].values,
+        "head": qk["head"].values,
+        "pair": np.arange(n_pool),
+        "dummy_distance_used": ("layer", used),
+    }
+    attrs = {
+        "sample": sample,
+        "dummy_distance": dummy_distance,
+        "sink": "without",
+        "map_tokens": crop,
+        "pool_pairs": n_pool,
+        "pool_seed": seed,
+        "selection_rule": SELECTION_RULE,
+    }
+    return xr.Dataset(example_maps | pools, coords=coords, attrs=attrs)
 
 
 EXAMPLE_OPTIONS = ("sample", "map_tokens", "pool_pairs", "seed")
