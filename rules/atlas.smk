@@ -53,7 +53,7 @@ rule atlas:
         training=paths.in_collection(paths.COLLECTION_PARTS["training"], "run"),
         examples=expand(paths.EXAMPLES, model=MODELS, variant=VARIANTS),
         bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
-        reproduction=paths.REPRODUCTION["md"],
+        verdicts=paths.REPRODUCTION["verdicts"],
     output:
         atlas=report(
             paths.ATLAS,

@@ -352,6 +352,13 @@ rule reproduction:
             subcategory="all models",
             labels={"table": "reproduction (second paper)"},
         ),
+        verdicts=report(
+            paths.REPRODUCTION["verdicts"],
+            caption="../report/verdicts.rst",
+            category="0. Reproduction tables",
+            subcategory="all models",
+            labels={"table": "verdicts (both papers)"},
+        ),
     log:
         paths.log("figures", "reproduction"),
     conda:

@@ -10,7 +10,8 @@
   a repeat probe);
 * :func:`draw`: any paper figure from those datasets, by the figure rules' own loader and drawing function;
 * :func:`heads`, :func:`classifier_heads`: a run's per-head tables (results/heads.parquet,
-  results/synthetic/heads.parquet) as DataFrames.
+  results/synthetic/heads.parquet) as DataFrames;
+* :func:`verdicts`: both papers' verdicts (results/verdicts.csv) as one DataFrame.
 
 Options not given take the config schema's defaults (schemas/config.schema.yaml), as the workflow does.
 """
@@ -29,21 +30,20 @@ import xarray as xr
 
 from posgen import paths
 from posgen.atlas.tables import read_table
+from posgen.claims import read_verdicts
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition.options import DecompositionOptions
 from posgen.decomposition.table import decompose_dataset
 from posgen.figures import registry
 from posgen.llm.capture import CAPTURING_BACKENDS, Capture, backend_for
-from posgen.llm.extract import capture_attrs, capture_window, default_options, effective_rtol, verify_logits
+from posgen.llm.extract import capture_attrs, capture_window, effective_rtol, verify_logits
 from posgen.llm.head_ablation import head_ablation, join_decomposition
+from posgen.llm.options import ExtractOptions, HeadAblationOptions
 from posgen.llm.run import ModelRun
 from posgen.models import acquire, manifest_attrs
 from posgen.store import provenance, qk_dataset
 from posgen.workflow.figures import FIGURES
-
-# ablate_heads' options: leaves of the config section head_ablation (its n_samples and seq_len size the windows)
-HEAD_ABLATION_OPTIONS = ("probe_samples", "probe_period", "seed", "probes")
 
 
 def model_folder(source: str | Path, cache: str | Path | None = None) -> Path:
@@ -143,12 +143,12 @@ def capture_qk(
     """
     net, tokenizer, manifest = _loaded(loaded, variant)
     ids, samples = _token_rows(tokens, tokenizer)
-    options = default_options()
-    check_tokens = options["check_tokens"] if check_tokens is None else check_tokens
+    options = ExtractOptions.defaults()
+    check_tokens = options.check_tokens if check_tokens is None else check_tokens
     check_tokens = min(check_tokens or ids.shape[1], ids.shape[1]) if check else 0
     dtype = str(next(net.parameters()).dtype).removeprefix("torch.")
     positions = torch.arange(ids.shape[1], device=next(net.parameters()).device)[None]
-    rtol = effective_rtol(options["check_rtol"], dtype)
+    rtol = effective_rtol(options.check_rtol, dtype)
     qs, ks, worst = [], [], float("nan")
     with _capturing_backend(net), torch.inference_mode(), Capture(net, check_tokens=check_tokens) as cap:
         for row, token_ids in enumerate(ids):
@@ -191,11 +191,12 @@ def ablate_heads(
     :func:`capture_qk` takes them) and on a repeat probe, by the head_ablation job's own code; with a
     ``decomposition`` (:func:`decompose` of the same model), each head's Method A r and f share beside it (what
     the ``head_ablation`` figure draws). ``options``: probe_samples, probe_period, seed, probes of the config
-    section ``head_ablation`` (the schema's when not given)."""
+    section ``head_ablation``, the schema's when not given
+    (:meth:`posgen.llm.options.HeadAblationOptions.defaults`; its n_samples and seq_len size a job's windows,
+    not ``tokens``)."""
     net, tokenizer, manifest = _loaded(loaded, variant)
     ids, _ = _token_rows(tokens, tokenizer)
-    options = {**schema_defaults("head_ablation", HEAD_ABLATION_OPTIONS), **options}
-    ds = head_ablation(net, tokenizer, ids, desc="heads" if progress else "", **options)
+    ds = head_ablation(net, tokenizer, ids, HeadAblationOptions.defaults(**options), desc="heads" if progress else "")
     if decomposition is not None:
         ds = join_decomposition(ds, decomposition)
     ds.attrs = provenance(**ds.attrs, **manifest_attrs(manifest, model=model or manifest["source"], variant=variant))
@@ -244,3 +245,10 @@ def classifier_heads(path: str | Path = paths.in_collection(paths.CLASSIFIER_HEA
     """A run's second-paper per-classifier, per-head table (results/synthetic/heads.parquet): one row per
     (experiment, task, pe, seed, layer, head) with the head's ablation drop and Toeplitz shares."""
     return read_table(path)
+
+
+def verdicts(path: str | Path = paths.REPRODUCTION["verdicts"]) -> pd.DataFrame:
+    """A run's verdicts of both papers as one table (results/verdicts.csv, docs/data-model.md): one row per
+    (paper, claim, scope) with the outcome, its reason, the regime, the evidence, the rules it cites with their status,
+    the registry version and what it was decided on (posgen.claims.VERDICT_COLUMNS)."""
+    return read_verdicts(path)

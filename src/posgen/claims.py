@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 from posgen.rules import value
@@ -85,6 +87,10 @@ class Claim:
     fixed: str = ""  # why a finished run cannot fail the test (then its verdict is "not discriminative")
     reads: str = ""  # the data its test reads, whose regime its verdict is followed by (the first paper's)
     rules: tuple = ()  # the names of the rules it depends on (posgen.rules), cited in its row
+    # what its verdict was decided on: the first paper's the head statistic it reads (a heads.parquet statistic of
+    # the atlas' menu, or the prefix of several); the second paper's the classifier cells it reads, "task/pe"
+    # patterns (fnmatch: "distance/partial-rope-*")
+    decided_on: tuple = ()
 
 
 def t_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
@@ -197,3 +203,54 @@ def verdict_markdown(
         evidence = "<br>".join(row["evidence"]) or "-"
         lines.append(f"| {row['paper']} | {row['test']} | **{row['verdict']}** | {evidence} |")
     return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------- the verdicts as one table
+
+# results/verdicts.csv (docs/data-model.md, "verdicts.csv"): one row per (paper, claim, scope), both papers'; a
+# claim no scope tested has one row with an empty scope. Each paper's verdict section of reproduction.md is
+# rendered from its rows (posgen.llm.verdicts.verdict_markdown, posgen.synthetic.verdicts.verdicts_markdown).
+VERDICT_COLUMNS = {
+    "paper": "1: Han & Ji 2025 (the LLMs), 2: arXiv 2505.13027 (the classifiers)",
+    "claim": "the claim's name (posgen.llm.verdicts.CLAIMS, posgen.synthetic.verdicts.CLAIMS)",
+    "statement": "the claim in the paper's words",
+    "test": "the test in words",
+    "rules": "the rules it cites with their values and status ('rules: NEAR 0.03 (post hoc), ...'; posgen.rules)",
+    "verdict": "the claim's verdict over every scope (the same on each of its rows)",
+    "scope": "where this row's outcome was decided: 'model / construction' (first paper), an experiment (second)",
+    "model": "the model of a first-paper row (its scope without the construction)",
+    "outcome": "this scope's outcome (posgen.claims.Outcome)",
+    "reason": "why it is not discriminative / not testable, in words ('' otherwise)",
+    "diagnostic": "a diagnostic's row: shown, never counted",
+    "regime": "what the test read in this scope (windows, seeds, model size; a regime of classifiers)",
+    "status": "exploratory / confirmatory under the registry version (first paper; posgen.rules.data_status)",
+    "evidence": "the numbers behind the outcome",
+    "decided_on": "the head statistic (first paper) or the classifier cells, 'task/pe; ...' (second) it read",
+    "registry": "the registry version its rules were read under, with the time it was frozen",
+    "source": "the table the verdict was decided from",
+}
+TEXT_COLUMNS = [c for c in VERDICT_COLUMNS if c not in ("paper", "diagnostic")]
+
+
+def verdict_frame(rows: list[dict]) -> pd.DataFrame:
+    """Verdict rows (dicts with VERDICT_COLUMNS' keys; missing text columns empty) as the table's DataFrame."""
+    frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
+    frame[TEXT_COLUMNS] = frame[TEXT_COLUMNS].fillna("").astype(str)
+    return frame.astype({"paper": int, "diagnostic": bool})
+
+
+def row_label(row) -> str:
+    """A verdict row's outcome as a verdict cell prints it: "not discriminative (ceiling tie)"."""
+    return f"{row['outcome']} ({row['reason']})" if row["reason"] else row["outcome"]
+
+
+def read_verdicts(path) -> pd.DataFrame:
+    """results/verdicts.csv as written (every text column a string, '' where empty); one line naming the file
+    where it is missing or lacks a column."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file (rule reproduction writes it: snakemake --cores 2 {path})")
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in VERDICT_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: not a verdicts table (no column {', '.join(missing)})")
+    return frame.astype({"paper": int}).assign(diagnostic=frame["diagnostic"].eq("True"))

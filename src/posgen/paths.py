@@ -62,6 +62,7 @@ REPRODUCTION = {
     "csv": f"{RESULTS}/reproduction.csv",
     "md": f"{RESULTS}/reproduction.md",
     "synthetic_csv": f"{RESULTS}/reproduction_synthetic.csv",
+    "verdicts": f"{RESULTS}/verdicts.csv",  # both papers' verdicts, one row per (paper, claim, scope)
 }
 # the head atlas (issue 55): the first paper's per-head table and the page over both papers
 HEADS = f"{RESULTS}/heads.parquet"

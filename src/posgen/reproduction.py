@@ -22,6 +22,7 @@ from posgen.llm.gap_origin import origin_markdown
 from posgen.llm.readers import by_model_variant, cap_effects, perturbation_ratios
 from posgen.llm.verdicts import PAPER_R, control_markdown, summary_regime, window_seeds
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
+from posgen.llm.verdicts import verdict_table as paper_verdict_table
 from posgen.llm.verdicts import verdicts as paper_verdicts
 from posgen.parts import WEIGHTS_NOTE
 from posgen.store import atomic_path, open_dataset, stable_provenance
@@ -276,6 +277,7 @@ def write_reproduction(
     perturb_paths=(),
     cap_paths=(),
     sections=(),
+    verdicts_csv: str | Path | None = None,
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
@@ -283,7 +285,8 @@ def write_reproduction(
     second family's summary, its rows (the second paper's numbers beside ours) go to ``synthetic_csv`` and a
     second section of the Markdown, with a verdict per claim (posgen.synthetic.verdicts) from the deposit study's
     per-classifier table when given, else from the run's. ``sections``: the statistics' own sections (Markdown,
-    posgen.workflow.steps: a step's ``section``), after the gap origin's."""
+    posgen.workflow.steps: a step's ``section``), after the gap origin's. ``verdicts_csv``: both papers' verdicts as
+    one table (results/verdicts.csv), from which their sections of the Markdown are rendered."""
     optional = (synthetic_summary_csv, study_summary_csv, synthetic_classifiers_csv, study_classifiers_csv)
     paths = [Path(p) for p in (summary_csv, *optional) if p is not None]
     inputs = (bands_paths, perturb_paths, cap_paths)
@@ -310,7 +313,9 @@ def write_reproduction(
         "caps": _file_regimes(cap_paths),
     }
     results = paper_verdicts(summary, bands, ratios, caps)
-    text += "\n" + paper_verdict_markdown(results, str(summary_csv), regimes, window_seeds(summary))
+    first = paper_verdict_table(results, str(summary_csv), regimes, window_seeds(summary))
+    text += "\n" + paper_verdict_markdown(first)
+    tables = [first]
     if synthetic_summary_csv is not None:
         summaries = [pd.read_csv(p) for p in (synthetic_summary_csv, study_summary_csv) if p is not None]
         rows = synthetic_reproduction_rows(pd.concat(summaries, ignore_index=True))
@@ -320,7 +325,11 @@ def write_reproduction(
         source = study_classifiers_csv or synthetic_classifiers_csv
         if source is not None:
             classifiers = pd.read_csv(source)
-            text += "\n" + verdicts_markdown(verdicts(classifiers), str(source), classifiers)
+            tables.append(verdicts(classifiers, str(source)))
+            text += "\n" + verdicts_markdown(tables[-1], classifiers)
+    if verdicts_csv is not None:  # both papers' verdicts as one table (posgen.claims.VERDICT_COLUMNS)
+        with atomic_path(verdicts_csv) as tmp:
+            pd.concat(tables, ignore_index=True).assign(**keep).to_csv(tmp, index=False)
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table
@@ -344,5 +353,6 @@ def reproduction_step(job) -> None:
         perturb_paths=listed(i["perturb"]),
         cap_paths=listed(i["cap"]),
         sections=[resolve(step.section)(listed(i[name])) for name, step in STEPS.items() if step.section and name in i],
+        verdicts_csv=o["verdicts"],
         config_hash=job.params["config_hash"],
     )

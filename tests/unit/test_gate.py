@@ -199,11 +199,11 @@ def test_an_unfit_memorising_seed_with_a_flat_held_out_curve_did_not_fit():
 def test_a_table_that_decides_nothing_says_so():
     spec = {"alibi": [0.047, 0.044, 0.05], "rope+sinusoidal": [0.157, 0.137, 0.14], "nope": [0.05] * 3}
     classifiers = table(spec, n_train=2100, train={"nope": [(0.3, 0.05)] * 3})
-    text = verdicts_markdown(verdicts(classifiers), "x.csv", classifiers)
+    text = verdicts_markdown(verdicts(classifiers, "x.csv"), classifiers)
     assert "**This table decides nothing**" in text and "(6 of 9 classifiers converged)" in text
     assert "docs/gpu/regime_study-classifiers.csv" in text
     decided = table({"alibi": [0.047, 0.044, 0.05], "rope+sinusoidal": [0.9, 0.95, 0.92]})
-    assert "decides nothing" not in verdicts_markdown(verdicts(decided), "x.csv", decided)
+    assert "decides nothing" not in verdicts_markdown(verdicts(decided, "x.csv"), decided)
 
 
 def test_the_command_prints_the_verdicts_and_names_a_missing_file(tmp_path, capsys):
@@ -218,9 +218,9 @@ def test_the_command_prints_the_verdicts_and_names_a_missing_file(tmp_path, caps
 def test_the_h200_regime_table_re_decided():
     """docs/gpu/regime_study-classifiers.csv under the rules of issue 50: the numbers of docs/results.md."""
     classifiers = pd.read_csv(H200)
-    by = verdicts(classifiers).set_index(["claim", "experiment"])
+    by = verdicts(classifiers).set_index(["claim", "scope"])
     alibi = by.loc[("alibi_fails_distance", "size-d71-faithful")]  # was "reproduced"
-    assert alibi["outcome"] == "not testable here (data per class)"
+    assert (alibi["outcome"], alibi["reason"]) == ("not testable here", "data per class")
     assert "by the gate and the control alone: inconclusive" in alibi["evidence"]
     assert "seed 1: alibi 8.1 % (still learning), control 90.0 % (converged, learned)" in alibi["evidence"]
     assert "seed 0: alibi 4.7 % (did not fit), control 15.7 % (converged)" in alibi["evidence"]

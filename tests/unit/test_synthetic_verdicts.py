@@ -257,7 +257,10 @@ def test_verdict_table_names_the_regime_of_every_row():
     spec = {**DISTANCE_SET, ("distance", "rope+sinusoidal"): [0.9, 0.91, 0.92]}
     table = verdicts(pd.concat([rows(spec, experiment="small"), rows(spec, experiment="wide", faithful=True)]))
     best = table[table["claim"] == "rope_best_distance"]
-    assert list(best["experiment"]) == ["small", "wide"]
+    assert list(best["scope"]) == ["small", "wide"]
+    # what each regime's verdict read: every PE of the paper's set trained there, on distance
+    read = ["distance/nope", "distance/sinusoidal", "distance/alibi", "distance/decoupled", "distance/rope+sinusoidal"]
+    assert best["decided_on"].iloc[0].split("; ") == read
     assert best["verdict"].iloc[0] == "reproduced (in 2 of 2 regimes)"
     assert "330 steps at lr 0.006" in best["regime"].iloc[0] and "distance <= 17" in best["regime"].iloc[0]
     assert "faithful" in best["regime"].iloc[1]

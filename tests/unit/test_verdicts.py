@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from posgen.llm import verdicts as first
-from posgen.llm.verdicts import CLAIMS, DECIDING, Perturbation, verdict, verdict_markdown
+from posgen.llm.verdicts import CLAIMS, DECIDING, Perturbation, verdict, verdict_markdown, verdict_table
 
 
 def deciding(rows: pd.DataFrame) -> pd.DataFrame:
@@ -104,7 +104,7 @@ def test_each_claim_gets_its_verdict_from_its_rules():
     assert results["low_frequency_pattern_learned"][0] == learned
     assert results["perturbations_tolerated"][0] == "depends on the model: reproduced for m1; not reproduced for m2"
     assert len(results) == len(CLAIMS)
-    md = verdict_markdown(verdicts(summary(), bands, perturb), "results/summary.csv")
+    md = verdict_markdown(verdict_table(verdicts(summary(), bands, perturb), "results/summary.csv"))
     assert f"**{split}**" in md
     assert (
         "m1 / A: **reproduced**, row-centred mean r 0.930 [0.925, 0.935], 0.034 from 0.959 at most: holds, NEAR "
@@ -347,7 +347,7 @@ def test_every_verdict_is_followed_by_the_regime_of_what_its_test_read():
     ratio = {("token-swap", 0.05): Perturbation(1.5, 1.05, 0.1), ("token-swap", 0.2): Perturbation(3.0, 1.5, 0.4)}
     perturb = {"m1": {"trained": ratio}}
     regimes = {"summary": regime, "perturb": {"m1": "4 windows x 256 tokens"}}
-    md = verdict_markdown(verdicts(rows, {}, perturb), "results/summary.csv", regimes)
+    md = verdict_markdown(verdict_table(verdicts(rows, {}, perturb), "results/summary.csv", regimes))
     lines = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
     r_row = lines["attention logits ~ f(q, i - j) + g(q, k) with r = 0.959"]
     assert "| regime, m1: 8 windows x 1200 tokens (+8 held-out), 2 random-init seeds, 30 layers x 9 heads<br>" in r_row

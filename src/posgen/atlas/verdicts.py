@@ -1,48 +1,22 @@
-"""The verdict tables of results/reproduction.md (both papers' "Verdict per claim" sections) as rows, each with
-what it was decided on: the first paper's on every head of each model (the statistic the claim reads), the
-second paper's on the classifiers of the PEs, tasks and regimes it names."""
+"""Both papers' verdict tables on the atlas page, from results/verdicts.csv (posgen.claims.VERDICT_COLUMNS), each
+row linked to what it was decided on: the first paper's to the head statistic its claim reads (on every model), the
+second paper's to the classifiers of the cells each regime read."""
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import re
-from pathlib import Path
 
-VERDICT_HEADING = "## Verdict per claim"
-# claim words -> the head statistic (posgen.atlas.page.STATISTICS key) a first-paper verdict reads
-CLAIM_STATISTIC = (
-    ("low-frequency", "low_share_k"),
-    ("capping", "f_share"),
-    ("dummy distance", "r_sweep_spread"),
-    ("perturbation", "loss_increase"),
+import pandas as pd
+
+from posgen.llm.verdicts import claim_cells as first_cells
+from posgen.synthetic.verdicts import claim_cells as second_cells
+
+PAPERS = (
+    (1, "Han &amp; Ji 2025: attention logits in LLMs", first_cells),
+    (2, "arXiv 2505.13027: classifiers", second_cells),
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class VerdictRow:
-    paper: int  # 1: Han & Ji 2025 (the LLMs), 2: arXiv 2505.13027 (the classifiers)
-    cells: tuple[str, ...]  # claim, test, verdict, evidence: markdown text
-
-
-def parse(path) -> list[VerdictRow]:
-    """Every row of the verdict tables of ``path`` (reproduction.md), the first paper's first; one line naming the
-    file where it has none."""
-    text = Path(path).read_text()
-    rows, paper, in_table = [], 0, False
-    for line in text.splitlines():
-        if line.startswith("# "):
-            paper += 1
-            in_table = False
-        elif line.startswith("## "):
-            in_table = line.startswith(VERDICT_HEADING)
-        elif in_table and line.startswith("|") and not line.startswith("|---"):
-            cells = tuple(cell.strip() for cell in line.strip().strip("|").split(" | "))
-            if cells[0] != "claim (paper)":
-                rows.append(VerdictRow(paper=paper, cells=cells))
-    if not rows:
-        raise ValueError(f"{path}: no '{VERDICT_HEADING}' table")
-    return rows
+FALLBACK = "r_A"  # the statistic a first-paper row links to where the run's table has none it names
 
 
 def cell_html(markdown: str) -> str:
@@ -56,29 +30,48 @@ def cell_html(markdown: str) -> str:
     return "<br>".join(out)
 
 
-def statistic_of(claim: str) -> str:
-    """The head statistic a first-paper claim reads (Method A's row-centred r, the deciding one, unless the claim names
-    another)."""
-    lowered = claim.lower()
-    return next((stat for words, stat in CLAIM_STATISTIC if words in lowered), "r_rc_A")
+def _statistic(decided_on: str, stats: dict) -> str:
+    """The menu key of the head statistic a first-paper claim was decided on (the first of a prefix's keys)."""
+    return decided_on if decided_on in stats else next((k for k in stats if k.startswith(decided_on)), FALLBACK)
 
 
-def classifiers_of(row: VerdictRow, classifiers: list[dict]) -> list[dict]:
-    """The classifiers (dicts with experiment, task, pe, seed) a second-paper verdict row was decided on: those of
-    the regimes its evidence names, of the tasks its claim (else its test) names and of the PEs its test (else its
-    claim) names; every one where none is named."""
-    claim, test = (cell.lower() for cell in row.cells[:2])
-    evidence = row.cells[-1]
+def _decided(rows: pd.DataFrame, classifiers: list[dict]) -> list[dict]:
+    """The classifiers (dicts with experiment, task, pe, seed, key) a second-paper claim's rows read: per row, those
+    of its experiment in the cells it names."""
+    read = {(r.scope, cell) for r in rows.itertuples() for cell in r.decided_on.split("; ") if cell}
+    return [c for c in classifiers if (c["experiment"], f"{c['task']}/{c['pe']}") in read]
 
-    def named(values, *texts, pattern="{}"):
-        """The values the first text that names any names (every one where none does)."""
-        for text in texts:
-            hits = {v for v in values if re.search(rf"(?<![\w+-]){re.escape(pattern.format(v))}(?![\w+-])", text)}
-            if hits:
-                return hits
-        return set(values)
 
-    experiments = named({c["experiment"] for c in classifiers}, evidence, pattern="{}:")
-    tasks = named({c["task"] for c in classifiers}, claim, test)
-    pes = named({c["pe"] for c in classifiers}, test, claim)  # the test names the PEs it decides on
-    return [c for c in classifiers if c["experiment"] in experiments and c["task"] in tasks and c["pe"] in pes]
+def _links(paper: int, rows: pd.DataFrame, models, classifiers, stats) -> list[tuple[str, str, str]]:
+    """(kind, target, text) of each link of a claim's 'decided on' cell."""
+    if paper == 1:
+        stat = _statistic(rows["decided_on"].iloc[0], stats)
+        return [("heads", f"{model}|{stat}", f"{model}: {stats[stat][0]}") for model in models]
+    return [
+        ("classifier", c["key"], f"{c['experiment']} / {c['task']} / {c['pe']} / seed {c['seed']}")
+        for c in _decided(rows, classifiers)
+    ]
+
+
+def verdict_rows(table: pd.DataFrame | None, models: list[str], classifiers: list[dict], stats: dict) -> list[dict]:
+    """Per paper, its title and its claims' rows: id, the cells as HTML (claim, test, verdict, evidence) and the
+    links to what each was decided on (``models``: the atlas' models; ``classifiers``: its classifier keys;
+    ``stats``: its menu, posgen.atlas.page.statistics)."""
+    if table is None:
+        return []
+    papers = []
+    for paper, title, cells_of in PAPERS:
+        part = table[table["paper"] == paper]
+        rows = []
+        for i, ((_, claim_rows), cell) in enumerate(zip(part.groupby("claim", sort=False), cells_of(part))):
+            markdown = [cell["paper"], cell["test"], f"**{cell['verdict']}**", "<br>".join(cell["evidence"]) or "-"]
+            rows.append(
+                {
+                    "id": f"verdict-{paper}-{i}",
+                    "claim": cell["paper"],
+                    "cells": [cell_html(m) for m in markdown],
+                    "links": _links(paper, claim_rows, models, classifiers, stats),
+                }
+            )
+        papers.append({"paper": paper, "title": title, "rows": rows})
+    return papers

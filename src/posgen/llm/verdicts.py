@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from posgen.claims import WHY, Claim, Outcome, against, combine, exceeds, label
+from posgen.claims import WHY, Claim, Outcome, against, combine, exceeds, label, row_label, verdict_frame
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.llm.summary import HEAD_R
@@ -361,6 +361,8 @@ def summary_regime(summary: pd.DataFrame) -> dict[str, str]:
     return out
 
 
+# the atlas' head statistic of the deciding r (posgen.atlas.page.statistics), what the r claims are decided on
+R_HEADS = "r_rc_A" if R_STATISTIC == "row-centred" else "r_A"
 ON_INTERVAL = "decided on its 95 % bootstrap interval over windows (inconclusive when it straddles)"
 R_WORDS = (
     "row-centred (each query row less its mean over its scored keys: what softmax sees)"
@@ -375,6 +377,7 @@ CLAIMS = [
         f"{ON_INTERVAL}; not discriminative where every random-init seed meets the band too",
         r_near_paper,
         rules=("NEAR", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "DECISION"),
+        decided_on=(R_HEADS,),
     ),
     Claim(
         "learned",
@@ -384,6 +387,7 @@ CLAIMS = [
         "seeds are inconclusive)",
         random_init_lacks_split,
         rules=("LACK", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "SEEDS_FIRST", "SEEDS_MIN_FIRST"),
+        decided_on=(R_HEADS,),
     ),
     Claim(
         "dummy distance",
@@ -393,6 +397,7 @@ CLAIMS = [
         f"(a sliding-window layer's sweep at min(D, window - 1), as its own D), {ON_INTERVAL}",
         insensitive_to_dummy_distance,
         rules=("SWEEP", "R_STATISTIC", "SWEEP_SLIDING", "SINK", "DECISION"),
+        decided_on=("r_sweep_spread",),
     ),
     Claim(
         "layers and heads",
@@ -402,6 +407,7 @@ CLAIMS = [
         f"the heads (mean r over windows) below {HEAD_R}, each {ON_INTERVAL}",
         consistent_across_layers_and_heads,
         rules=("LAYER_MIN", "HEADS_BELOW", "HEAD_R", "R_STATISTIC", "SINK", "CONSTRUCTIONS", "DECISION"),
+        decided_on=(R_HEADS,),
     ),
     Claim(
         "distance cap",
@@ -411,6 +417,7 @@ CLAIMS = [
         cap_changes_only_f,
         reads="caps",
         rules=("G_KEPT", "DECISION"),
+        decided_on=("f_share",),
     ),
     Claim(
         "error bound",
@@ -419,6 +426,7 @@ CLAIMS = [
         error_within_bound,
         fixed="a theorem: every job checks it entry by entry and stops on a violation, so a finished run cannot "
         "fail it",
+        decided_on=(R_HEADS,),
     ),
     Claim(
         "low frequency",
@@ -429,6 +437,7 @@ CLAIMS = [
         "in expectation), so this asks for a trained share above about 0.6",
         low_frequency_pattern_learned,
         rules=("LEARNED", "SEEDS_FIRST", "SEEDS_MIN_FIRST"),
+        decided_on=("low_share_k",),
     ),
     Claim(
         "perturbations",
@@ -439,6 +448,7 @@ CLAIMS = [
         perturbations_tolerated,
         reads="perturb",
         rules=("MINIMAL", "CLEAR", "RATES", "DECISION"),
+        decided_on=("loss_increase",),
     ),
 ]
 
@@ -516,14 +526,6 @@ def control_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(finding: Finding) -> str:
-    """A finding in its row: "**<outcome>**, evidence", or for a diagnostic "**diagnostic** (meets the test)"."""
-    if finding.diagnostic:
-        words = DIAGNOSTIC_WORDS.get(finding.outcome, "undecided")
-        return f"**diagnostic** ({words}), {finding.evidence}"
-    return f"**{finding.label}**, {finding.evidence}"
-
-
 def window_seeds(summary: pd.DataFrame) -> dict[str, int]:
     """{model: the window seed of its windows} from summary.csv's ``window_seed`` (-1 where not recorded)."""
     if "window_seed" not in summary.columns:
@@ -531,13 +533,79 @@ def window_seeds(summary: pd.DataFrame) -> dict[str, int]:
     return {str(m): int(s) for m, s in summary.groupby("model", sort=False)["window_seed"].first().items()}
 
 
-def verdict_markdown(
+def verdict_table(
     results, source: str, regimes: dict[str, dict[str, str]] | None = None, seeds: dict[str, int] | None = None
-) -> str:
-    """The verdict table of the first paper's claims (posgen.claims' table): per claim, the regime of each model
-    its test read (``regimes[claim.reads or "summary"][model]``), then each finding with its outcome."""
+) -> pd.DataFrame:
+    """The first paper's rows of results/verdicts.csv (posgen.claims.VERDICT_COLUMNS) from :func:`verdicts`'
+    ``results``: one per finding, with the regime of its model that the claim's test read
+    (``regimes[claim.reads or "summary"][model]``) and its status under the registry; one row without a scope for a
+    claim nothing tested."""
+    registry = f"{version()} (frozen at {frozen_at()})"
+    rows = []
+    for claim, text, findings in results:
+        regime = (regimes or {}).get(claim.reads or "summary", {})
+        common = {
+            "paper": 1,
+            "claim": claim.name,
+            "statement": claim.paper,
+            "test": claim.test,
+            "rules": cite(claim.rules) if claim.rules else "",
+            "verdict": text,
+            "decided_on": "; ".join(claim.decided_on),
+            "registry": registry,
+            "source": source,
+        }
+        for f in findings:
+            model = f.model.split(" (")[0]
+            status = data_status(claim.rules, model, (seeds or {}).get(model)) if model in regime else ""
+            rows.append(
+                {
+                    **common,
+                    "scope": f"{f.model}{' / ' + f.construction if f.construction else ''}",
+                    "model": model,
+                    "outcome": f.outcome.value,
+                    "reason": WHY.get(f.why, f.why),
+                    "diagnostic": f.diagnostic,
+                    "evidence": f.evidence,
+                    "regime": regime.get(model, ""),
+                    "status": status,
+                }
+            )
+        if not findings:
+            rows.append({**common, "outcome": text, "diagnostic": False})
+    return verdict_frame(rows)
+
+
+def _line(row) -> str:
+    """A finding's line in its verdict cell: "**<outcome>**, evidence", or for a diagnostic "**diagnostic** (meets
+    the test), evidence"."""
+    if row["diagnostic"]:
+        words = DIAGNOSTIC_WORDS.get(Outcome(row["outcome"]), "undecided")
+        return f"{row['scope']}: **diagnostic** ({words}), {row['evidence']}"
+    return f"{row['scope']}: **{row_label(row)}**, {row['evidence']}"
+
+
+def claim_cells(table: pd.DataFrame) -> list[dict]:
+    """Per claim of the first paper's rows of a verdicts table, its verdict row's cells (``paper``, ``test``,
+    ``verdict``, ``evidence``: lines): the regime and status of each model its test read, then each finding."""
+    cells = []
+    for _, part in table[table["paper"] == 1].groupby("claim", sort=False):
+        first, scoped = part.iloc[0], part[part["scope"] != ""]
+        read = scoped[scoped["regime"] != ""].drop_duplicates("model")
+        lines = [f"regime, {r.model}: {r.regime}" for r in read.itertuples()]
+        lines += [f"status, {r.model}: {r.status}" for r in read.itertuples()]
+        lines += [_line(row) for _, row in scoped.iterrows()]
+        test = f"{first['test']}; {first['rules']}" if first["rules"] else first["test"]
+        cells.append({"paper": first["statement"], "test": test, "verdict": first["verdict"], "evidence": lines})
+    return cells
+
+
+def verdict_markdown(table: pd.DataFrame) -> str:
+    """The verdict section of the first paper's claims (posgen.claims' table), rendered from its rows of a
+    verdicts table (:func:`verdict_table`)."""
+    first = table[table["paper"] == 1].iloc[0]
     preamble = (
-        f"From `{source}`, the bands and the perturbation tables of the same run. The paper's constructions, "
+        f"From `{first['source']}`, the bands and the perturbation tables of the same run. The paper's constructions, "
         "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
         + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
         + " Rules: `posgen.rules` (`python -m posgen.rules` prints each with the commit that set it); a rule set "
@@ -545,18 +613,9 @@ def verdict_markdown(
         "is decided on its 95 % bootstrap interval over windows and prints the threshold at which it would flip. "
         "Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its reason) / not tested "
         "(docs/method.md section 8.9); a diagnostic's finding says whether it meets the test, never 'reproduced'. "
-        f"Registry {version()} (frozen at {frozen_at()}); each verdict's status per model: exploratory where a rule "
+        f"Registry {first['registry']}; each verdict's status per model: exploratory where a rule "
         "it cites was set after (or within SAME_STRETCH hours before) that model's data were first printed, else "
         "confirmatory under this version (posgen.rules.data_status)."
     )
-    rows = []
-    for claim, text, findings in results:
-        regime = (regimes or {}).get(claim.reads or "summary", {})
-        models = [m for m in dict.fromkeys(f.model.split(" (")[0] for f in findings) if m in regime]
-        lines = [f"regime, {m}: {regime[m]}" for m in models]
-        lines += [f"status, {m}: {data_status(claim.rules, m, (seeds or {}).get(m))}" for m in models]
-        lines += [f"{f.model}{' / ' + f.construction if f.construction else ''}: {_cell(f)}" for f in findings]
-        test = f"{claim.test}; {cite(claim.rules)}" if claim.rules else claim.test
-        rows.append({"paper": claim.paper, "test": test, "verdict": text, "evidence": lines})
     evidence = "regime; per model / construction: outcome, evidence"
-    return claims_markdown("Verdict per claim (Han & Ji 2025)", preamble, rows, evidence)
+    return claims_markdown("Verdict per claim (Han & Ji 2025)", preamble, claim_cells(table), evidence)

@@ -21,6 +21,7 @@ committed H200 regime table, docs/gpu/regime_study-classifiers.csv).
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import math
 import re
@@ -29,7 +30,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from posgen.claims import Claim, Decision, Outcome, combine, exceeds, overall, t_interval, verdict_markdown
+from posgen.claims import (
+    WHY,
+    Claim,
+    Decision,
+    Outcome,
+    combine,
+    exceeds,
+    overall,
+    row_label,
+    t_interval,
+    verdict_frame,
+    verdict_markdown,
+)
 from posgen.rules import cite, frozen_at, value, version
 from posgen.stats import CRITERION_TOP
 from posgen.store import atomic_path
@@ -395,6 +408,7 @@ CLAIMS = [
         f"{ROPE} not below the best other PE of the paper's set by more than the tie margin, per seed",
         rope_best_distance,
         rules=("TIE_SE", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
+        decided_on=tuple(f"distance/{pe}" for pe in AUTHORS_PES),
     ),
     Claim(
         "nope_fails_distance",
@@ -403,6 +417,7 @@ CLAIMS = [
         "leak is 'sanity check failed'",
         nope_fails_distance,
         rules=("LEAK_SE",),
+        decided_on=("distance/nope",),
     ),
     Claim(
         "alibi_fails_distance",
@@ -412,6 +427,7 @@ CLAIMS = [
         f"-{ALIBI_HIDES}",
         alibi_fails_distance,
         rules=("FAIL_MARGIN", "LEARN_FRACTION", "ALIBI_HIDES", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
+        decided_on=("distance/alibi", f"distance/{ROPE}"),
     ),
     Claim(
         "nope_ge_rope_count",
@@ -420,6 +436,7 @@ CLAIMS = [
         f"{ROPE} - sinusoidal say which component",
         nope_ge_rope_count,
         rules=("TIE_SE", *GATE_RULES),
+        decided_on=("count/nope", f"count/{ROPE}", "count/rope", "count/sinusoidal"),
     ),
     Claim(
         "decoupled_best_count",
@@ -427,6 +444,7 @@ CLAIMS = [
         "decoupled not below the best other PE by more than the tie margin, per seed",
         decoupled_best_count,
         rules=("TIE_SE", *GATE_RULES),
+        decided_on=tuple(f"count/{pe}" for pe in AUTHORS_PES),
     ),
     Claim(
         "deposit_rope_distance_only",
@@ -445,6 +463,7 @@ CLAIMS = [
             "PER_CLASS_BEARS",
             *GATE_RULES,
         ),
+        decided_on=(f"distance/{ROPE}", "distance/nope", f"count/{ROPE}"),
     ),
     Claim(
         "few_rope_heads_suffice",
@@ -452,6 +471,7 @@ CLAIMS = [
         "every partial-rope-k within 5 points of the better full RoPE, per seed",
         few_rope_heads_suffice,
         rules=("SUFFICE", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
+        decided_on=("distance/partial-rope-*", "distance/rope", f"distance/{ROPE}"),
     ),
     Claim(
         "additive_displaced",
@@ -460,14 +480,24 @@ CLAIMS = [
         "seed (depth > 3)",
         additive_displaced,
         rules=("DISPLACED", "MIN_PER_CLASS", "PER_CLASS_BEARS", *GATE_RULES),
+        decided_on=(f"distance/{ROPE}", "distance/sinusoidal", "distance/rope"),
     ),
 ]
 
 
-def verdicts(classifiers: pd.DataFrame) -> pd.DataFrame:
-    """One row per (claim, experiment) that tests it: outcome (with its reason), regime and evidence, and the
-    claim's ``verdict`` over every regime (a claim no experiment tests gets one row, "not tested")."""
+def _cells_read(claim: Claim, rows: pd.DataFrame) -> str:
+    """The classifier cells of ``rows`` (one experiment's) that ``claim`` reads: "task/pe; ..." in their order."""
+    trained = dict.fromkeys(f"{t}/{pe}" for t, pe in zip(rows["task"], rows["pe"]))
+    return "; ".join(c for c in trained if any(fnmatch.fnmatchcase(c, p) for p in claim.decided_on))
+
+
+def verdicts(classifiers: pd.DataFrame, source: str = "") -> pd.DataFrame:
+    """The second paper's rows of a verdicts table (posgen.claims.VERDICT_COLUMNS): one per (claim, experiment)
+    that tests it, with its outcome, regime, evidence and the cells it read, and the claim's ``verdict`` over every
+    regime (a claim no experiment tests gets one row without a scope, "not tested"); ``source``: the
+    per-classifier table's path."""
     groups = [(name, _states(rows)) for name, rows in classifiers.groupby("experiment", sort=False)]
+    registry = f"{version()} (frozen at {frozen_at()})"
     out = []
     for claim in CLAIMS:
         claim_rows, outcomes = [], {}
@@ -476,35 +506,51 @@ def verdicts(classifiers: pd.DataFrame) -> pd.DataFrame:
             if decision is None:
                 continue
             outcomes[experiment] = decision.label
-            row = {"experiment": experiment, "outcome": decision.label, "regime": regime(rows)}
-            claim_rows.append({**row, "evidence": decision.evidence})
+            claim_rows.append(
+                {
+                    "scope": experiment,
+                    "outcome": decision.outcome.value,
+                    "reason": WHY.get(decision.why, decision.why),
+                    "regime": regime(rows),
+                    "evidence": decision.evidence,
+                    "decided_on": _cells_read(claim, rows),
+                }
+            )
         verdict = overall(outcomes)
-        for row in claim_rows or [{"experiment": "", "outcome": verdict, "regime": "", "evidence": ""}]:
-            out.append({"claim": claim.name, "paper": claim.paper, "test": claim.test, "verdict": verdict, **row})
-    return pd.DataFrame(out)
+        common = {"paper": 2, "claim": claim.name, "statement": claim.paper, "test": claim.test}
+        common.update(rules=cite(claim.rules), verdict=verdict, diagnostic=False, registry=registry, source=source)
+        for row in claim_rows or [{"outcome": verdict}]:
+            out.append({**common, **row})
+    return verdict_frame(out)
 
 
-def verdicts_markdown(table: pd.DataFrame, source: str, classifiers: pd.DataFrame | None = None) -> str:
-    """Markdown of :func:`verdicts`: one row per claim, its verdict per regime with the regime and evidence. With
-    the per-classifier table, a preamble says when no claim is decided here, and the deposit's mode contrast."""
-    rows = []
-    rules = {claim.name: claim.rules for claim in CLAIMS}
-    for name, part in table.groupby("claim", sort=False):
-        first = part.iloc[0]
-        evidence = [
-            f"{r.experiment}: **{r.outcome}** at {r.regime}. {r.evidence}" for r in part.itertuples() if r.experiment
-        ]
-        test = f"{first['test']}; {cite(rules[name])}"
-        rows.append({"paper": first["paper"], "test": test, "verdict": first["verdict"], "evidence": evidence})
+def claim_cells(table: pd.DataFrame) -> list[dict]:
+    """Per claim of the second paper's rows of a verdicts table, its verdict row's cells (``paper``, ``test``,
+    ``verdict``, ``evidence``: a line per regime)."""
+    cells = []
+    for _, part in table[table["paper"] == 2].groupby("claim", sort=False):
+        first, scoped = part.iloc[0], part[part["scope"] != ""]
+        evidence = [f"{r['scope']}: **{row_label(r)}** at {r['regime']}. {r['evidence']}" for _, r in scoped.iterrows()]
+        test = f"{first['test']}; {first['rules']}"
+        cells.append({"paper": first["statement"], "test": test, "verdict": first["verdict"], "evidence": evidence})
+    return cells
+
+
+def verdicts_markdown(table: pd.DataFrame, classifiers: pd.DataFrame | None = None) -> str:
+    """The second paper's verdict section, rendered from its rows of a verdicts table (:func:`verdicts`): one row
+    per claim, its verdict per regime with the regime and evidence. With the per-classifier table, a preamble says
+    when no claim is decided here, and the deposit's mode contrast follows."""
+    table = table[table["paper"] == 2]
+    first = table.iloc[0]
     preamble = (
-        f"From `{source}`, decided per regime (experiment) at the seed level: every classifier through the gate "
-        "(converged / did not fit / still learning, from its held-out curve and its fit of the training data); a "
+        f"From `{first['source']}`, decided per regime (experiment) at the seed level: every classifier through the "
+        "gate (converged / did not fit / still learning, from its held-out curve and its fit of the training data); a "
         "seed still learning is inconclusive; a 'fails' claim counts a seed only where its control learned; 95 % "
         f"t intervals over seeds, at least {MIN_SEEDS} seeds to decide; tie margin = max(seed SD, {TIE_SE} "
         f"binomial SE of the test set). The paper's regime: {PAPER_REGIME}. Rules: `posgen.rules` (post-hoc ones "
         "marked in each row). Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its "
         "reason) / not testable here / sanity check failed (docs/method.md section 8.9). "
-        f"Registry {version()} (frozen at {frozen_at()})."
+        f"Registry {first['registry']}."
     )
     decided = table["outcome"].isin([Outcome.REPRODUCED.value, Outcome.NOT_REPRODUCED.value]).any()
     if classifiers is not None and not decided:
@@ -514,7 +560,7 @@ def verdicts_markdown(table: pd.DataFrame, source: str, classifiers: pd.DataFram
             f"({int((states == 'converged').sum())} of {len(states)} classifiers converged), so a paper number "
             f"beside an accuracy here is not a result. The deciding runs: {DECIDING_RUNS}."
         )
-    text = verdict_markdown("Verdict per claim (arXiv 2505.13027)", preamble, rows)
+    text = verdict_markdown("Verdict per claim (arXiv 2505.13027)", preamble, claim_cells(table))
     finding = deposit_contrast(classifiers) if classifiers is not None else ""
     return text + (f"\n{finding}\n" if finding else "")
 
@@ -522,8 +568,8 @@ def verdicts_markdown(table: pd.DataFrame, source: str, classifiers: pd.DataFram
 def write_verdicts(classifiers_csv, md_path, title: str = "") -> pd.DataFrame:
     """A collection's verdicts (``verdicts.md`` beside its ``classifiers.csv``): every claim per regime."""
     classifiers = pd.read_csv(classifiers_csv)
-    table = verdicts(classifiers)
-    text = (f"# {title}\n\n" if title else "") + verdicts_markdown(table, str(classifiers_csv), classifiers)
+    table = verdicts(classifiers, str(classifiers_csv))
+    text = (f"# {title}\n\n" if title else "") + verdicts_markdown(table, classifiers)
     with atomic_path(md_path) as tmp:
         Path(tmp).write_text(text)
     return table
@@ -545,7 +591,7 @@ def main(argv=None) -> None:
     if not Path(args.classifiers).exists():
         raise SystemExit(f"{args.classifiers}: no such file")
     classifiers = pd.read_csv(args.classifiers)
-    print(verdicts_markdown(verdicts(classifiers), args.classifiers, classifiers), end="")
+    print(verdicts_markdown(verdicts(classifiers, args.classifiers), classifiers), end="")
 
 
 if __name__ == "__main__":
