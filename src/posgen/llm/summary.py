@@ -206,31 +206,88 @@ def _suff(ds: xr.Dataset, statistic: str) -> np.ndarray | None:
     return np.stack([sums[0], zero, zero, *sums[1:]], -1)
 
 
+# the columns of :func:`_intervals`' five (estimate, low, high) triples, of the raw and of the row-centred r: a name
+# for a name, name_lo, name_hi
+INTERVAL_COLUMNS = {
+    "r": ("mean_r", "pooled_r", ("diff_vs_trained", "diff_lo", "diff_hi"), "min_layer_r", "heads_below"),
+    "r_rc": ("mean_rc", "pooled_rc", "diff_rc", "min_layer_rc", "heads_below_rc"),
+}
+
+
+def _columns(names, triples) -> dict[str, np.ndarray]:
+    """{column: values} of (estimate, low, high) ``triples``, named by ``names`` (as in :data:`INTERVAL_COLUMNS`)."""
+    out = {}
+    for name, triple in zip(names, triples):
+        out.update(zip(name if isinstance(name, tuple) else (name, f"{name}_lo", f"{name}_hi"), triple))
+    return out
+
+
+def _intervals(ds: xr.Dataset, statistic: str, per_sample, trained, min_layer, idx, suff) -> list[tuple]:
+    """The (estimate, low, high) over windows of one r of one (variant, layer group), raw (``"r"``) or row-centred
+    (``"r_rc"``), each ``(method, sink)``: the mean r, the pooled r of ``suff``, the paired difference to the
+    ``trained`` model's (NaN for the trained model itself), the lowest layer's mean r (``min_layer``) and the share
+    of heads below HEAD_R (the first paper's verdicts decide on the intervals)."""
+    r = ds[statistic].values  # (sample, layer, head, method, sink)
+    nan = np.full(per_sample.shape[1:], np.nan)
+    diff = interval(_mean, per_sample - trained, idx) if trained is not None else (nan, nan, nan)
+    _, min_lo, min_hi = interval(_lowest_layer, _nanmean(r, 2), idx)
+    return [
+        interval(_mean, per_sample, idx),
+        interval(_pooled, suff, idx),
+        diff,
+        (min_layer, min_lo, min_hi),
+        interval(_below, r, idx),
+    ]
+
+
 def row_centred(ds: xr.Dataset, per_sample, trained, min_layer, idx) -> dict[str, np.ndarray]:
     """The row-centred r's columns of one (variant, layer group) (``_rc`` in :data:`COLUMNS`), each ``(method,
     sink)``: as the raw r's in :func:`_rows`; NaN for a file written before the row-centred r."""
-    shape = per_sample.shape[1:]
-    nan = np.full(shape, np.nan)
+    nan = np.full(per_sample.shape[1:], np.nan)
     suff = _suff(ds, "r_rc")
     if suff is None:
-        names = [
-            f"{n}{e}"
-            for n in ("mean_rc", "pooled_rc", "diff_rc", "min_layer_rc", "heads_below_rc")
-            for e in ("", "_lo", "_hi")
-        ]
-        return {name: nan for name in names} | {f"sweep_spread_rc{e}": nan[0] for e in ("", "_lo", "_hi")}
-    r = ds["r_rc"].values  # (sample, layer, head, method, sink)
-    out = {}
-    out["mean_rc"], out["mean_rc_lo"], out["mean_rc_hi"] = interval(_mean, per_sample, idx)
-    out["pooled_rc"], out["pooled_rc_lo"], out["pooled_rc_hi"] = interval(_pooled, suff, idx)
-    diff = interval(_mean, per_sample - trained, idx) if trained is not None else (nan, nan, nan)
-    out["diff_rc"], out["diff_rc_lo"], out["diff_rc_hi"] = diff
-    _, lo, hi = interval(_lowest_layer, _nanmean(r, 2), idx)
-    out["min_layer_rc"], out["min_layer_rc_lo"], out["min_layer_rc_hi"] = min_layer, lo, hi
-    out["heads_below_rc"], out["heads_below_rc_lo"], out["heads_below_rc_hi"] = interval(_below, r, idx)
+        return _columns((*INTERVAL_COLUMNS["r_rc"], "sweep_spread_rc"), [(nan, nan, nan)] * 5 + [(nan[0],) * 3])
+    out = _columns(INTERVAL_COLUMNS["r_rc"], _intervals(ds, "r_rc", per_sample, trained, min_layer, idx, suff))
     sweep = _nanmean(ds["r_sweep_rc"].values, (1, 2))  # (sample, sink, D)
-    out["sweep_spread_rc"], out["sweep_spread_rc_lo"], out["sweep_spread_rc_hi"] = interval(_spread, sweep, idx)
-    out["r_sweep_rc"] = _mean(_nanmean(ds["r_sweep_rc"].values, (1, 2)))  # (sink, D)
+    out |= _columns(["sweep_spread_rc"], [interval(_spread, sweep, idx)])
+    out["r_sweep_rc"] = _mean(sweep)  # (sink, D)
+    return out
+
+
+def _shares(ds: xr.Dataset) -> dict[str, np.ndarray]:
+    """The share columns (:data:`SHARE_COLUMNS`) of one (variant, layer group), each (sink,): the position shares
+    of q and k on each basis, and the key's shares that Method A-shared explains (NaN in a file written before
+    A-shared / the amplitude)."""
+    shares = {
+        f"{vector}_position_share_{basis}": _nanmean(
+            ds[f"{vector}_position_share"].sel(basis=basis).transpose("sample", "layer", "head", "sink").values,
+            (0, 1, 2),
+        )  # (sink,)
+        for vector in VECTORS
+        for basis in BASES
+    }
+    for name in ("k_shared_share", "k_scaled_share"):
+        values = ds[name].transpose("sample", "layer", "head", "sink").values if name in ds else None
+        shares[name] = np.full(ds.sizes["sink"], np.nan) if values is None else _nanmean(values, (0, 1, 2))
+    return shares
+
+
+def _method_a_columns(ds: xr.Dataset, rc: dict, idx) -> dict[str, tuple]:
+    """The columns only Method A's rows fill, {column: ((sink,) values, what the other methods' rows hold)}: its
+    mean r at every dummy distance of the sweep and the sweep's spread with its interval over windows, raw and
+    row-centred (``rc``: :func:`row_centred`), and its mean error over the section 5 bound."""
+    n_sinks = ds.sizes["sink"]
+    if "r_sweep" in ds:
+        sweep_text = [_sweep_text(ds, r) for r in _nanmean(ds["r_sweep"].values, (0, 1, 2))]  # a (D,) r per sink
+        spread = interval(_spread, _nanmean(ds["r_sweep"].values, (1, 2)), idx)
+    else:
+        sweep_text, spread = [""] * n_sinks, [np.full(n_sinks, np.nan)] * 3
+    out = {"r_sweep": (sweep_text, "")}
+    out |= {name: (values, np.nan) for name, values in _columns(["sweep_spread"], [spread]).items()}
+    out["err_over_bound"] = (_err_over_bound(ds), np.nan)
+    rc_text = [_sweep_text(ds, r) for r in rc["r_sweep_rc"]] if "r_rc" in ds else [""] * n_sinks
+    out["r_sweep_rc"] = (rc_text, "")
+    out |= {name: (values, np.nan) for name, values in rc.items() if name.startswith("sweep_spread_rc")}
     return out
 
 
@@ -240,96 +297,37 @@ def _rows(model, variant, group, ds, per_sample, trained, min_layer, idx) -> lis
     for the trained model itself), ``min_layer`` its lowest per-layer mean r per (method, sink) (the same two),
     ``idx`` the bootstrap draws."""
     rc = row_centred(ds, per_sample["r_rc"], trained and trained["r_rc"], min_layer["r_rc"], idx)
-    has_rc = "r_rc" in ds
-    per_sample, min_layer = per_sample["r"], min_layer["r"]
-    trained = trained and trained["r"]
-    methods, sinks, n_samples = list(ds["method"].values), list(ds["sink"].values), ds.sizes["sample"]
-    r = ds["r"].values  # (sample, layer, head, method, sink)
-    suff = _suff(ds, "r")  # (sample, method, sink, 6)
-    mean_r, mean_lo, mean_hi = interval(_mean, per_sample, idx)
-    pooled, pooled_lo, pooled_hi = interval(_pooled, suff, idx)
-    if trained is not None:
-        diff, diff_lo, diff_hi = interval(_mean, per_sample - trained, idx)
-    else:
-        diff = diff_lo = diff_hi = np.full(mean_r.shape, np.nan)
+    methods = list(ds["method"].values)
+    raw = _intervals(ds, "r", per_sample["r"], trained and trained["r"], min_layer["r"], idx, _suff(ds, "r"))
+    cells = _columns(INTERVAL_COLUMNS["r"], raw)  # (method, sink) each
     # each construction's mean r less Method A's, paired over samples (what a diagnostic closes)
-    vs_a = per_sample - per_sample[:, methods.index("A")][:, None]  # (sample, method, sink)
-    diff_a, diff_a_lo, diff_a_hi = interval(_mean, vs_a, idx)
-    # variance explained by f / g alone: (method, sink), NaN for a method without f and g (Method B)
-    r2 = {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
-    shares = {
-        f"{vector}_position_share_{basis}": _nanmean(
-            ds[f"{vector}_position_share"].sel(basis=basis).transpose("sample", "layer", "head", "sink").values,
-            (0, 1, 2),
-        )  # (sink,)
-        for vector in VECTORS
-        for basis in BASES
+    vs_a = per_sample["r"] - per_sample["r"][:, methods.index("A")][:, None]  # (sample, method, sink)
+    cells |= _columns(["diff_vs_a"], [interval(_mean, vs_a, idx)])
+    # variance explained by f / g alone: NaN for a method without f and g (Method B)
+    cells |= {name: _nanmean(ds[name].values, (0, 1, 2)) for name in ("r2_f", "r2_g")}
+    cells |= {name: values for name, values in rc.items() if "sweep" not in name}
+    shares, method_a = _shares(ds), _method_a_columns(ds, rc, idx)  # (sink,) each
+    same = {
+        "model": model,
+        "variant": variant,
+        "layer_type": group,
+        "n_samples": ds.sizes["sample"],
+        "n_tokens": int(ds.attrs.get("n_tokens", 0)),  # 0: a file from before the attr
+        "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
+        "share_floor": share_floor(ds),
+        "n_layers": ds.sizes["layer"],
+        "n_heads": ds.sizes["head"],
     }
-    for name in ("k_shared_share", "k_scaled_share"):  # NaN in a file written before A-shared / the amplitude
-        values = ds[name].transpose("sample", "layer", "head", "sink").values if name in ds else None
-        shares[name] = np.full(len(sinks), np.nan) if values is None else _nanmean(values, (0, 1, 2))
     distance = _distance_text(ds)
-    # consistency: the lowest layer's mean r and the share of heads (mean over samples) below HEAD_R, and the
-    # sweep's spread, each with its interval over windows (the first paper's verdicts decide on the intervals)
-    _, min_lo, min_hi = interval(_lowest_layer, _nanmean(r, 2), idx)  # (method, sink)
-    below, below_lo, below_hi = interval(_below, r, idx)  # (method, sink)
-    sweep = _nanmean(ds["r_sweep"].values, (0, 1, 2)) if "r_sweep" in ds else None  # (sink, D)
-    no_sweep = np.full(len(sinks), np.nan)
-    spread = interval(_spread, _nanmean(ds["r_sweep"].values, (1, 2)), idx) if "r_sweep" in ds else [no_sweep] * 3
-    tightness = _err_over_bound(ds)  # (sink,): Method A's mean error over the section 5 bound
     rows = []
     for mi, method in enumerate(methods):
-        has_fg = np.isfinite(r2["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
-        for si, sink in enumerate(sinks):
-            rows.append(
-                {
-                    "model": model,
-                    "variant": variant,
-                    "method": method,
-                    "sink": sink,
-                    "layer_type": group,
-                    "mean_r": mean_r[mi, si],
-                    "mean_r_lo": mean_lo[mi, si],
-                    "mean_r_hi": mean_hi[mi, si],
-                    "pooled_r": pooled[mi, si],
-                    "pooled_r_lo": pooled_lo[mi, si],
-                    "pooled_r_hi": pooled_hi[mi, si],
-                    "r2_f": r2["r2_f"][mi, si],
-                    "r2_g": r2["r2_g"][mi, si],
-                    "diff_vs_trained": diff[mi, si],
-                    "diff_lo": diff_lo[mi, si],
-                    "diff_hi": diff_hi[mi, si],
-                    "diff_vs_a": diff_a[mi, si],
-                    "diff_vs_a_lo": diff_a_lo[mi, si],
-                    "diff_vs_a_hi": diff_a_hi[mi, si],
-                    "n_samples": n_samples,
-                    "n_tokens": int(ds.attrs.get("n_tokens", 0)),  # 0: a file from before the attr
-                    "heldout_windows": int(ds.attrs.get("heldout_windows", 0)),
-                    "share_floor": share_floor(ds),
-                    "min_layer_r": min_layer[mi, si],
-                    "min_layer_r_lo": min_lo[mi, si],
-                    "min_layer_r_hi": min_hi[mi, si],
-                    "heads_below": below[mi, si],
-                    "heads_below_lo": below_lo[mi, si],
-                    "heads_below_hi": below_hi[mi, si],
-                    "r_sweep": _sweep_text(ds, sweep[si]) if method == "A" and sweep is not None else "",
-                    **{
-                        f"sweep_spread{end}": part[si] if method == "A" else np.nan
-                        for end, part in zip(("", "_lo", "_hi"), spread)
-                    },
-                    "err_over_bound": tightness[si] if method == "A" else np.nan,
-                    "n_layers": ds.sizes["layer"],
-                    "n_heads": ds.sizes["head"],
-                    "dummy_distance": distance if has_fg else "",
-                    **{name: value[si] for name, value in shares.items()},
-                    **{name: value[mi, si] for name, value in rc.items() if "sweep" not in name},
-                    "r_sweep_rc": _sweep_text(ds, rc["r_sweep_rc"][si]) if method == "A" and has_rc else "",
-                    **{
-                        f"sweep_spread_rc{end}": rc[f"sweep_spread_rc{end}"][si] if method == "A" else np.nan
-                        for end in ("", "_lo", "_hi")
-                    },
-                }
-            )
+        has_fg = np.isfinite(cells["r2_f"][mi]).any()  # the dummy distance is that of the f + g constructions
+        for si, sink in enumerate(list(ds["sink"].values)):
+            row = {**same, "method": method, "sink": sink, "dummy_distance": distance if has_fg else ""}
+            row |= {name: values[mi, si] for name, values in cells.items()}
+            row |= {name: values[si] for name, values in shares.items()}
+            row |= {name: values[si] if method == "A" else other for name, (values, other) in method_a.items()}
+            rows.append({column: row[column] for column in COLUMNS})  # in the table's order
     return rows
 
 
