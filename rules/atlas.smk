@@ -8,13 +8,10 @@ localrules:
 
 
 # results/heads.parquet: one row per (model, variant, layer, head, method, sink), every per-head statistic with
-# its interval over windows.
+# its interval over windows; its inputs: decomposition.nc and each step's table that declares per-head columns.
 rule heads:
     input:
-        decomposition=expand(paths.DECOMPOSITION, model=MODELS, variant=VARIANTS),
-        block_swap=expand(paths.variant_table("block_swap"), model=MODELS, variant=VARIANTS),
-        bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
-        head_ablation=expand(paths.HEAD_ABLATION, model=MODELS, variant=step_variants(config, "head_ablation")),
+        **head_tables(config),
     output:
         heads=paths.HEADS,
     log:

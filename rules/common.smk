@@ -14,7 +14,7 @@ from posgen.workflow.sharding import figure_shard, shards_of  # noqa: E402
 from posgen.workflow.steps import GATHERED, MODEL_PRIORITY, MODEL_THREADS, is_fused, step_variants  # noqa: E402
 from posgen.workflow.steps import params_of as step_params  # noqa: E402
 from posgen.workflow.synthetic import SyntheticPlan, rule_name, unit_resources  # noqa: E402
-from posgen.workflow.targets import final_outputs, section_tables, targets  # noqa: E402
+from posgen.workflow.targets import final_outputs, head_tables, section_tables, targets  # noqa: E402
 
 try:
     # paths only in the main process: a cluster job's node may not see the login node's local files
@@ -67,6 +67,22 @@ def params_of(step, **fixed):
 def over_variants(template):
     """An input function: ``template`` for every variant of the job's own model."""
     return lambda w: expand(template, model=w.model, variant=variants(config, w.model))
+
+
+def every_variant(template, variants=VARIANTS):
+    """``template`` for every model of the config and each of ``variants`` (default: every variant; a step's:
+    ``step_variants(config, step)``)."""
+    return expand(template, model=MODELS, variant=variants)
+
+
+def variant_readings():
+    """The gathered bands, perturbation and capping tables of every model and variant: what the readers of the
+    first paper's results read beside the summary (posgen.llm.readers)."""
+    return {
+        "bands": every_variant(paths.BANDS),
+        "perturb": every_variant(paths.PERTURB, step_variants(config, "perturb")),
+        "cap": every_variant(paths.CAP, step_variants(config, "cap")),
+    }
 
 
 def gathered_shards(wildcards):

@@ -235,7 +235,7 @@ TEXT_COLUMNS = [c for c in VERDICT_COLUMNS if c not in ("paper", "diagnostic")]
 def verdict_frame(rows: list[dict]) -> pd.DataFrame:
     """Verdict rows (dicts with VERDICT_COLUMNS' keys; missing text columns empty) as the table's DataFrame."""
     frame = pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
-    frame[TEXT_COLUMNS] = frame[TEXT_COLUMNS].fillna("").astype(str)
+    frame[TEXT_COLUMNS] = frame[TEXT_COLUMNS].astype(object).fillna("").astype(str)
     return frame.astype({"paper": int, "diagnostic": bool})
 
 

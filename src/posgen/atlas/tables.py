@@ -2,8 +2,9 @@
 
 * ``results/heads.parquet``: one row per (model, variant, layer, head, method, sink) with every per-head statistic
   of the first paper: the decomposition's per-window numbers as their mean over windows with a 95 % percentile
-  bootstrap interval over windows (``<name>_lo``, ``<name>_hi``; the summary's resampling, posgen.stats), the
-  block-swap score, the low-frequency shares of bands.nc and the head-ablation loss increase where measured;
+  bootstrap interval over windows (``<name>_lo``, ``<name>_hi``; the summary's resampling, posgen.stats), then the
+  columns of every step that declares per-head columns (posgen.workflow.steps: ``heads``; the low-frequency
+  shares of bands.nc, the block-swap score, the head-ablation loss increase where measured);
 * ``results/synthetic/heads.parquet``: one row per (experiment, task, pe, seed, layer, head) of the second paper:
   each classifier's head-ablation drop beside its Toeplitz shares.
 
@@ -20,11 +21,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.llm.bands import low_frequency_share
 from posgen.paths import identity
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, provenance, require
-from posgen.workflow.job import listed
+from posgen.workflow.job import listed, resolve
+from posgen.workflow.steps import STEPS
 
 HEAD_KEYS = ["model", "variant", "layer", "head", "method", "sink"]
 CLASSIFIER_KEYS = ["experiment", "task", "pe", "seed", "layer", "head"]
@@ -121,58 +122,22 @@ def variant_heads(decomposition: xr.Dataset, n_boot: int, seed: int, what: str =
     return frame
 
 
-def band_columns(bands: xr.Dataset, what: str = "bands.nc") -> dict[str, np.ndarray]:
-    """(layer, head) low-frequency shares of the queries' and the keys' token variance (posgen.llm.bands); a query
-    head reads KV head ``head // (heads / kv_heads)`` (grouped-query attention)."""
-    require(bands, ["q_var", "k_var", "theta"], what)
-    theta = bands["theta"].transpose("layer", "band").values
-    q_var = bands["q_var"].transpose("layer", "head", "band").values
-    k_var = bands["k_var"].transpose("layer", "kv_head", "band").values
-    low_q = np.stack([low_frequency_share(q_var[i], theta[i]) for i in range(len(theta))])
-    low_k = np.stack([low_frequency_share(k_var[i], theta[i]) for i in range(len(theta))])
-    group = q_var.shape[1] // k_var.shape[1]
-    return {"low_share_q": low_q, "low_share_k": low_k[:, np.arange(q_var.shape[1]) // group]}
-
-
-def head_table(
-    decomposition,
-    block_swap=(),
-    bands=(),
-    head_ablation=(),
-    *,
-    n_boot: int,
-    seed: int,
-    config_hash: str = "",
-) -> pd.DataFrame:
-    """The first paper's per-head table of every (model, variant) whose decomposition.nc is in ``decomposition``;
-    the other files (lists of paths, each a results/<model>/<variant>/ table) add their columns to the rows of
-    their variant (NaN where a variant has none, e.g. no head ablation on a random-init model)."""
-    extra = {name: _by_owner(paths) for name, paths in (("block_swap", block_swap), ("bands", bands))}
-    ablations = _by_owner(head_ablation)
-    probes = sorted({p for path in ablations.values() for p in open_dataset(path)["probe"].values.tolist()})
+def head_table(tables: dict[str, list], *, n_boot: int, seed: int, config_hash: str = "") -> pd.DataFrame:
+    """The first paper's per-head table from rule heads' inputs by role (posgen.workflow.targets.head_tables): the
+    rows of every (model, variant) whose decomposition.nc is in ``tables["decomposition"]``; each other role a step
+    whose ``heads`` reader (posgen.workflow.steps) adds its columns to the rows of the variants it has a table of
+    (NaN where a variant has none, e.g. no head ablation on a random-init model)."""
+    readers = {role: resolve(STEPS[role].heads) for role in tables if role != "decomposition"}
+    owned = {role: _by_owner(paths) for role, paths in tables.items() if role != "decomposition"}
     frames = []
-    for path in decomposition:
+    for path in tables.get("decomposition", ()):
         model, variant = _owner(path)
         frame = variant_heads(open_dataset(path, lazy=False), n_boot, seed, str(path))
         at = (frame["layer"].to_numpy(), frame["head"].to_numpy())
-        per_head = {}
-        if (model, variant) in extra["block_swap"]:
-            swap = open_dataset(extra["block_swap"][(model, variant)], lazy=False)
-            require(swap, ["positional_score"], extra["block_swap"][(model, variant)])
-            per_head["positional_score"] = swap["positional_score"].transpose("layer", "head").values
-        if (model, variant) in extra["bands"]:
-            bands_path = extra["bands"][(model, variant)]
-            per_head.update(band_columns(open_dataset(bands_path, lazy=False), bands_path))
-        for probe in probes:
-            per_head[f"loss_increase_{probe}"] = np.full((frame["layer"].max() + 1, frame["head"].max() + 1), np.nan)
-        if (model, variant) in ablations:
-            ablation = open_dataset(ablations[(model, variant)], lazy=False)
-            require(ablation, ["loss_increase"], ablations[(model, variant)])
-            for probe in ablation["probe"].values.tolist():
-                increase = ablation["loss_increase"].sel(probe=probe).transpose("layer", "head").values
-                per_head[f"loss_increase_{probe}"] = increase
-        for name, values in per_head.items():
-            frame[name] = values[at]
+        for role, by in owned.items():
+            if (model, variant) in by:
+                for name, values in readers[role](by[(model, variant)]).items():
+                    frame[name] = values[at]
         frames.append(frame.assign(model=model, variant=variant))
     if not frames:
         raise ValueError("head_table: no decomposition.nc given")
@@ -225,12 +190,8 @@ def read_table(path) -> pd.DataFrame:
 def heads_step(job) -> pd.DataFrame:
     """Rule heads' job: results/heads.parquet from every model variant's tables."""
     p = job.params
-    table = head_table(
-        *(listed(job.input.get(role, ())) for role in ("decomposition", "block_swap", "bands", "head_ablation")),
-        n_boot=int(p["n_boot"]),
-        seed=int(p["seed"]),
-        config_hash=p["config_hash"],
-    )
+    tables = {role: listed(paths) for role, paths in job.input.items()}
+    table = head_table(tables, n_boot=int(p["n_boot"]), seed=int(p["seed"]), config_hash=p["config_hash"])
     write_parquet(table, job.output["heads"], **_provenance(p))
     return table
 

@@ -1,12 +1,13 @@
-"""The first paper's result readers (below reproduction.md, the scale study and the replication, which read them):
-the perturbation and cap tables as the verdicts need them, with intervals over windows, and files keyed by the
-model and variant their attrs name."""
+"""The first paper's result readers (below reproduction.md, the scale study, the replication and the head atlas,
+which read them): the perturbation and cap tables as the verdicts need them, with intervals over windows; the
+per-head columns each step adds to results/heads.parquet (a step's ``heads``, posgen.workflow.steps); and files
+keyed by the model and variant their attrs name."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from posgen.llm.bands import band_shares
+from posgen.llm.bands import band_shares, low_frequency_share
 from posgen.llm.verdicts import CapEffect, Perturbation
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import open_dataset, require
@@ -86,3 +87,35 @@ def by_model_variant(paths, read) -> dict:
         ds.close()
         out.setdefault(model, {})[variant] = read(path)
     return out
+
+
+# ------------------------------------------------------------------- per-head columns (results/heads.parquet)
+
+
+def band_columns(path) -> dict[str, np.ndarray]:
+    """(layer, head) low-frequency shares of a bands.nc's queries' and keys' token variance (posgen.llm.bands); a
+    query head reads KV head ``head // (heads / kv_heads)`` (grouped-query attention)."""
+    bands = open_dataset(path, lazy=False)
+    require(bands, ["q_var", "k_var", "theta"], str(path))
+    theta = bands["theta"].transpose("layer", "band").values
+    q_var = bands["q_var"].transpose("layer", "head", "band").values
+    k_var = bands["k_var"].transpose("layer", "kv_head", "band").values
+    low_q = np.stack([low_frequency_share(q_var[i], theta[i]) for i in range(len(theta))])
+    low_k = np.stack([low_frequency_share(k_var[i], theta[i]) for i in range(len(theta))])
+    group = q_var.shape[1] // k_var.shape[1]
+    return {"low_share_q": low_q, "low_share_k": low_k[:, np.arange(q_var.shape[1]) // group]}
+
+
+def block_swap_columns(path) -> dict[str, np.ndarray]:
+    """(layer, head) block-swap score of a block_swap.nc (1 positional, 0 semantic; posgen.llm.block_swap)."""
+    swap = open_dataset(path, lazy=False)
+    require(swap, ["positional_score"], str(path))
+    return {"positional_score": swap["positional_score"].transpose("layer", "head").values}
+
+
+def head_ablation_columns(path) -> dict[str, np.ndarray]:
+    """(layer, head) loss increase (nats) of a head_ablation.nc, one column per probe: ``loss_increase_<probe>``."""
+    ablation = open_dataset(path, lazy=False)
+    require(ablation, ["loss_increase"], str(path))
+    increase = ablation["loss_increase"].transpose("probe", "layer", "head")
+    return {f"loss_increase_{probe}": increase.sel(probe=probe).values for probe in ablation["probe"].values.tolist()}

@@ -47,6 +47,23 @@ class Step:
     large_blocks: bool = False
     hashed: bool = True  # its params carry a config_hash
     section: str = ""  # "module:function": its section of reproduction.md, from its table of every model variant
+    # "module:function" of (its variant_table file) -> {heads.parquet column: (layer, head) values}: the per-head
+    # columns it adds to results/heads.parquet (rule heads reads its table of every model variant)
+    heads: str = ""
+    head_columns: tuple = ()  # HeadColumn: what the atlas' menu shows of its per-head columns
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadColumn:
+    """A per-head statistic of results/heads.parquet in the atlas' menu: its ``column``, its menu ``label`` and
+    the construction (``method``) whose rows hold it; ``key`` the menu's name (the column's by default). A column
+    ending in ``*`` stands for every column with that prefix (one per probe), ``{suffix}`` in its label for the
+    rest of each."""
+
+    column: str
+    label: str
+    method: str = "A"
+    key: str = ""
 
 
 def _step(name: str, runner: str, **kw) -> Step:
@@ -116,8 +133,29 @@ STEPS = {
                 "device",
             ),
             torch=True,
+            # its decomposition.nc's per-window statistics are the rows of heads.parquet (posgen.atlas.tables)
+            head_columns=(
+                HeadColumn("r_rc", "Method A row-centred r (what softmax sees; the verdicts' r)", "A", "r_rc_A"),
+                HeadColumn("r_rc", "Method B row-centred r", "B", "r_rc_B"),
+                HeadColumn("r", "Method A r (raw, paper-comparable)", "A", "r_A"),
+                HeadColumn("r", "Method B r (raw)", "B", "r_B"),
+                HeadColumn("r", "Method A-drift r (diagnostic)", "A-drift", "r_A-drift"),
+                HeadColumn("r", "Method A-shared r (diagnostic)", "A-shared", "r_A-shared"),
+                HeadColumn("f_share", "f share r2_f / (r2_f + r2_g), Method A"),
+                HeadColumn("r_sweep_spread", "spread of Method A r over the D sweep"),
+                HeadColumn("k_position_share_smooth", "keys' smooth position share"),
+                HeadColumn("q_position_share_smooth", "queries' smooth position share"),
+            ),
         ),
-        _step("bands", "posgen.llm.bands:bands_step"),
+        _step(
+            "bands",
+            "posgen.llm.bands:bands_step",
+            heads="posgen.llm.readers:band_columns",
+            head_columns=(
+                HeadColumn("low_share_k", "keys' low-frequency share"),
+                HeadColumn("low_share_q", "queries' low-frequency share"),
+            ),
+        ),
         _step("gather", "posgen.shards:gather_step", hashed=False),
         # window_seed: the data set a verdict judges (posgen.rules.data_status), carried as a column
         _step(
@@ -140,6 +178,8 @@ STEPS = {
             "posgen.llm.block_swap:block_swap_step",
             torch=True,
             section="posgen.llm.block_swap:reproduction_section",
+            heads="posgen.llm.readers:block_swap_columns",
+            head_columns=(HeadColumn("positional_score", "block-swap score (1 positional, 0 semantic)"),),
         ),
         _step(
             "perturb",
@@ -186,6 +226,8 @@ STEPS = {
             ),
             entry=DEVICE_MAP,
             torch=True,
+            heads="posgen.llm.readers:head_ablation_columns",
+            head_columns=(HeadColumn("loss_increase_*", "head-ablation loss increase, {suffix} probe (nats)"),),
         ),
         _step("reproduction", "posgen.reproduction:reproduction_step", per_model=False),
         # the prefix study (target `prefix_study`, docs/method.md section 3E)

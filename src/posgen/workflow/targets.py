@@ -51,6 +51,17 @@ def section_tables(config: dict) -> dict[str, list[str]]:
     return {name: expand(paths.variant_table(name), **each) for name, step in STEPS.items() if step.section}
 
 
+def head_tables(config: dict) -> dict[str, list[str]]:
+    """Rule heads' inputs: every model variant's decomposition.nc (the rows of heads.parquet) and the table of every
+    model variant of each step that declares per-head columns (a step's ``heads``), by step."""
+    models = [m["name"] for m in config["models"]]
+    out = {"decomposition": expand(paths.DECOMPOSITION, model=models, variant=step_variants(config))}
+    for name, step in STEPS.items():
+        if step.heads:
+            out[name] = expand(paths.variant_table(name), model=models, variant=step_variants(config, name))
+    return out
+
+
 def targets(config: dict, name: str) -> list[str]:
     """What the named target ``name`` builds (README: the studies and the trajectories)."""
     if name == "trajectory":
