@@ -140,16 +140,10 @@ def train_trajectory(text: str, dest: str | Path, train: dict, *, progress: bool
         torch.use_deterministic_algorithms(was_deterministic)
 
 
-def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Dataset:
-    from transformers import AutoConfig
-
-    from posgen.models import init_weights
-
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    seed, seq_len, batch_size = train["seed"], train["seq_len"], train["batch_size"]
-    checkpoints = sorted(train["checkpoints"])
-    total = checkpoints[-1]
+def tokenised(text: str, train: dict):
+    """The BPE trained on the text before the held-out tail, and the two token streams: (tokenizer, training ids,
+    held-out windows (sample, token)); a corpus too small for the settings fails in one line."""
+    seq_len = train["seq_len"]
     train_text, heldout_text = split_text(text, train["heldout_fraction"])
     tokenizer = train_tokenizer(train_text, train["vocab_size"])
     train_ids = np.asarray(tokenizer(train_text, add_special_tokens=False).input_ids, dtype=np.int64)
@@ -157,25 +151,57 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
     heldout = heldout_windows(heldout_ids, train["heldout_windows"], seq_len)  # (sample, token)
     if len(train_ids) < 2 * seq_len:
         raise TrainingDataError(f"train.seq_len: {seq_len} is more than half the {len(train_ids)} training tokens")
+    return tokenizer, train_ids, heldout
 
-    # The random-init control reads config.json and the tokenizer from the top folder: save them first and
-    # initialise from the saved config, exactly as posgen.models.load_model does for random-seed<seed>.
+
+def initial_model(dest: Path, train: dict, tokenizer):
+    """The model at step 0, in training mode, exactly the ``random-seed<seed>`` variant of the series.
+
+    The random-init control reads config.json and the tokenizer from the top folder: save them first and
+    initialise from the saved config, exactly as posgen.models.load_model does for random-seed<seed>."""
+    from transformers import AutoConfig
+
+    from posgen.models import init_weights
+
     llama_config(train, tokenizer).save_pretrained(dest)
     tokenizer.save_pretrained(dest)
     config = AutoConfig.from_pretrained(dest)
-    model = init_weights(config, seed, dtype=torch.float32, trust_remote_code=False)
+    model = init_weights(config, train["seed"], dtype=torch.float32, trust_remote_code=False)
     model.train()
+    return model
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices decay; norms' gains do not
+
+def adamw(model, train: dict) -> torch.optim.AdamW:
+    """AdamW of the ``train`` settings: weight decay on the matrices only; norms' gains do not decay."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW(
+    return torch.optim.AdamW(
         [{"params": decay, "weight_decay": train["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
         lr=train["lr"],
         betas=tuple(train["betas"]),
     )
+
+
+def draw_batch(data: torch.Tensor, seq_len: int, batch_size: int, batches: torch.Generator) -> torch.Tensor:
+    """``batch_size`` windows of ``seq_len`` tokens of the training stream at seeded random starts, (batch, token)."""
+    starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=batches)  # (batch,)
+    offsets = torch.arange(seq_len)  # (token,)
+    return data[starts[:, None] + offsets[None, :]]  # (batch, token)
+
+
+def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Dataset:
+    """:func:`train_trajectory`'s work: the tokenizer, the model at step 0, the training steps with a checkpoint at
+    each of ``train["checkpoints"]``, the series' manifest; returns the training log."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    seed, seq_len, batch_size = train["seed"], train["seq_len"], train["batch_size"]
+    checkpoints = sorted(train["checkpoints"])
+    total = checkpoints[-1]
+    tokenizer, train_ids, heldout = tokenised(text, train)
+    model = initial_model(dest, train, tokenizer)
+    optimizer = adamw(model, train)
     batches = torch.Generator().manual_seed(seed)  # batch positions, independent of the init's global RNG
     data = torch.as_tensor(train_ids)
-    n_starts = len(train_ids) - seq_len
     losses = np.full(total, np.nan)
     rates = np.full(total, np.nan)
     heldout_nll = {}
@@ -189,9 +215,7 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
             print(f"step {step}: held-out perplexity {math.exp(heldout_nll[step]):.2f}", flush=True)
         if step == total:
             break
-        starts = torch.randint(0, n_starts, (batch_size,), generator=batches)  # (batch,)
-        offsets = torch.arange(seq_len)  # (token,)
-        batch = data[starts[:, None] + offsets[None, :]]  # (batch, token)
+        batch = draw_batch(data, seq_len, batch_size, batches)  # (batch, token)
         lr = train["lr"] * warmup_cosine(step, total, train["warmup_steps"])
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -205,9 +229,9 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
         bar.set_postfix(loss=f"{losses[step]:.3f}")
     bar.close()
     seconds = time.perf_counter() - started
-
+    write_series_manifest(dest, manifests)
     nll = np.array([heldout_nll[s] for s in checkpoints])
-    log = xr.Dataset(
+    return xr.Dataset(
         {
             "heldout_nll": ("step", nll),
             "heldout_ppl": ("step", np.exp(nll)),
@@ -225,6 +249,11 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
             "train_settings": json.dumps(train, sort_keys=True),
         },
     )
+
+
+def write_series_manifest(dest: Path, manifests: dict) -> None:
+    """``dest/manifest.json``, the series: every checkpoint's revision and files (``manifests``: each step's own),
+    written last, so that a series with a manifest is complete."""
     series = {
         "source": TRAIN_SOURCE,
         "revision": "series",
@@ -234,7 +263,6 @@ def _train(text: str, dest: str | Path, train: dict, progress: bool) -> xr.Datas
         "steps": {variant: m["files"] for variant, m in manifests.items()},
     }
     write_manifest(dest, series)
-    return log
 
 
 def train_job(source: str, dest: str | Path, log_path: str | Path, *, train: dict, model: str, config_hash: str = ""):
