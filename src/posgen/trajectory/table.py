@@ -31,6 +31,61 @@ RANDOM_STEP = -1  # `step` of the random-init control
 SUMMARY_STATS = ["mean_r", "mean_r_lo", "mean_r_hi", "pooled_r", "pooled_r_lo", "pooled_r_hi"]
 
 
+def summary_columns(summary_csv, variants: list[str]) -> tuple[dict, list, list]:
+    """The trajectory's columns of the model's summary.csv, each variant's row: (variables, methods, sinks); r
+    statistics per (variant, method, sink), Method A's f/g split and the position shares per (variant, sink)."""
+    summary = pd.read_csv(summary_csv)
+    missing = sorted(set(variants) - set(summary["variant"]))
+    if missing:
+        raise KeyError(f"{shown(summary_csv)}: no rows for variant(s) {', '.join(missing)}")
+    methods = sorted(summary["method"].unique())
+    sinks = sorted(summary["sink"].unique())
+    indexed = summary.set_index(["variant", "method", "sink"])
+    data = {}
+    for stat in SUMMARY_STATS:
+        values = np.array(
+            [[[indexed.loc[(v, m, s), stat] for s in sinks] for m in methods] for v in variants], dtype=np.float64
+        )  # (variant, method, sink)
+        data[stat] = (("variant", "method", "sink"), values)
+    for stat in ("r2_f", "r2_g", *SHARE_COLUMNS):  # per (variant, sink): Method A's f/g split, the position shares
+        values = np.array([[indexed.loc[(v, "A", s), stat] for s in sinks] for v in variants], dtype=np.float64)
+        data[stat] = (("variant", "sink"), values)
+    return data, methods, sinks
+
+
+def sensitivity(perturb_paths, variants: list[str], rates, n_boot: int, seed: int) -> tuple[dict, np.ndarray]:
+    """The perplexity ratio of every perturbation kind at ``rates``, per variant (one perturb.nc each), mean over
+    samples with its bootstrap interval: (variables (variant, kind, rate), kinds)."""
+    ratios = []
+    for path in perturb_paths:
+        perturb = open_dataset(path, lazy=False)
+        require(perturb, ["ppl_ratio"], str(path))
+        absent = sorted(set(rates) - set(np.round(perturb["rate"].values, 9)))
+        if absent:
+            raise KeyError(f"{shown(path)}: no perturbation at rate(s) {absent} (trajectory.sensitivity_rates)")
+        ratios.append(perturb["ppl_ratio"].sel(rate=list(rates)).load())
+        perturb.close()
+    stacked = xr.concat(ratios, dim=pd.Index(variants, name="variant"))  # (variant, kind, rate, sample)
+    mean, lo, hi = bootstrap_mean(stacked, "sample", n_boot=n_boot, seed=seed)
+    data = {
+        name: (("variant", "kind", "rate"), values.transpose("variant", "kind", "rate").values)
+        for name, values in (("ppl_ratio", mean), ("ppl_ratio_lo", lo), ("ppl_ratio_hi", hi))
+    }
+    return data, stacked["kind"].values
+
+
+def heldout_perplexity(training_path, steps: list[int]) -> np.ndarray:
+    """The held-out perplexity at each of ``steps`` from training.nc, (variant,); NaN where it has none (the
+    random-init control, a hub series without training.nc: ``training_path`` None)."""
+    if training_path is None:
+        return np.full(len(steps), np.nan)
+    training = open_dataset(training_path, lazy=False)
+    require(training, ["heldout_ppl"], str(training_path))
+    by_step = dict(zip(training["step"].values.tolist(), training["heldout_ppl"].values))
+    training.close()
+    return np.array([by_step.get(s, np.nan) for s in steps])
+
+
 def trajectory_table(
     summary_csv,
     bands_paths,
@@ -56,51 +111,13 @@ def trajectory_table(
     bands_paths = [list(bands_paths)[i] for i in order]
     perturb_paths = [list(perturb_paths)[i] for i in order]
     steps = [RANDOM_STEP if variant_step(v) is None else variant_step(v) for v in variants]
-
-    summary = pd.read_csv(summary_csv)
-    missing = sorted(set(variants) - set(summary["variant"]))
-    if missing:
-        raise KeyError(f"{shown(summary_csv)}: no rows for variant(s) {', '.join(missing)}")
-    methods = sorted(summary["method"].unique())
-    sinks = sorted(summary["sink"].unique())
-    indexed = summary.set_index(["variant", "method", "sink"])
-    data = {}
-    for stat in SUMMARY_STATS:
-        values = np.array(
-            [[[indexed.loc[(v, m, s), stat] for s in sinks] for m in methods] for v in variants], dtype=np.float64
-        )  # (variant, method, sink)
-        data[stat] = (("variant", "method", "sink"), values)
-    for stat in ("r2_f", "r2_g", *SHARE_COLUMNS):  # per (variant, sink): Method A's f/g split, the position shares
-        values = np.array([[indexed.loc[(v, "A", s), stat] for s in sinks] for v in variants], dtype=np.float64)
-        data[stat] = (("variant", "sink"), values)
-
+    data, methods, sinks = summary_columns(summary_csv, variants)
     shares = [band_shares(p) for p in bands_paths]
     for side in "qk":
         data[f"low_share_{side}"] = ("variant", np.array([s[f"low_share_{side}"] for s in shares]))
-
-    ratios = []
-    for path in perturb_paths:
-        perturb = open_dataset(path, lazy=False)
-        require(perturb, ["ppl_ratio"], str(path))
-        absent = sorted(set(sensitivity_rates) - set(np.round(perturb["rate"].values, 9)))
-        if absent:
-            raise KeyError(f"{shown(path)}: no perturbation at rate(s) {absent} (trajectory.sensitivity_rates)")
-        ratios.append(perturb["ppl_ratio"].sel(rate=list(sensitivity_rates)).load())
-        perturb.close()
-    stacked = xr.concat(ratios, dim=pd.Index(variants, name="variant"))  # (variant, kind, rate, sample)
-    mean, lo, hi = bootstrap_mean(stacked, "sample", n_boot=n_boot, seed=seed)
-    for name, values in (("ppl_ratio", mean), ("ppl_ratio_lo", lo), ("ppl_ratio_hi", hi)):
-        data[name] = (("variant", "kind", "rate"), values.transpose("variant", "kind", "rate").values)
-
-    heldout = np.full(len(variants), np.nan)
-    if training_path is not None:
-        training = open_dataset(training_path, lazy=False)
-        require(training, ["heldout_ppl"], str(training_path))
-        by_step = dict(zip(training["step"].values.tolist(), training["heldout_ppl"].values))
-        heldout = np.array([by_step.get(s, np.nan) for s in steps])
-        training.close()
-    data["heldout_ppl"] = ("variant", heldout)
-
+    ratios, kinds = sensitivity(perturb_paths, variants, sensitivity_rates, n_boot, seed)
+    data |= ratios
+    data["heldout_ppl"] = ("variant", heldout_perplexity(training_path, steps))
     return xr.Dataset(
         data,
         coords={
@@ -108,7 +125,7 @@ def trajectory_table(
             "step": ("variant", np.array(steps, dtype=np.int64)),
             "method": methods,
             "sink": sinks,
-            "kind": stacked["kind"].values,
+            "kind": kinds,
             "rate": list(sensitivity_rates),
         },
         attrs={"random_init_step": RANDOM_STEP, "interval": "95% percentile bootstrap over samples"},
