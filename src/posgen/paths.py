@@ -109,6 +109,17 @@ def in_collection(template: str, which: str) -> str:
     return template.replace("{collection}", collection_suffix(which))
 
 
+# the collections' files a figure reads (posgen.workflow.figures): the second paper's run's, the deposit study's and
+# the regime study's
+RUN_TRAINING = in_collection(COLLECTION_PARTS["training"], "run")
+RUN_ABLATION = in_collection(COLLECTION_PARTS["ablation"], "run")
+RUN_TOEPLITZ = in_collection(COLLECTION_PARTS["toeplitz"], "run")
+RUN_PROBE = in_collection(COLLECTION_PARTS["probe"], "run")
+STUDY_DEPOSIT = in_collection(COLLECTION_TABLES["deposit"], "deposit_study")
+STUDY_PROBE = in_collection(COLLECTION_PARTS["probe"], "deposit_study")
+REGIME_CLASSIFIERS = in_collection(COLLECTION_TABLES["classifiers"], "regime_study")
+
+
 def classifier_file(template: str, experiment: str, task: str, pe: str, seed) -> str:
     """``template`` (a CLASSIFIER_DIR file) of one classifier."""
     return template.format(experiment=experiment, task=task, pe=pe, seed=seed)
@@ -157,6 +168,15 @@ def identity(path) -> dict[str, str] | None:
                 wildcards["collection"] = collection_name(wildcards["collection"])
             return {"paper": paper, "file": text.rpartition("/")[2], **wildcards}
     return None
+
+
+def owner(path) -> tuple[str, str]:
+    """(model, variant) of a first-paper per-variant file, from its path (:func:`identity`): the one lookup every
+    reader that keys files by model and variant uses; one line naming the file where its path says neither."""
+    found = identity(path) or {}
+    if "model" not in found or "variant" not in found:
+        raise ValueError(f"{path}: not a per-variant file results/<model>/<variant>/<table>.nc")
+    return found["model"], found["variant"]
 
 
 # ------------------------------------------------------------------------------------------------------ figures

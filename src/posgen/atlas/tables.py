@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from posgen.paths import identity
+from posgen.paths import owner
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import atomic_path, open_dataset, provenance, require
 from posgen.workflow.job import listed, resolve
@@ -46,16 +46,8 @@ CLASSIFIER_VARIABLES = {
 }
 
 
-def _owner(path) -> tuple[str, str]:
-    """(model, variant) of a per-variant table, from its path (posgen.paths.identity)."""
-    found = identity(path) or {}
-    if "model" not in found or "variant" not in found:
-        raise ValueError(f"{path}: not a per-variant table results/<model>/<variant>/<table>.nc")
-    return found["model"], found["variant"]
-
-
 def _by_owner(paths) -> dict[tuple[str, str], str]:
-    return {_owner(path): str(path) for path in paths}
+    return {owner(path): str(path) for path in paths}
 
 
 def _mean_interval(values: np.ndarray, idx: np.ndarray, point_fn=None):
@@ -131,7 +123,7 @@ def head_table(tables: dict[str, list], *, n_boot: int, seed: int, config_hash: 
     owned = {role: _by_owner(paths) for role, paths in tables.items() if role != "decomposition"}
     frames = []
     for path in tables.get("decomposition", ()):
-        model, variant = _owner(path)
+        model, variant = owner(path)
         frame = variant_heads(open_dataset(path, lazy=False), n_boot, seed, str(path))
         at = (frame["layer"].to_numpy(), frame["head"].to_numpy())
         for role, by in owned.items():

@@ -25,6 +25,7 @@ import xarray as xr  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from posgen.config import VARIANT_TRAINED  # noqa: E402
+from posgen.paths import identity  # noqa: E402
 from posgen.store import atomic_path, open_dataset, require  # noqa: E402
 
 COLUMN_WIDTH = 3.4  # inches: one column of a two-column paper
@@ -151,7 +152,10 @@ def by_variant(paths, variants, names) -> xr.Dataset:
     if len(paths) != len(variants):
         raise ValueError(f"{len(paths)} input files for {len(variants)} variants {variants}")
     parts = []
-    for path in paths:
+    for path, variant in zip(paths, variants):
+        found = {} if isinstance(path, xr.Dataset) else identity(path) or {}
+        if found.get("variant", variant) != variant:  # the figure rules' inputs come in the variants' order
+            raise ValueError(f"{path}: a file of variant {found['variant']} given as variant {variant}")
         ds = open_result(path)
         require(ds, names, "dataset" if isinstance(path, xr.Dataset) else str(path))
         parts.append(ds[names])

@@ -9,6 +9,7 @@ import numpy as np
 
 from posgen.llm.bands import band_shares, low_frequency_share
 from posgen.llm.verdicts import CapEffect, Perturbation
+from posgen.paths import owner
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import open_dataset, require
 
@@ -79,12 +80,11 @@ def claim_tables(inputs) -> tuple[dict, dict, dict]:
 
 
 def by_model_variant(paths, read) -> dict:
-    """{model: {variant: read(path)}} over files whose attrs name their model and variant."""
+    """{model: {variant: read(path)}} over per-variant files (posgen.paths.owner: their model and variant from
+    their path, which every read of a .nc checks against its recorded identity)."""
     out: dict = {}
     for path in paths:
-        ds = open_dataset(path, lazy=False)
-        model, variant = ds.attrs.get("model", ""), ds.attrs.get("variant", "")
-        ds.close()
+        model, variant = owner(path)
         out.setdefault(model, {})[variant] = read(path)
     return out
 
