@@ -18,7 +18,7 @@ import importlib
 from posgen.version import VERSION as __version__
 
 # the notebook API: posgen.api's functions, handed on here
-API = ("load", "windows", "capture_qk", "decompose", "ablate_heads", "draw", "heads", "classifier_heads")
+API = ("load", "windows", "capture_qk", "decompose", "ablate_heads", "draw", "heads", "classifier_heads", "verdicts")
 __all__ = ["__version__", *API]
 
 
