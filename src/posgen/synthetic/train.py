@@ -138,6 +138,34 @@ def train(model: Classifier, train_set, test_set, *, seed: int, snapshot=None, *
     return train_ensemble([model], [seed], train_set, test_set, snapshot=one, **options)[0]
 
 
+class Snapshots:
+    """The dynamics snapshots of a training: ``snapshot(models)[i]`` of member i taken before optimiser step s for
+    every s of ``steps`` (0: at initialisation), and the seconds those taken during the steps took, which the
+    training time leaves out."""
+
+    def __init__(self, snapshot, steps, models: list[Classifier]):
+        self.snapshot, self.models = snapshot, models
+        self.pending = sorted(set(steps))
+        self.taken = [{} for _ in models]  # per member, {step: snapshot}
+        self.seconds = 0.0
+
+    def before(self, step: int) -> None:
+        """Take those due before optimiser step ``step``."""
+        while self.pending and self.pending[0] <= step:
+            self.seconds += self._take(self.pending.pop(0))
+
+    def at_end(self) -> None:
+        """Take those at or past the end: the trained models."""
+        for step in self.pending:
+            self._take(step)
+
+    def _take(self, at: int) -> float:
+        t0 = time.perf_counter()
+        for index, value in enumerate(self.snapshot(self.models)):
+            self.taken[index][at] = value
+        return time.perf_counter() - t0
+
+
 def train_ensemble(
     models: list[Classifier],
     seeds: list[int],
@@ -176,22 +204,10 @@ def train_ensemble(
     total = epochs * steps_per_epoch
     warmup = max(1, int(round(warmup_fraction * total)))
     ensemble = Ensemble(models, precision, compiled)
-    # fused: one kernel per step, and its step counters stay on the device (foreach AdamW reads them back)
-    optimizer = torch.optim.AdamW(
-        ensemble.params.values(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, total, warmup))
+    optimizer, schedule = _optimiser(ensemble, lr, weight_decay, betas, total, warmup)
     orders = [torch.Generator().manual_seed(seed) for seed in seeds]  # shuffling; dropout: the global generator
     curves = [{"train_loss": [], "train_accuracy": [], "test_accuracy": [], "lr_factor": []} for _ in models]
-    snapshots, pending = [{} for _ in models], sorted(set(snapshot_steps))
-    snapshot_seconds, step = 0.0, 0
-
-    def take_snapshot(at: int) -> float:
-        t0 = time.perf_counter()
-        for index, value in enumerate(snapshot(models)):
-            snapshots[index][at] = value
-        return time.perf_counter() - t0
-
+    snapshots, step = Snapshots(snapshot, snapshot_steps, models), 0
     ensemble.train()
     start = time.perf_counter()
     with matmul_precision(precision), tqdm(total=total, desc=desc, mininterval=2.0) as bar:
@@ -201,8 +217,7 @@ def train_ensemble(
             loss_sum = torch.zeros(members, device=tokens.device)
             correct = torch.zeros(members, dtype=torch.long, device=tokens.device)
             for first, last, width in batch_plan(perms, lengths, batch_size):
-                while pending and pending[0] <= step:
-                    snapshot_seconds += take_snapshot(pending.pop(0))
+                snapshots.before(step)
                 step += 1
                 idx = rows[:, first:last]  # (E, B)
                 x = tokens[idx] if faithful else tokens[idx][..., :width]  # (E, B, T)
@@ -210,23 +225,38 @@ def train_ensemble(
                 loss_sum += loss * (last - first)
                 correct += hits
                 bar.update()
-            epoch_loss, epoch_correct = (loss_sum / n).tolist(), correct.tolist()  # the epoch's one host read
-            for index, model in enumerate(models):
-                curve = curves[index]
-                curve["train_loss"].append(epoch_loss[index])
-                curve["train_accuracy"].append(epoch_correct[index] / n)
-                curve["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
-                curve["lr_factor"].append(warmup_cosine(step - 1, total, warmup))  # the rate of the epoch's last step
+            train_loss, train_correct = (loss_sum / n).tolist(), correct.tolist()  # the epoch's one host read
+            lr_factor = warmup_cosine(step - 1, total, warmup)  # the rate of the epoch's last step
+            train_scores = (train_loss, [hits / n for hits in train_correct])
+            _record_epoch(curves, models, train_scores, test_set, eval_batch_size, lr_factor)
             bar.set_postfix(loss=f"{curves[0]['train_loss'][-1]:.3f}", test=f"{curves[0]['test_accuracy'][-1]:.3f}")
-    for pending_step in pending:  # steps at or past the end: the trained models
-        take_snapshot(pending_step)
-    seconds = time.perf_counter() - start - snapshot_seconds
-    for curve, taken in zip(curves, snapshots, strict=True):
-        curve["seconds"] = seconds  # of the whole ensemble
-        curve["samples_per_second"] = members * epochs * n / seconds
-        curve["members"] = members
+    snapshots.at_end()
+    seconds = time.perf_counter() - start - snapshots.seconds
+    for curve, taken in zip(curves, snapshots.taken, strict=True):
+        curve |= {"seconds": seconds, "samples_per_second": members * epochs * n / seconds, "members": members}
         curve["snapshots"] = taken
     return curves
+
+
+def _optimiser(ensemble: Ensemble, lr: float, weight_decay: float, betas, total: int, warmup: int):
+    """AdamW over the ensemble's stacked parameters and its schedule, linear warm-up over ``warmup`` of the
+    ``total`` steps then cosine decay: (optimiser, scheduler)."""
+    # fused: one kernel per step, and its step counters stay on the device (foreach AdamW reads them back)
+    optimizer = torch.optim.AdamW(
+        ensemble.params.values(), lr=lr, weight_decay=weight_decay, betas=tuple(betas), fused=True
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: warmup_cosine(step, total, warmup))
+    return optimizer, schedule
+
+
+def _record_epoch(curves: list[dict], models, train_scores, test_set, eval_batch_size: int, lr_factor: float) -> None:
+    """Each member's points of the epoch on its curves: ``train_scores`` = (mean loss, accuracy) on the training
+    set, a list over members each, its accuracy on ``test_set``, and ``lr_factor``."""
+    for curve, model, loss, train_accuracy in zip(curves, models, *train_scores, strict=True):
+        curve["train_loss"].append(loss)
+        curve["train_accuracy"].append(train_accuracy)
+        curve["test_accuracy"].append(accuracy(model, *test_set, eval_batch_size))
+        curve["lr_factor"].append(lr_factor)
 
 
 def model_config(options: TrainOptions, data: xr.Dataset, pe: str) -> dict:
