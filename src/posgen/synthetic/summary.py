@@ -108,6 +108,92 @@ def classifier_table(
     return table
 
 
+# the Toeplitz shares with their nulls and the distance x content split (posgen.synthetic.toeplitz), mean over seeds
+TOEPLITZ_COLUMNS = (
+    "toeplitz_share",
+    "toeplitz_null",
+    "additive_share",
+    "additive_null",
+    "distance_share",
+    "content_share",
+    "interaction_share",
+)
+
+
+def _trained_cells(training: xr.Dataset, baselines: xr.Dataset):
+    """The (experiment, task, pe) selections with at least one trained seed, in the files' order: a task without
+    a longest distance in an experiment's baselines, or a (task, pe) without a test accuracy, it does not train."""
+    for experiment in training["experiment"].values:
+        for task in training["task"].values:
+            if task not in baselines["task"].values or not np.isfinite(
+                baselines["longest_distance"].sel(experiment=experiment, task=task)
+            ):
+                continue  # this experiment does not train this task
+            for pe in training["pe"].values:
+                key = dict(experiment=experiment, task=task, pe=pe)
+                if np.isfinite(training.sel(key)["final_test_accuracy"].values).any():
+                    yield key
+
+
+def _regime_columns(train: xr.Dataset) -> dict:
+    """The classifiers' regime, over the seeds of one (experiment, task, pe): sizes, PE mode, seeds trained,
+    optimiser steps, learning rate, training sequences (the same for every seed, NaN where none trained)."""
+    return {
+        "n_layers": int(np.nanmax(train["n_layers"].values)),
+        "n_heads": int(np.nanmax(train["n_heads"].values)),
+        "d_model": int(np.nanmax(train["d_model"].values)),
+        "faithful": bool(np.nanmax(train["faithful"].values)),
+        "n_seeds": int(np.isfinite(train["final_test_accuracy"].values).sum()),
+        "train_steps": int(np.nanmax(train["train_steps"].values)),
+        "lr": float(np.nanmax(train["lr"].values)),
+        "n_train": int(np.nanmax(train["n_train"].values)),
+    }
+
+
+def _score_columns(train: xr.Dataset) -> dict:
+    """Test scores, mean over seeds; the accuracy with its 95 % t interval over seeds."""
+    mean, lo, hi = t_interval(train["final_test_accuracy"].values)
+    return {
+        "test_accuracy": mean,
+        "test_accuracy_lo": lo,
+        "test_accuracy_hi": hi,
+        "test_accuracy_label0_masked": float(train["test_accuracy_label0_masked"].mean("seed")),
+        "test_mae": float(train["test_mae"].mean("seed")),
+        "test_within_one": float(train["test_within_one"].mean("seed")),
+    }
+
+
+def _deposit_columns(abl: xr.Dataset) -> dict:
+    """The deposit statistics over seeds: layer 0's, leave-one-in on layer 0, and the best layer's (the largest mean
+    top drop)."""
+    layer0 = abl.isel(layer=0)
+    best_layer = abl["top_drop"].mean("seed").fillna(-np.inf).argmax("layer")
+    return {
+        "layer0_top_drop": float(layer0["top_drop"].mean("seed")),
+        "layer0_second_drop": float(layer0["second_drop"].mean("seed")),
+        "layer0_deposit_index": float(layer0["deposit_index"].mean("seed")),
+        "layer0_deposit_seeds": _fraction(layer0["deposit"].values.astype(float)),
+        "layer0_top_head_agreement": _agreement(layer0["top_head"].values.astype(float)),
+        "layer0_best_kept_accuracy": float(layer0["kept_accuracy"].max("head").mean("seed")),
+        "layer0_ablated_accuracy": float(layer0["layer_ablated_accuracy"].mean("seed")),
+        "best_layer": int(best_layer),
+        "best_layer_top_drop": float(abl["top_drop"].isel(layer=int(best_layer)).mean("seed")),
+        "any_layer_deposit_seeds": _fraction(abl["deposit"].max("layer").values.astype(float)),
+    }
+
+
+def _probe_columns(prb: xr.Dataset) -> dict:
+    """The position probe's r2, mean over seeds, of the input, after layer 2 and of the last stream, and the
+    transfer probe's after layer 2."""
+    r2 = prb["position_r2"].mean("seed")
+    return {
+        "position_r2_input": float(r2.isel(stream=0)),
+        "position_r2_after_layer2": _after_layer2(r2.values),
+        "position_r2_last": float(r2.dropna("stream").isel(stream=-1)),
+        "transfer_r2_after_layer2": _after_layer2(prb["transfer_r2"].mean("seed").values),
+    }
+
+
 def summary_table(
     training: xr.Dataset,
     ablation: xr.Dataset,
@@ -123,75 +209,24 @@ def summary_table(
     the same files, whose convergence gate the summary counts."""
     converged_seeds = per_seed.groupby(["experiment", "task", "pe"])["converged"].sum()
     rows = []
-    for experiment in training["experiment"].values:
-        for task in training["task"].values:
-            if task not in baselines["task"].values or not np.isfinite(
-                baselines["longest_distance"].sel(experiment=experiment, task=task)
-            ):
-                continue  # this experiment does not train this task
-            base = baselines.sel(experiment=experiment, task=task)["baseline_accuracy"]
-            for pe in training["pe"].values:
-                key = dict(experiment=experiment, task=task, pe=pe)
-                train = training.sel(key)
-                acc = train["final_test_accuracy"].values
-                if not np.isfinite(acc).any():
-                    continue  # this experiment does not train this (task, pe)
-                mean, lo, hi = t_interval(acc)
-                abl, toe, prb = ablation.sel(key), toeplitz.sel(key), probe.sel(key)
-                layer0 = abl.isel(layer=0)
-                best_layer = abl["top_drop"].mean("seed").fillna(-np.inf).argmax("layer")
-                r2 = prb["position_r2"].mean("seed")
-                rows.append(
-                    {
-                        "experiment": str(experiment),
-                        "task": str(task),
-                        "pe": str(pe),
-                        "n_layers": int(np.nanmax(train["n_layers"].values)),
-                        "n_heads": int(np.nanmax(train["n_heads"].values)),
-                        "d_model": int(np.nanmax(train["d_model"].values)),
-                        "faithful": bool(np.nanmax(train["faithful"].values)),
-                        "n_seeds": int(np.isfinite(acc).sum()),
-                        "train_steps": int(np.nanmax(train["train_steps"].values)),
-                        "lr": float(np.nanmax(train["lr"].values)),
-                        "n_train": int(np.nanmax(train["n_train"].values)),
-                        "longest_distance": int(baselines["longest_distance"].sel(experiment=experiment, task=task)),
-                        "converged_seeds": int(converged_seeds[str(experiment), str(task), str(pe)]),
-                        "test_accuracy": mean,
-                        "test_accuracy_lo": lo,
-                        "test_accuracy_hi": hi,
-                        "test_accuracy_label0_masked": float(train["test_accuracy_label0_masked"].mean("seed")),
-                        "test_mae": float(train["test_mae"].mean("seed")),
-                        "test_within_one": float(train["test_within_one"].mean("seed")),
-                        **{f"baseline_{name}": float(base.sel(baseline=name)) for name in base["baseline"].values},
-                        "layer0_top_drop": float(layer0["top_drop"].mean("seed")),
-                        "layer0_second_drop": float(layer0["second_drop"].mean("seed")),
-                        "layer0_deposit_index": float(layer0["deposit_index"].mean("seed")),
-                        "layer0_deposit_seeds": _fraction(layer0["deposit"].values.astype(float)),
-                        "layer0_top_head_agreement": _agreement(layer0["top_head"].values.astype(float)),
-                        "layer0_best_kept_accuracy": float(layer0["kept_accuracy"].max("head").mean("seed")),
-                        "layer0_ablated_accuracy": float(layer0["layer_ablated_accuracy"].mean("seed")),
-                        "best_layer": int(best_layer),
-                        "best_layer_top_drop": float(abl["top_drop"].isel(layer=int(best_layer)).mean("seed")),
-                        "any_layer_deposit_seeds": _fraction(abl["deposit"].max("layer").values.astype(float)),
-                        **{
-                            name: float(toe[name].mean())
-                            for name in (
-                                "toeplitz_share",
-                                "toeplitz_null",
-                                "additive_share",
-                                "additive_null",
-                                "distance_share",
-                                "content_share",
-                                "interaction_share",
-                            )
-                        },
-                        "position_r2_input": float(r2.isel(stream=0)),
-                        "position_r2_after_layer2": _after_layer2(r2.values),
-                        "position_r2_last": float(r2.dropna("stream").isel(stream=-1)),
-                        "transfer_r2_after_layer2": _after_layer2(prb["transfer_r2"].mean("seed").values),
-                        **_dynamics(train, abl),
-                    }
-                )
+    for key in _trained_cells(training, baselines):
+        names = {dim: str(value) for dim, value in key.items()}  # experiment, task, pe
+        train, abl = training.sel(key), ablation.sel(key)
+        base = baselines.sel(experiment=key["experiment"], task=key["task"])
+        rows.append(
+            {
+                **names,
+                **_regime_columns(train),
+                "longest_distance": int(base["longest_distance"]),
+                "converged_seeds": int(converged_seeds[tuple(names.values())]),
+                **_score_columns(train),
+                **{f"baseline_{b}": float(base["baseline_accuracy"].sel(baseline=b)) for b in base["baseline"].values},
+                **_deposit_columns(abl),
+                **{name: float(toeplitz.sel(key)[name].mean()) for name in TOEPLITZ_COLUMNS},
+                **_probe_columns(probe.sel(key)),
+                **_dynamics(train, abl),
+            }
+        )
     return pd.DataFrame(rows)
 
 
