@@ -372,30 +372,38 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         seconds = rates.start_s + n * qk_window / rates.disk + n * 8 * shape.qk_bytes(T) / 4 / rates.error
         return _cost(rule, 0, 2 * qk_window // shape.n_layers, n * n_results / 10, seconds)
     if rule in ("perturb", "cap"):
-        p = cfg["perturb"]
-        Tp = p["seq_len"]
-        if rule == "perturb":
-            passes = 1 + 6 * sum(1 for r in p["rates"] if r > 0)  # six perturbation kinds (posgen.llm.draws.KINDS)
-        else:
-            passes = 1 + len(p["caps"])
-        # every pass: the full model (lm_head included) and Method A's f and g of every layer (two T x T
-        # products per head), then their change: the matched pairs gathered and correlated, about 8 passes
-        # over the (layer, head, T, T) float32 terms per window (1.1 s per pass of 4 x 256 tokens on SmolLM2)
-        lm_head = 2 * shape.vocab * shape.hidden * Tp
-        terms = 4 * shape.n_layers * shape.n_heads * Tp * Tp * shape.head_dim
-        terms_traffic = 8 * shape.n_layers * shape.logits_bytes(Tp)
-        seconds = load_s + passes * n * (
-            (forward_flops(shape, Tp) + lm_head + terms) / rates.forward + terms_traffic / rates.memory
-        )
-        fg = 4 * n * shape.n_layers * shape.logits_bytes(Tp)  # f and g of the reference and of one pass
-        logits = n * Tp * shape.vocab * 4
-        device_bytes = weights + _activation_bytes(shape, Tp, dtype, n) + fg + logits
-        host = (weights if on_gpu else device_bytes) + n * shape.qk_bytes(Tp) * 2
-        disk = passes * n * (shape.n_layers * 16 + 2 * Tp * 8)
-        return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
+        return _perturb_cost(rule, shape, cfg["perturb"], n, dtype, rates, load_s, weights, on_gpu)
     if rule == "head_ablation":
         return _head_ablation_cost(shape, cfg["head_ablation"], n, dtype, rates, load_s, weights, on_gpu)
     raise ValueError(f"rule {rule!r}: the plan knows {', '.join(MODEL_JOB_RULES)}")
+
+
+def _perturb_cost(
+    rule: str, shape: Shape, opts: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, on_gpu: bool
+) -> Cost:
+    """posgen.llm.perturb (``rule`` perturb: the clean pass and one per perturbation kind at every rate above 0)
+    or its cap study (``rule`` cap: the clean pass and one per cap) over ``n`` windows of the ``perturb`` section's
+    ``seq_len`` tokens."""
+    Tp = opts["seq_len"]
+    if rule == "perturb":
+        passes = 1 + 6 * sum(1 for r in opts["rates"] if r > 0)  # six perturbation kinds (posgen.llm.draws.KINDS)
+    else:
+        passes = 1 + len(opts["caps"])
+    # every pass: the full model (lm_head included) and Method A's f and g of every layer (two T x T
+    # products per head), then their change: the matched pairs gathered and correlated, about 8 passes
+    # over the (layer, head, T, T) float32 terms per window (1.1 s per pass of 4 x 256 tokens on SmolLM2)
+    lm_head = 2 * shape.vocab * shape.hidden * Tp
+    terms = 4 * shape.n_layers * shape.n_heads * Tp * Tp * shape.head_dim
+    terms_traffic = 8 * shape.n_layers * shape.logits_bytes(Tp)
+    seconds = load_s + passes * n * (
+        (forward_flops(shape, Tp) + lm_head + terms) / rates.forward + terms_traffic / rates.memory
+    )
+    fg = 4 * n * shape.n_layers * shape.logits_bytes(Tp)  # f and g of the reference and of one pass
+    logits = n * Tp * shape.vocab * 4
+    device_bytes = weights + _activation_bytes(shape, Tp, dtype, n) + fg + logits
+    host = (weights if on_gpu else device_bytes) + n * shape.qk_bytes(Tp) * 2
+    disk = passes * n * (shape.n_layers * 16 + 2 * Tp * 8)
+    return _cost(rule, device_bytes if on_gpu else 0, host, disk, seconds)
 
 
 def _head_ablation_cost(
