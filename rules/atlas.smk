@@ -50,7 +50,7 @@ rule atlas:
         training=paths.in_collection(paths.COLLECTION_PARTS["training"], "run"),
         examples=expand(paths.EXAMPLES, model=MODELS, variant=VARIANTS),
         bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
-        verdicts=paths.REPRODUCTION["verdicts"],
+        verdicts=paths.REPRODUCTION["verdicts_table"],
     output:
         atlas=report(
             paths.ATLAS,

@@ -290,9 +290,7 @@ rule prefix_content:
 rule prefix_table:
     input:
         summary=paths.SUMMARY_TABLE,
-        contents=expand(
-            paths.variant_table("prefix_content"), model=MODELS, variant=[v for v in VARIANTS if v != "trained"]
-        ),
+        contents=every_variant(paths.variant_table("prefix_content"), [v for v in VARIANTS if v != "trained"]),
     output:
         **paths.PREFIX_TABLE,
     log:
@@ -310,9 +308,7 @@ rule prefix_table:
 rule scale_table:
     input:
         summary=paths.SUMMARY_TABLE,
-        bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
-        perturb=expand(paths.PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
-        cap=expand(paths.CAP, model=MODELS, variant=step_variants(config, "cap")),
+        **variant_readings(),
     output:
         **paths.SCALE_TABLE,
     log:
@@ -359,6 +355,7 @@ rule reproduction:
             subcategory="all models",
             labels={"table": "verdicts (both papers)"},
         ),
+        verdicts_table=paths.REPRODUCTION["verdicts_table"],
     log:
         paths.log("figures", "reproduction"),
     conda:
@@ -374,9 +371,7 @@ rule reproduction:
 rule confirmatory_table:
     input:
         summary=paths.SUMMARY_TABLE,
-        bands=expand(paths.BANDS, model=MODELS, variant=VARIANTS),
-        perturb=expand(paths.PERTURB, model=MODELS, variant=step_variants(config, "perturb")),
-        cap=expand(paths.CAP, model=MODELS, variant=step_variants(config, "cap")),
+        **variant_readings(),
     output:
         **paths.CONFIRMATORY_TABLE,
     log:

@@ -29,7 +29,7 @@ import torch
 import xarray as xr
 
 from posgen import paths
-from posgen.atlas.tables import read_table
+from posgen.atlas.tables import CLASSIFIER_KEYS, HEAD_KEYS
 from posgen.claims import read_verdicts
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
@@ -42,6 +42,7 @@ from posgen.llm.head_ablation import head_ablation, join_decomposition
 from posgen.llm.options import ExtractOptions, HeadAblationOptions
 from posgen.llm.run import ModelRun
 from posgen.models import acquire, manifest_attrs
+from posgen.parquet import read_table
 from posgen.store import provenance, qk_dataset
 from posgen.workflow.figures import FIGURES
 
@@ -238,17 +239,18 @@ def draw(name: str, data, *, n_boot: int | None = None, seed: int | None = None)
 def heads(path: str | Path = paths.HEADS) -> pd.DataFrame:
     """A run's first-paper per-head table (results/heads.parquet, docs/data-model.md): one row per (model, variant,
     layer, head, method, sink) with every per-head statistic and its interval columns."""
-    return read_table(path)
+    return read_table(path, columns=HEAD_KEYS)
 
 
 def classifier_heads(path: str | Path = paths.in_collection(paths.CLASSIFIER_HEADS, "run")) -> pd.DataFrame:
     """A run's second-paper per-classifier, per-head table (results/synthetic/heads.parquet): one row per
     (experiment, task, pe, seed, layer, head) with the head's ablation drop and Toeplitz shares."""
-    return read_table(path)
+    return read_table(path, columns=CLASSIFIER_KEYS)
 
 
-def verdicts(path: str | Path = paths.REPRODUCTION["verdicts"]) -> pd.DataFrame:
-    """A run's verdicts of both papers as one table (results/verdicts.csv, docs/data-model.md): one row per
+def verdicts(path: str | Path = paths.REPRODUCTION["verdicts_table"]) -> pd.DataFrame:
+    """A run's verdicts of both papers as one table (results/verdicts.parquet, verdicts.csv's digested twin;
+    docs/data-model.md): one row per
     (paper, claim, scope) with the outcome, its reason, the regime, the evidence, the rules it cites with their status,
     the registry version and what it was decided on (posgen.claims.VERDICT_COLUMNS)."""
     return read_verdicts(path)

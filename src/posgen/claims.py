@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from posgen.parquet import read_table
 from posgen.rules import value
 
 LEVEL = value("LEVEL")  # the confidence level of every seed interval
@@ -245,12 +245,6 @@ def row_label(row) -> str:
 
 
 def read_verdicts(path) -> pd.DataFrame:
-    """results/verdicts.csv as written (every text column a string, '' where empty); one line naming the file
-    where it is missing or lacks a column."""
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no such file (rule reproduction writes it: snakemake --cores 2 {path})")
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in VERDICT_COLUMNS if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: not a verdicts table (no column {', '.join(missing)})")
-    return frame.astype({"paper": int}).assign(diagnostic=frame["diagnostic"].eq("True"))
+    """results/verdicts.parquet (the verdicts table, digested: posgen.parquet) as written; one line naming the file
+    where it is missing, damaged, edited or not a verdicts table."""
+    return read_table(path, columns=list(VERDICT_COLUMNS))

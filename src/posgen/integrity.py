@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import base64
 import binascii
-import itertools
 import json
 import os
 import shlex
@@ -65,45 +64,6 @@ def remake_command(path: str | Path) -> str:
 def damaged(path: str | Path, what: str) -> StoreError:
     """The one-line error of a damaged file: ``what`` went wrong, delete it, and the command that remakes it."""
     return StoreError(f"{shown(path)}: {what}; delete it and run: {remake_command(path)}")
-
-
-def verified_read(wrapper, key: tuple, read):
-    """``read(wrapper, key)``, checked against the digests posgen wrote (:data:`DIGEST_ATTR`,
-    :data:`BLOCK_DIGEST_ATTR`): the whole variable, or every block the key touches, is read (HDF5 reads whole
-    chunks anyway), its digest compared, then the key applied. A variable without digests is read as it is."""
-    var = wrapper.get_array()
-    attrs = var.attrs
-    name, path = wrapper.variable_name, wrapper.datastore._filename
-    ndim = len(wrapper.shape)
-    if DIGEST_ATTR in attrs:
-        data = np.asarray(read(wrapper, (slice(None),) * ndim))  # posgen's tables: small
-        if digest(data) != int(attrs[DIGEST_ATTR]):
-            raise damaged(path, f"variable {name}: {EDITED}")
-        return data[key]
-    if BLOCK_DIGEST_ATTR not in attrs:
-        return read(wrapper, key)
-    dims = var.dimensions
-    axes = [dims.index(dim) for dim in str(attrs[BLOCK_DIGEST_ATTR]).split()]
-    # the blocks the key touches, every other dim whole; an integer keeps its axis (i:i+1) until the end
-    wide, rest = [slice(None)] * ndim, list(key)
-    for axis in axes:
-        part = key[axis]
-        wide[axis] = slice(part, part + 1) if isinstance(part, (int, np.integer)) else part
-        rest[axis] = 0 if isinstance(part, (int, np.integer)) else slice(None)
-    data = np.asarray(read(wrapper, tuple(wide)))
-    blocks = [np.arange(wrapper.shape[axis])[wide[axis]] for axis in axes]  # the block indices read, per axis
-    with wrapper.datastore.lock:
-        f = wrapper.datastore._acquire(needs_lock=False)
-        recorded = np.asarray(f.variables[f"{name}_digest"][...])  # (block dims...)
-    for position in itertools.product(*[range(len(b)) for b in blocks]):
-        index = [slice(None)] * ndim
-        for axis, i in zip(axes, position):
-            index[axis] = i
-        block = tuple(b[i] for b, i in zip(blocks, position))
-        if digest(data[tuple(index)]) != int(recorded[block]):
-            where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
-            raise damaged(path, f"variable {name} ({where}): {EDITED}")
-    return data[tuple(rest)]
 
 
 # Global attr of every per-job .nc/.h5 (posgen.paths.IDENTIFIED): JSON of what the file is, from the path it was
@@ -205,6 +165,51 @@ def content_digest(digests: dict) -> str:
     return f"{zlib.crc32(canonical.encode()):08x}"
 
 
+def table_digest(table) -> str:
+    """The content digest of a table as pandas reads it back: per column, the CRC-32 of its values (numbers as their
+    bytes, anything else as text), combined as a file's variables are (posgen.integrity.content_digest)."""
+    digests = {}
+    for name in table.columns:
+        values = table[name].to_numpy()
+        if values.dtype.kind in "biuf":
+            digests[str(name)] = digest(np.ascontiguousarray(values))
+        else:
+            digests[str(name)] = digest(np.frombuffer("\x1f".join(map(str, values)).encode(), dtype=np.uint8))
+    return content_digest(digests)
+
+
+def parquet_metadata(path) -> dict[str, str]:
+    """A Parquet table's key-value metadata as text (read without its data); one line naming a file that is not
+    Parquet."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        found = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError) as err:
+        raise damaged(path, f"not a Parquet table ({str(err).splitlines()[0]})") from None
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in found.items()}
+
+
+def verified_table(path):
+    """A posgen Parquet table (posgen.parquet) read whole and checked: its identity, its content digest (present,
+    and equal to the table's), its pages' checksums; one line naming the file and the command that remakes it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    recorded = parquet_metadata(path)
+    check_identity(path, recorded)
+    if CONTENT_ATTR not in recorded:
+        raise damaged(path, "no posgen digest in its metadata (written by another writer, or before posgen kept one)")
+    try:
+        table = pq.read_table(path, page_checksum_verification=True).to_pandas()
+    except (pa.ArrowException, OSError) as err:
+        raise damaged(path, f"unreadable ({str(err).splitlines()[0]})") from None
+    if table_digest(table) != recorded[CONTENT_ATTR]:
+        raise damaged(path, EDITED)
+    return table
+
+
 def record_inputs(paths) -> None:
     """The files the running job reads (its rule's inputs): every output it writes records their digests."""
     _job_inputs[:] = [Path(p) for p in paths]
@@ -237,13 +242,19 @@ def _file_attr(path: Path, name: str) -> str | None:
 
 
 def current_digest(path: Path) -> str | None:
-    """What a file's digest is now: a posgen file's content digest (a global attr, read without its data), else
-    the CRC-32 of a small file's bytes (a manifest, a CSV); None for a missing, large or unreadable file."""
+    """What a file's digest is now: a posgen file's content digest (a .nc/.h5 global attr or a Parquet table's
+    metadata, read without its data), else the CRC-32 of a small file's bytes (a manifest, a CSV); None for a
+    missing, large or unreadable file."""
     path = Path(path)
     if not path.is_file():
         return None
     if path.suffix in (".nc", ".h5"):
         return _file_attr(path, CONTENT_ATTR)
+    if path.suffix == ".parquet":  # its recorded content digest; None for a table without one
+        try:
+            return parquet_metadata(path).get(CONTENT_ATTR)
+        except OSError:
+            return None
     if path.stat().st_size > 64 * 2**20:
         return None
     return f"{zlib.crc32(path.read_bytes()):08x}"
@@ -282,23 +293,67 @@ def record_lineage(path: str | Path) -> None:
         print(f"{shown(record)}: cannot record the lineage of {shown(path)} ({err.strerror or err})", file=sys.stderr)
 
 
+class DamagedRecord(ValueError):
+    """A lineage record that cannot be read: its file, what holds it (a record under .posgen/lineage/ or the file's
+    own attr) and what to do, in one line."""
+
+
 def recorded_inputs(path: Path) -> dict | None:
-    """``{input: digest}`` the job that wrote ``path`` recorded, or None where nothing was recorded."""
+    """``{input: digest}`` the job that wrote ``path`` recorded, or None where nothing was recorded; a damaged
+    record (not a JSON object of digests) raises :class:`DamagedRecord`."""
     if path.suffix in HDF5:
-        text = _file_attr(path, INPUTS_ATTR)
+        where, text = f"its attribute {INPUTS_ATTR}", _file_attr(path, INPUTS_ATTR)
     else:
         record = lineage_record(path)
-        text = record.read_text() if record is not None and record.is_file() else None
-    return None if text is None else json.loads(text)
+        where = f"its lineage record {shown(record)}" if record is not None else ""
+        text = record.read_text(errors="replace") if record is not None and record.is_file() else None
+    if text is None:
+        return None
+    try:
+        found = json.loads(text)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or not all(isinstance(d, (str, type(None))) for d in found.values()):
+        raise DamagedRecord(
+            f"{shown(path)}: {where} is damaged (not the JSON object of input digests posgen writes), so what it was "
+            f"made from is unknown; remake it to record it again: snakemake --cores all {shown(path)} --forcerun "
+            f"{shown(path)} (with the run's own --configfile, if it had one)"
+        )
+    return found
 
 
-def _lineage(paths) -> dict[str, dict]:
-    """``{file: recorded inputs}`` of every file among ``paths`` (files or folders) that records its inputs."""
+def _files(paths) -> list[Path]:
+    """Every file among ``paths`` (files, or folders searched to any depth), hidden ones left out."""
     files = []
     for path in map(Path, paths):
         files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    records = {shown(p): recorded_inputs(p) for p in files if p.name[:1] != "."}
+    return [p for p in files if p.name[:1] != "."]
+
+
+def _lineage(paths, damaged_records: dict | None = None) -> dict[str, dict]:
+    """``{file: recorded inputs}`` of every file among ``paths`` (files or folders) that records its inputs; a file
+    whose record is damaged goes to ``damaged_records`` ({file: one line}) instead."""
+    records = {}
+    for path in _files(paths):
+        try:
+            records[shown(path)] = recorded_inputs(path)
+        except DamagedRecord as err:
+            if damaged_records is not None:
+                damaged_records[shown(path)] = str(err)
     return {name: inputs for name, inputs in records.items() if inputs is not None}
+
+
+def damaged_tables(paths) -> dict[str, str]:
+    """{Parquet table: one line} of every posgen Parquet table among ``paths`` that does not read back whole
+    (:func:`verified_table`: damaged pages, edited data, another table in its place, no digest)."""
+    found = {}
+    for path in _files(paths):
+        if path.suffix == ".parquet":
+            try:
+                verified_table(path)
+            except OSError as err:
+                found[shown(path)] = str(err)
+    return found
 
 
 def out_of_date(paths, records: dict[str, dict] | None = None) -> dict[str, tuple[str, str]]:
@@ -348,15 +403,24 @@ def remake_hint(forced: list[str], targets: list[str], paths=()) -> str:
     return f"{command} (with the run's own --configfile, if it had one)"
 
 
-def stale(paths) -> list[str]:
-    """One line per out-of-date file among ``paths`` (:func:`out_of_date`), then the one short command that remakes
-    them all (:func:`remake_hint`)."""
-    records = _lineage(paths)
+def findings(paths) -> tuple[dict, dict, list[str], list[str]]:
+    """(damaged: {file: one line}, out of date: :func:`out_of_date`, forced, targets) among ``paths``: the damaged
+    Parquet tables (:func:`damaged_tables`) and lineage records are forced and targeted with the out-of-date files."""
+    broken: dict[str, str] = {}
+    records = _lineage(paths, broken)
+    broken.update(damaged_tables(paths))
     found = out_of_date(paths, records)
-    lines = [f"{name}: made from {source}, which {why}" for name, (source, why) in sorted(found.items())]
-    if found:
-        lines.append(f"remake them: {remake_hint(*remake_files(found, records), paths)}")
-    return lines
+    forced, targets = remake_files(found, records)
+    return broken, found, sorted({*forced, *broken}), sorted({*targets, *broken})
+
+
+def stale(paths) -> list[str]:
+    """One line per damaged file and out-of-date file among ``paths`` (:func:`findings`), then the one short command
+    that remakes them all (:func:`remake_hint`)."""
+    broken, found, forced, targets = findings(paths)
+    lines = [broken[name] for name in sorted(broken)]
+    lines += [f"{name}: made from {source}, which {why}" for name, (source, why) in sorted(found.items())]
+    return lines + [f"remake them: {remake_hint(forced, targets, paths)}"] if lines else []
 
 
 def _inputs_first(records: dict[str, dict]) -> list[str]:
@@ -375,8 +439,9 @@ def _inputs_first(records: dict[str, dict]) -> list[str]:
 def settle_unchanged(paths) -> list[str]:
     """Give every file among ``paths`` that was remade with the content its dependants were made from (their
     recorded digests of it are its digest now) but is newer than one of them an mtime 1 ms after its newest input,
-    inputs first, so that Snakemake (which goes by mtimes) does not remake them. A file with no recorded inputs and
-    a file made from other content are left as they are. Returns the files settled."""
+    inputs first, so that Snakemake (which goes by mtimes) does not remake them; a file with no recorded inputs of
+    its own (a task's data) 1 ms before the oldest file made from it. A file made from other content is left as it
+    is. Returns the files settled."""
     records = _lineage(paths)
     found = out_of_date(paths, records)
     readers: dict[str, list[str]] = {}  # file -> the up-to-date files made from it
@@ -396,7 +461,21 @@ def settle_unchanged(paths) -> list[str]:
             continue
         os.utime(path, ns=(newest + 1_000_000, newest + 1_000_000))
         settled.append(name)
+    for name in sorted(set(readers) - set(records)):  # an input made from nothing posgen records (task data)
+        path, made = Path(name), [Path(r) for r in readers[name] if Path(r).is_file()]
+        if not path.is_file() or not made or not _under(path, paths):
+            continue
+        oldest = min(r.stat().st_mtime_ns for r in made)
+        if path.stat().st_mtime_ns > oldest:  # its readers recorded its content now: 1 ms before the oldest
+            os.utime(path, ns=(oldest - 1_000_000, oldest - 1_000_000))
+            settled.append(name)
     return settled
+
+
+def _under(path: Path, paths) -> bool:
+    """Whether ``path`` is one of ``paths`` or lies in one of them (a folder)."""
+    resolved = path.resolve()
+    return any(resolved == Path(p).resolve() or Path(p).resolve() in resolved.parents for p in paths)
 
 
 # Where Snakemake marks the outputs of a job that has started and not ended (its file-based records: one file per
@@ -433,7 +512,10 @@ def incomplete() -> list[str]:
             source, why = found[name]
             lines.append(f"{name}: there and whole, but made from {source}, which {why}")
         else:
-            made = ", made from the inputs there now" if recorded_inputs(Path(name)) is not None else ""
+            try:
+                made = ", made from the inputs there now" if recorded_inputs(Path(name)) is not None else ""
+            except DamagedRecord as err:
+                made = f" ({err})"
             lines.append(f"{name}: there and whole{made}")
     lines.append(
         "Snakemake marks these incomplete because the job writing them was killed before it ended; redo that job "
@@ -465,6 +547,10 @@ def main(argv=None) -> int:
         "its inputs', so that Snakemake does not remake them",
     )
     args = parser.parse_args(argv)
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing and not args.incomplete:
+        print(f"{', '.join(missing)}: no such file or folder (run from the run's working directory)", file=sys.stderr)
+        return 2
     if args.settle_unchanged:
         settled = settle_unchanged(args.paths)
         print(f"{len(settled)} files remade with unchanged content settled: {' '.join(settled) or '-'}")
@@ -473,8 +559,7 @@ def main(argv=None) -> int:
         print("\n".join(lines) if lines else f"Snakemake marks no file incomplete here ({INCOMPLETE_DIR})")
         return 1 if lines else 0
     if args.targets or args.forced:
-        records = _lineage(args.paths)
-        forced, targets = remake_files(out_of_date(args.paths, records), records)
+        _, _, forced, targets = findings(args.paths)
         print(" ".join(forced if args.forced else targets))
         return 0
     lines = stale(args.paths)

@@ -62,7 +62,9 @@ REPRODUCTION = {
     "csv": f"{RESULTS}/reproduction.csv",
     "md": f"{RESULTS}/reproduction.md",
     "synthetic_csv": f"{RESULTS}/reproduction_synthetic.csv",
-    "verdicts": f"{RESULTS}/verdicts.csv",  # both papers' verdicts, one row per (paper, claim, scope)
+    # both papers' verdicts, one row per (paper, claim, scope): as text, and as the digested table the readers read
+    "verdicts": f"{RESULTS}/verdicts.csv",
+    "verdicts_table": f"{RESULTS}/verdicts.parquet",
 }
 # the head atlas (issue 55): the first paper's per-head table and the page over both papers
 HEADS = f"{RESULTS}/heads.parquet"
@@ -128,11 +130,19 @@ def classifier_file(template: str, experiment: str, task: str, pe: str, seed) ->
 # ------------------------------------------------------------------------------------------ per-job identity
 
 # The files whose path says what they are, by paper, the more specific first (a collection's training.nc before a
-# model's): a .nc/.h5 records it and is checked on every read (posgen.integrity.check_identity), a per-model CSV
-# table on its rows (posgen.integrity.check_rows).
+# model's): a .nc/.h5 or Parquet table records it and is checked on every read (posgen.integrity.check_identity), a
+# per-model CSV table on its rows (posgen.integrity.check_rows).
 IDENTIFIED = {
-    "synthetic": (TASK_DATA, CURVES, *ANALYSES.values(), *COLLECTION_PARTS.values(), *COLLECTION_TABLES.values()),
-    "llm": (QK, SHARD_TABLE, TABLE, *MODEL_SUMMARY.values(), TRAINING_LOG, *TRAJECTORY_TABLE.values(), WINDOWS),
+    "synthetic": (
+        TASK_DATA,
+        CURVES,
+        *ANALYSES.values(),
+        *COLLECTION_PARTS.values(),
+        *COLLECTION_TABLES.values(),
+        CLASSIFIER_HEADS,
+    ),
+    "llm": (QK, SHARD_TABLE, TABLE, *MODEL_SUMMARY.values(), TRAINING_LOG, *TRAJECTORY_TABLE.values(), WINDOWS, HEADS),
+    "both": (REPRODUCTION["verdicts_table"],),
 }
 # what a wildcard may match in a path (rules/common.smk constrains Snakemake's wildcards with the same ones)
 WILDCARD_PATTERNS = {

@@ -24,6 +24,7 @@ from posgen.llm.verdicts import PAPER_R, control_markdown, summary_regime, windo
 from posgen.llm.verdicts import verdict_markdown as paper_verdict_markdown
 from posgen.llm.verdicts import verdict_table as paper_verdict_table
 from posgen.llm.verdicts import verdicts as paper_verdicts
+from posgen.parquet import write_table
 from posgen.parts import WEIGHTS_NOTE
 from posgen.store import atomic_path, open_dataset, stable_provenance
 from posgen.synthetic.regime import size_and_budget
@@ -278,6 +279,7 @@ def write_reproduction(
     cap_paths=(),
     sections=(),
     verdicts_csv: str | Path | None = None,
+    verdicts_table: str | Path | None = None,
     **attrs,
 ) -> pd.DataFrame:
     """results/reproduction.csv and .md from results/summary.csv, with a verdict per claim of the first paper
@@ -285,8 +287,9 @@ def write_reproduction(
     second family's summary, its rows (the second paper's numbers beside ours) go to ``synthetic_csv`` and a
     second section of the Markdown, with a verdict per claim (posgen.synthetic.verdicts) from the deposit study's
     per-classifier table when given, else from the run's. ``sections``: the statistics' own sections (Markdown,
-    posgen.workflow.steps: a step's ``section``), after the gap origin's. ``verdicts_csv``: both papers' verdicts as
-    one table (results/verdicts.csv), from which their sections of the Markdown are rendered."""
+    posgen.workflow.steps: a step's ``section``), after the gap origin's. ``verdicts_csv``, ``verdicts_table``: both
+    papers' verdicts as one table (results/verdicts.csv, and the digested verdicts.parquet the readers read), from
+    which their sections of the Markdown are rendered."""
     optional = (synthetic_summary_csv, study_summary_csv, synthetic_classifiers_csv, study_classifiers_csv)
     paths = [Path(p) for p in (summary_csv, *optional) if p is not None]
     inputs = (bands_paths, perturb_paths, cap_paths)
@@ -327,9 +330,13 @@ def write_reproduction(
             classifiers = pd.read_csv(source)
             tables.append(verdicts(classifiers, str(source)))
             text += "\n" + verdicts_markdown(tables[-1], classifiers)
-    if verdicts_csv is not None:  # both papers' verdicts as one table (posgen.claims.VERDICT_COLUMNS)
+    if (
+        verdicts_csv is not None and verdicts_table is not None
+    ):  # both papers' verdicts as one table (posgen.claims.VERDICT_COLUMNS)
+        both = pd.concat(tables, ignore_index=True).assign(**keep)
         with atomic_path(verdicts_csv) as tmp:
-            pd.concat(tables, ignore_index=True).assign(**keep).to_csv(tmp, index=False)
+            both.to_csv(tmp, index=False)
+        write_table(both, verdicts_table, **keep)
     with atomic_path(md) as tmp:
         Path(tmp).write_text(text)
     return table
@@ -354,5 +361,6 @@ def reproduction_step(job) -> None:
         cap_paths=listed(i["cap"]),
         sections=[resolve(step.section)(listed(i[name])) for name, step in STEPS.items() if step.section and name in i],
         verdicts_csv=o["verdicts"],
+        verdicts_table=o["verdicts_table"],
         config_hash=job.params["config_hash"],
     )

@@ -15,15 +15,15 @@ file's key-value metadata. Read them with ``pandas.read_parquet(path)``.
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import xarray as xr
 
+from posgen.parquet import write_table
 from posgen.paths import owner
 from posgen.stats import bootstrap_indices, interval
-from posgen.store import atomic_path, open_dataset, provenance, require
+from posgen.store import open_dataset, provenance, require
 from posgen.workflow.job import listed, resolve
 from posgen.workflow.steps import STEPS
 
@@ -156,42 +156,19 @@ def classifier_table(ablation, toeplitz=None, *, config_hash: str = "") -> pd.Da
     return table.assign(config_hash=config_hash, posgen_version=provenance()["posgen_version"])
 
 
-def write_parquet(table: pd.DataFrame, path, **metadata: str) -> None:
-    """``table`` as Parquet at ``path`` (atomically), ``metadata`` (provenance) in its key-value metadata."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    arrow = pa.Table.from_pandas(table, preserve_index=False)
-    arrow = arrow.replace_schema_metadata({**arrow.schema.metadata, **{k: str(v) for k, v in metadata.items()}})
-    with atomic_path(path) as tmp:
-        pq.write_table(arrow, tmp)
-
-
-def read_table(path) -> pd.DataFrame:
-    """A heads.parquet as a DataFrame; one line naming the file where it is missing or not Parquet."""
-    import pyarrow as pa
-
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no such file (rule heads writes it: snakemake --cores 2 {path})")
-    try:
-        return pd.read_parquet(path)
-    except (pa.ArrowException, OSError) as err:
-        raise ValueError(f"{path}: not a Parquet table ({str(err).splitlines()[0]})") from None
-
-
 def heads_step(job) -> pd.DataFrame:
     """Rule heads' job: results/heads.parquet from every model variant's tables."""
     p = job.params
     tables = {role: listed(paths) for role, paths in job.input.items()}
     table = head_table(tables, n_boot=int(p["n_boot"]), seed=int(p["seed"]), config_hash=p["config_hash"])
-    write_parquet(table, job.output["heads"], **_provenance(p))
+    write_table(table, job.output["heads"], **_provenance(p))
     return table
 
 
 def classifier_heads_step(job) -> pd.DataFrame:
     """Rule classifier_heads' job: a collection's per-classifier, per-head table."""
     table = classifier_table(job.input["ablation"], job.input.get("toeplitz"), config_hash=job.params["config_hash"])
-    write_parquet(table, job.output["heads"], **_provenance(job.params))
+    write_table(table, job.output["heads"], **_provenance(job.params))
     return table
 
 
