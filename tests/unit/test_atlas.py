@@ -191,3 +191,32 @@ def test_verdict_rows_link_to_the_classifiers_their_claim_names(tmp_path):
     ]
     linked = classifiers_of(second, classifiers)
     assert linked == [{"experiment": "clean", "task": "distance", "pe": "rope+sinusoidal", "seed": 0}]
+
+
+def test_the_page_is_its_packaged_template_filled_with_no_placeholder_left(run):
+    """The page's skeleton, style and script are package files (posgen/atlas/assets, read through
+    importlib.resources); the page inlines the style and script and fills every ``$name`` of the skeleton."""
+    import json
+    import re
+    from importlib import resources
+    from string import Template
+
+    from plotly.offline import get_plotlyjs
+
+    from posgen.atlas.page import build_page
+
+    assets = {
+        name: (resources.files("posgen.atlas") / "assets" / name).read_text()
+        for name in ("atlas.html", "atlas.css", "atlas.js")
+    }
+    assert all(assets.values())
+    names = Template(assets["atlas.html"]).get_identifiers()
+    assert {"style", "script", "data", "plotly_js"} <= set(names)
+    _, _, out = run
+    page = build_page(heads_path=out)
+    assert get_plotlyjs() in page  # one offline file
+    ours = page.replace(get_plotlyjs(), "")
+    assert not [n for n in names if f"${n}" in ours or f"${{{n}}}" in ours]
+    assert assets["atlas.css"] in page and assets["atlas.js"] in page
+    data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(data)["models"] == ["toy"]

@@ -19,7 +19,9 @@ one small figure per classifier: the page grows with heads x variants, never wit
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
+from string import Template
 
 import numpy as np
 import pandas as pd
@@ -350,164 +352,56 @@ def verdict_tables(reproduction, models: list[str], classifiers: list[dict], sta
     return "\n".join(out), decided
 
 
-SCRIPT = """
-const atlas = (() => {
-  const D = JSON.parse(document.getElementById('atlas-data').textContent);
-  const $ = (id) => document.getElementById(id);
-  const draw = (div, fig) => Plotly.react(div, fig.data, {...fig.layout, template: D.template});
-  const fmt = (v) => (v === null || v === undefined) ? 'n/a' : Number(v).toFixed(4);
-  function current() { return {model: $('model').value, stat: $('stat').value, view: $('view').value}; }
-  // the grid's z and intervals (rows: layers) from the per-head numbers [value, lo, hi, rank] of a variant
-  function grid(rows, nHeads, pick) {
-    const out = [];
-    for (let i = 0; i < rows.length; i += nHeads) out.push(rows.slice(i, i + nHeads).map(pick));
-    return out;
-  }
-  function recolour() {
-    const c = current();
-    const label = D.stat_labels[c.stat];
-    for (const m of D.models) {
-      const n = D.n_heads[m], nums = D.heads[m];
-      const side = D.variants[m];
-      const controls = side.includes('trained') ? side.filter((v) => v !== 'trained') : [];
-      const pairs = (v) => nums.trained[c.stat].map((t, i) => [t[0], nums[v][c.stat][i][0]]);
-      const hover = '<br>layer %{y}, head %{x}<br>%{z:.4f} [%{customdata[0]:.4f}, %{customdata[1]:.4f}]<extra></extra>';
-      const updates = {
-        side: [{
-          z: side.map((v) => grid(nums[v][c.stat], n, (r) => r[0])),
-          customdata: side.map((v) => grid(nums[v][c.stat], n, (r) => [r[1], r[2]])),
-          hovertemplate: side.map((v) => `${m} ${v}: ${label}` + hover),
-        }, {'coloraxis.colorbar.title.text': label}],
-        // trained minus each control; hover: the two values
-        diff: [{
-          z: controls.map((v) => grid(pairs(v), n, ([a, b]) => (a === null || b === null) ? null : a - b)),
-          customdata: controls.map((v) => grid(pairs(v), n, (pair) => pair)),
-          hovertemplate: controls.map((v) => `${m} trained - ${v}: ${label}<br>layer %{y}, head %{x}<br>` +
-            '%{z:.4f} (trained %{customdata[0]:.4f}, control %{customdata[1]:.4f})<extra></extra>'),
-        }, {'coloraxis.colorbar.title.text': `trained - control: ${label}`}],
-      };
-      for (const view of ['side', 'diff']) {
-        const div = $(`grid-${m}-${view}`);
-        if (!div) continue;
-        const shown = m === c.model && view === c.view;
-        div.style.display = shown ? '' : 'none';
-        Plotly.update(div, updates[view][0], updates[view][1]);
-        if (shown) Plotly.Plots.resize(div);
-      }
-    }
-  }
-  function showHead(model, variant, layer, head) {
-    const nHeads = D.n_heads[model];
-    const i = layer * nHeads + head;
-    const nums = D.heads[model][variant];
-    const total = nums[D.stat_keys[0]].length;
-    let rows = '';
-    for (const key of D.stat_keys) {
-      const [v, lo, hi, rank] = nums[key][i];
-      const interval = (lo === null) ? '' : ` [${fmt(lo)}, ${fmt(hi)}]`;
-      const ranked = (rank === null) ? '' : `${rank} of ${total}`;
-      rows += `<tr data-stat="${key}"><td>${D.stat_labels[key]}</td><td class="value">${fmt(v)}</td>` +
-              `<td>${interval}</td><td class="rank">${ranked}</td></tr>`;
-    }
-    $('detail-title').textContent = `${model} ${variant}, layer ${layer}, head ${head}`;
-    $('detail-title').dataset.head = `${model}|${variant}|${layer}|${head}`;
-    $('detail-numbers').innerHTML = '<tr><th>statistic</th><th>value</th><th>95 % interval over windows</th>' +
-                                    '<th>rank (1 = highest)</th></tr>' + rows;
-    const sweep = structuredClone(D.templates.sweep);
-    sweep.data[0].y = D.sweep[model][variant][i];
-    draw('detail-sweep', sweep);
-    const bands = structuredClone(D.templates.bands);
-    const prof = D.bands[model] && D.bands[model][variant];
-    if (prof) {
-      bands.data[0].x = prof.theta[layer]; bands.data[0].y = prof.q[i];
-      const kvHeads = nHeads / prof.group;
-      bands.data[1].x = prof.theta[layer]; bands.data[1].y = prof.k[layer * kvHeads + Math.floor(head / prof.group)];
-    }
-    draw('detail-bands', bands);
-    const map = D.maps[`${model}|${variant}|${layer}|${head}`];
-    if (map) {
-      $('detail-maps-note').textContent = '';
-      $('detail-maps').style.display = '';
-      draw('detail-maps', map);
-    } else {
-      $('detail-maps').style.display = 'none';
-      $('detail-maps-note').innerHTML = 'Logit maps are kept for the example heads only (examples.nc): ' +
-        D.example_heads.filter((k) => k.startsWith(model + '|' + variant + '|')).map((k) => {
-          const p = k.split('|');
-          return `<a href="#detail" onclick="atlas.showHead('${p[0]}', '${p[1]}', ${p[2]}, ${p[3]})">` +
-                 `layer ${p[2]} head ${p[3]}</a>`;
-        }).join(', ') + '.';
-    }
-  }
-  function showHeads(model, stat) {
-    $('model').value = model; $('stat').value = stat; recolour();
-  }
-  function showClassifier(key) {
-    $('classifier').value = key;
-    draw('classifier-fig', D.classifier_figures[key]);
-    const rows = D.classifier_verdicts[key] || [];
-    $('classifier-verdicts').innerHTML = rows.length ? 'Verdicts decided on it: ' +
-      rows.map(([id, claim]) => `<a href="#${id}">${claim}</a>`).join('; ') : 'No verdict row names it.';
-  }
-  document.addEventListener('DOMContentLoaded', () => {
-    for (const id of ['model', 'stat', 'view']) $(id).addEventListener('change', recolour);
-    $('classifier').addEventListener('change', () => showClassifier($('classifier').value));
-    for (const m of D.models) {
-      for (const view of ['side', 'diff']) {
-        const div = $(`grid-${m}-${view}`);
-        if (!div) continue;
-        div.on('plotly_click', (ev) => {
-          const pt = ev.points[0];
-          const variant = view === 'side' ? D.variants[m][pt.curveNumber] : 'trained';
-          showHead(m, variant, pt.y, pt.x);
-          $('detail').scrollIntoView();
-        });
-      }
-    }
-    recolour();
-    if (D.classifiers.length) showClassifier(D.classifiers[0].key);
-    showHead(D.models[0], D.variants[D.models[0]][0], 0, 0);
-    document.body.dataset.ready = '1';
-  });
-  return {showHead, showHeads, showClassifier, recolour, data: D};
-})();
-"""
-
-STYLE = """
-body { font-family: sans-serif; margin: 1em 2em; color: #222; }
-table { border-collapse: collapse; font-size: 13px; }
-td, th { border: 1px solid #ccc; padding: 2px 6px; vertical-align: top; text-align: left; }
-table.verdicts td { max-width: 40em; }
-.controls select { margin-right: 1em; }
-.note { color: #555; font-size: 13px; }
-"""
+def asset(name: str) -> str:
+    """The text of one of the page's package files (posgen/atlas/assets): atlas.html, the page's skeleton with
+    ``$name`` placeholders (string.Template); atlas.css, its style; atlas.js, its script."""
+    return (resources.files("posgen.atlas") / "assets" / name).read_text(encoding="utf-8")
 
 
 def _options(pairs, selected=None) -> str:
     return "".join(f"<option value='{v}'{' selected' if v == selected else ''}>{label}</option>" for v, label in pairs)
 
 
-def build_page(heads_path, classifier_path=None, examples=(), bands=(), training=None, reproduction=None) -> str:
-    """The atlas page's HTML."""
-    import plotly.io as pio
-    from plotly.offline import get_plotlyjs
+def _classifier_options(keys: list[dict]) -> str:
+    """The classifier menu: one group per experiment and PE, one option per task and seed."""
+    groups = {}
+    for c in keys:
+        groups.setdefault(f"{c['experiment']} / {c['pe']}", []).append(c)
+    return "".join(
+        f"<optgroup label='{label}'>"
+        + _options((c["key"], f"{c['task']}, seed {c['seed']}") for c in members)
+        + "</optgroup>"
+        for label, members in groups.items()
+    )
 
-    heads = _with_spread(read_table(heads_path))
-    stats = statistics(heads)
-    models = list(dict.fromkeys(heads["model"]))
-    variants = {m: list(dict.fromkeys(heads.loc[heads["model"] == m, "variant"])) for m in models}
-    grids = []
-    for model in models:
-        made = grid_figures(heads, model, variants[model], stats)
-        for view, fig in made["figures"].items():
-            div = f"grid-{model}-{view}"
-            grids.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div))
+
+def _grid_divs(heads: pd.DataFrame, variants: dict, stats: dict) -> str:
+    """Every model's grid figures (``grid_figures``) as HTML divs ``grid-{model}-{view}``."""
+    import plotly.io as pio
+
+    divs = []
+    for model, names in variants.items():
+        for view, fig in grid_figures(heads, model, names, stats)["figures"].items():
+            divs.append(pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=f"grid-{model}-{view}"))
+    return "".join(divs)
+
+
+def _classifiers(classifier_path, training) -> tuple[list[dict], dict]:
+    """``classifier_figures`` of the classifiers' table (none without one)."""
     classifiers = read_table(classifier_path) if classifier_path else pd.DataFrame(columns=["experiment"])
-    keys, class_figs = classifier_figures(classifiers, training) if len(classifiers) else ([], {})
+    return classifier_figures(classifiers, training) if len(classifiers) else ([], {})
+
+
+def page_data(heads: pd.DataFrame, stats: dict, variants: dict, classifiers, examples=(), bands=()) -> dict:
+    """The numbers and figures the page's script reads (embedded as JSON, ``atlas-data``); ``classifiers``:
+    (keys, figures, {key: verdict rows}) of ``classifier_figures`` and ``verdict_tables``."""
+    import plotly.io as pio
+
+    keys, figures, decided = classifiers
+    models = list(variants)
     sweep_d, sweep = sweeps(heads)
     maps = example_maps(examples)
-    verdicts, decided = verdict_tables(reproduction, models, keys, stats)
-    data = {
+    return {
         "models": models,
         "variants": variants,
         "n_heads": {m: int(heads.loc[heads["model"] == m, "head"].max()) + 1 for m in models},
@@ -520,55 +414,42 @@ def build_page(heads_path, classifier_path=None, examples=(), bands=(), training
         "example_heads": sorted(maps),
         "templates": detail_templates(sweep_d),
         "classifiers": keys,
-        "classifier_figures": class_figs,
+        "classifier_figures": figures,
         "classifier_verdicts": decided,
         "template": pio.templates["plotly"].to_plotly_json(),
     }
-    text = pio.json.to_json_plotly(data).replace("</", "<\\/")
-    groups = {}
-    for c in keys:
-        groups.setdefault(f"{c['experiment']} / {c['pe']}", []).append(c)
-    classifier_options = "".join(
-        f"<optgroup label='{label}'>"
-        + _options((c["key"], f"{c['task']}, seed {c['seed']}") for c in members)
-        + "</optgroup>"
-        for label, members in groups.items()
-    )
+
+
+def build_page(heads_path, classifier_path=None, examples=(), bands=(), training=None, reproduction=None) -> str:
+    """The atlas page's HTML: assets/atlas.html filled with the run's menus, grids, verdict tables and data, its
+    style and script and plotly.js inlined (one offline file)."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    heads = _with_spread(read_table(heads_path))
+    stats = statistics(heads)
+    models = list(dict.fromkeys(heads["model"]))
+    variants = {m: list(dict.fromkeys(heads.loc[heads["model"] == m, "variant"])) for m in models}
+    keys, figures = _classifiers(classifier_path, training)
+    verdicts, decided = verdict_tables(reproduction, models, keys, stats)
+    data = page_data(heads, stats, variants, (keys, figures, decided), examples, bands)
     prov = provenance()
-    config_hash = str(heads["config_hash"].iloc[0]) if "config_hash" in heads else ""
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>posgen head atlas</title>
-<meta name="posgen_version" content="{prov["posgen_version"]}"><meta name="config_hash" content="{config_hash}">
-<style>{STYLE}</style>
-<script>{get_plotlyjs()}</script></head>
-<body>
-<h1>Head atlas</h1>
-<p class="note">posgen {prov["posgen_version"]}, config_hash {config_hash}, made {prov["created"]}. Every number is the
-mean over the run's windows with its 95 % bootstrap interval over windows (results/heads.parquet), sink "{SINK}"
-(key 0 left out). Hover a head for its number; click it for its detail below.</p>
-<h2 id="heads">Heads</h2>
-<div class="controls">
-model <select id="model">{_options((m, m) for m in models)}</select>
-statistic <select id="stat">{_options((k, v[0]) for k, v in stats.items())}</select>
-view <select id="view">{_options([("side", "variants side by side"), ("diff", "trained minus random init")])}</select>
-</div>
-{"".join(grids)}
-<h2 id="detail">Head detail: <span id="detail-title"></span></h2>
-<table id="detail-numbers"></table>
-<div style="display:flex; flex-wrap:wrap"><div id="detail-sweep" style="width:45%"></div>
-<div id="detail-bands" style="width:55%"></div></div>
-<p id="detail-maps-note" class="note"></p>
-<div id="detail-maps"></div>
-<h2 id="classifiers">Classifiers (arXiv 2505.13027)</h2>
-<div class="controls">classifier <select id="classifier">{classifier_options}</select></div>
-<p id="classifier-verdicts" class="note"></p>
-<div id="classifier-fig"></div>
-<h2 id="verdicts">Verdicts</h2>
-{verdicts}
-<script type="application/json" id="atlas-data">{text}</script>
-<script>{SCRIPT}</script>
-</body></html>
-"""
+    return Template(asset("atlas.html")).substitute(
+        posgen_version=prov["posgen_version"],
+        config_hash=str(heads["config_hash"].iloc[0]) if "config_hash" in heads else "",
+        created=prov["created"],
+        sink=SINK,
+        style=asset("atlas.css"),
+        plotly_js=get_plotlyjs(),
+        model_options=_options((m, m) for m in models),
+        stat_options=_options((k, v[0]) for k, v in stats.items()),
+        view_options=_options([("side", "variants side by side"), ("diff", "trained minus random init")]),
+        grids=_grid_divs(heads, variants, stats),
+        classifier_options=_classifier_options(keys),
+        verdicts=verdicts,
+        data=pio.json.to_json_plotly(data).replace("</", "<\\/"),
+        script=asset("atlas.js"),
+    )
 
 
 def write_page(out, **inputs) -> int:
