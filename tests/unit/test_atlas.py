@@ -11,8 +11,8 @@ import xarray as xr
 
 from posgen import api
 from posgen.api import decompose
-from posgen.atlas.tables import classifier_heads_step, heads_step, read_table
-from posgen.atlas.verdicts import classifiers_of, parse
+from posgen.atlas.tables import classifier_heads_step, heads_step
+from posgen.parquet import read_table
 from posgen.store import write_netcdf
 from posgen.testing.datasets import make_qk
 from posgen.workflow.job import StepJob
@@ -121,7 +121,7 @@ def test_bad_inputs_stop_in_one_line_naming_the_file(run, tmp_path):
         heads_step(job)
     not_parquet = tmp_path / "heads.parquet"
     not_parquet.write_text("model,variant\n")
-    with pytest.raises(ValueError, match=r"heads.parquet: not a Parquet table"):
+    with pytest.raises(OSError, match=r"heads.parquet: not a Parquet table .*; delete it and run: snakemake"):
         read_table(not_parquet)
 
 
@@ -160,37 +160,72 @@ def test_the_classifier_table_has_each_classifiers_drop_per_head(tmp_path):
     assert table.loc[("clean", "distance", "rope", 0, 0, 0), "is_top_head"]
 
 
-REPRODUCTION = """# Reproduction of the 0.959 correlation (Han & Ji 2025)
+def test_verdict_rows_link_to_what_their_table_says_they_were_decided_on():
+    """The atlas reads verdicts.csv, never reproduction.md: a first-paper row links every model to the head statistic
+    its claim was decided on (the first key of a prefix); a second-paper row to the classifiers of the cells each of
+    its regimes read, and to no other."""
+    from posgen.atlas.verdicts import verdict_rows
+    from posgen.claims import verdict_frame
 
-## Verdict per claim (Han & Ji 2025)
-
-| claim (paper) | test | verdict | regime; per model / construction: outcome, evidence |
-|---|---|---|---|
-| the low-frequency feature pattern is learned | share | **inconclusive** | toy (keys): **inconclusive**<br>x |
-
-# Reproduction of arXiv 2505.13027 (positional encodings on synthetic tasks)
-
-## Verdict per claim (arXiv 2505.13027)
-
-| claim (paper) | test | verdict | per regime: verdict, regime, evidence |
-|---|---|---|---|
-| RoPE best on distance (92.6 %) | rope+sinusoidal not below the best other PE | **inconclusive** | clean: **inconclusive** at ... |
-"""
-
-
-def test_verdict_rows_link_to_the_classifiers_their_claim_names(tmp_path):
-    path = tmp_path / "reproduction.md"
-    path.write_text(REPRODUCTION)
-    first, second = parse(path)
-    assert (first.paper, second.paper) == (1, 2)
+    common = {"test": "t", "rules": "", "verdict": "inconclusive", "outcome": "inconclusive", "diagnostic": False}
+    table = verdict_frame(
+        [
+            {
+                **common,
+                "paper": 1,
+                "claim": "low",
+                "statement": "low-frequency",
+                "scope": "toy",
+                "decided_on": "low_share_k",
+            },
+            {
+                **common,
+                "paper": 1,
+                "claim": "cut",
+                "statement": "perturbation",
+                "scope": "toy",
+                "decided_on": "loss_increase",
+            },
+            {
+                **common,
+                "paper": 2,
+                "claim": "best",
+                "statement": "RoPE best",
+                "scope": "clean",
+                "decided_on": "distance/rope; distance/nope",
+            },
+            {
+                **common,
+                "paper": 2,
+                "claim": "best",
+                "statement": "RoPE best",
+                "scope": "other",
+                "decided_on": "distance/nope",
+            },
+        ]
+    )
+    stats = {"low_share_k": ("keys' low share",), "loss_increase_repeat": ("loss, repeat",), "r_A": ("r",)}
     classifiers = [
-        {"experiment": e, "task": t, "pe": p, "seed": 0}
+        {"experiment": e, "task": t, "pe": p, "seed": 0, "key": f"{e}|{t}|{p}|0"}
         for e in ("clean", "other")
         for t in ("count", "distance")
-        for p in ("rope", "rope+sinusoidal", "sinusoidal")
+        for p in ("rope", "nope", "sinusoidal")
     ]
-    linked = classifiers_of(second, classifiers)
-    assert linked == [{"experiment": "clean", "task": "distance", "pe": "rope+sinusoidal", "seed": 0}]
+    first, second = verdict_rows(table, ["toy", "big"], classifiers, stats)
+    assert [r["links"] for r in first["rows"]] == [
+        [("heads", "toy|low_share_k", "toy: keys' low share"), ("heads", "big|low_share_k", "big: keys' low share")],
+        [
+            ("heads", "toy|loss_increase_repeat", "toy: loss, repeat"),
+            ("heads", "big|loss_increase_repeat", "big: loss, repeat"),
+        ],
+    ]
+    (best,) = second["rows"]
+    assert [target for _, target, _ in best["links"]] == [
+        "clean|distance|rope|0",
+        "clean|distance|nope|0",
+        "other|distance|nope|0",
+    ]
+    assert best["cells"][2] == "<b>inconclusive</b>" and best["id"] == "verdict-2-0"
 
 
 def test_the_page_is_its_packaged_template_filled_with_no_placeholder_left(run):
@@ -220,3 +255,49 @@ def test_the_page_is_its_packaged_template_filled_with_no_placeholder_left(run):
     assert assets["atlas.css"] in page and assets["atlas.js"] in page
     data = re.search(r'<script type="application/json" id="atlas-data">(.*?)</script>', page, re.S).group(1)
     assert json.loads(data)["models"] == ["toy"]
+
+
+def toy_columns(path) -> dict[str, np.ndarray]:
+    """A toy step's per-head reader: its table's (layer, head) 'toy' variable."""
+    return {"toy_score": xr.open_dataset(path, engine="h5netcdf")["toy"].transpose("layer", "head").values}
+
+
+def test_a_step_that_declares_a_per_head_column_adds_it_to_heads_parquet_and_the_atlas_menu(run, monkeypatch, tmp_path):
+    """docs/adding-a-step.md, "A per-head column": a step row with ``heads`` and ``head_columns`` is all it takes.
+    Rule heads' inputs list its table of every model variant (posgen.workflow.targets.head_tables), heads.parquet
+    gets its column on its variants' rows (NaN on the others), and the atlas' menu shows it with its label."""
+    import dataclasses
+
+    from posgen.atlas.page import statistics
+    from posgen.workflow import steps, targets
+
+    toy = dataclasses.replace(
+        steps.STEPS["block_swap"],
+        name="toy",
+        heads="tests.unit.test_atlas:toy_columns",
+        head_columns=(steps.HeadColumn("toy_score", "toy score per head"),),
+        section="",
+    )
+    monkeypatch.setitem(steps.STEPS, "toy", toy)
+    config = {"models": [{"name": "toy", "source": "embedded:x"}], "random_init": {"seeds": [0]}}
+    monkeypatch.setattr(targets, "step_variants", lambda config, step="": ["trained", "random-seed0"])
+    listed = targets.head_tables(config)
+    assert listed["toy"] == ["results/toy/trained/toy.nc", "results/toy/random-seed0/toy.nc"]
+    assert list(listed) == ["decomposition", "bands", "block_swap", "head_ablation", "toy"]
+    root, files, _ = run
+    toy_file = root / "results" / "toy" / "trained" / "toy.nc"
+    scores = np.arange(8.0).reshape(2, 4) + 0.5
+    ds = xr.Dataset({"toy": (("layer", "head"), scores)}, coords={"layer": [0, 1], "head": np.arange(4)})
+    write_netcdf(ds, toy_file)
+    out = tmp_path / "heads.parquet"
+    job = StepJob.of(
+        {**files, "toy": [str(toy_file)]}, {"heads": str(out)}, {"n_boot": N_BOOT, "seed": 0, "config_hash": "a"}
+    )
+    heads_step(job)
+    table = read_table(out)
+    trained = table[table["variant"] == "trained"].set_index(["layer", "head", "method", "sink"])
+    assert trained.loc[(1, 2, "B", "with"), "toy_score"] == 6.5  # every method and sink row of the head
+    assert table.loc[table["variant"] == "random-seed0", "toy_score"].isna().all()
+    menu = statistics(table)
+    assert menu["toy_score"] == ("toy score per head", "toy_score", "A")
+    assert list(menu)[-1] == "toy_score"  # the steps' order: after every earlier step's columns

@@ -9,7 +9,7 @@ the run's per-head tables (posgen.atlas.tables) and NetCDF files.
   W - f - g over the first MAP_TOKENS tokens;
 * per classifier of the second paper (grouped by experiment and PE), its layer x head ablation drops beside its
   learning curves;
-* both papers' verdict tables (from reproduction.md), each row linked to the heads or classifiers it was decided on.
+* both papers' verdict tables (from results/verdicts.csv), each row linked to the heads or classifiers it was decided on.
 
 Size: plotly.js (about 4.7 MB) once, then per model variant the numbers of every head and statistic, band profile
 and D sweep (about 1.2 kB per head), 2 example heads' maps per variant (4 x MAP_TOKENS^2 float32 values each) and
@@ -26,11 +26,14 @@ from string import Template
 import numpy as np
 import pandas as pd
 
-from posgen.atlas.tables import read_table
-from posgen.atlas.verdicts import cell_html, classifiers_of, parse, statistic_of
-from posgen.paths import identity
+from posgen.atlas.tables import CLASSIFIER_KEYS, HEAD_KEYS
+from posgen.atlas.verdicts import verdict_rows
+from posgen.claims import read_verdicts
+from posgen.parquet import read_table
+from posgen.paths import owner
 from posgen.store import atomic_path, open_dataset, provenance, require
 from posgen.workflow.job import listed
+from posgen.workflow.steps import STEPS
 
 SINK = "without"  # the grid's sink (heads.parquet has both)
 MAP_TOKENS = 96  # the example maps' token range: bounds their size whatever figures.map_tokens is
@@ -39,25 +42,18 @@ HEIGHT = 420  # pixels of a grid figure
 
 
 def statistics(heads: pd.DataFrame) -> dict[str, tuple[str, str, str]]:
-    """{key: (menu label, heads.parquet column, the method whose rows hold it)} of the grid's menu."""
-    stats = {
-        "r_rc_A": ("Method A row-centred r (what softmax sees; the verdicts' r)", "r_rc", "A"),
-        "r_rc_B": ("Method B row-centred r", "r_rc", "B"),
-        "r_A": ("Method A r (raw, paper-comparable)", "r", "A"),
-        "r_B": ("Method B r (raw)", "r", "B"),
-        "r_A-drift": ("Method A-drift r (diagnostic)", "r", "A-drift"),
-        "r_A-shared": ("Method A-shared r (diagnostic)", "r", "A-shared"),
-        "f_share": ("f share r2_f / (r2_f + r2_g), Method A", "f_share", "A"),
-        "r_sweep_spread": ("spread of Method A r over the D sweep", "r_sweep_spread", "A"),
-        "positional_score": ("block-swap score (1 positional, 0 semantic)", "positional_score", "A"),
-        "k_position_share_smooth": ("keys' smooth position share", "k_position_share_smooth", "A"),
-        "q_position_share_smooth": ("queries' smooth position share", "q_position_share_smooth", "A"),
-        "low_share_k": ("keys' low-frequency share", "low_share_k", "A"),
-        "low_share_q": ("queries' low-frequency share", "low_share_q", "A"),
-    }
-    for column in sorted(c for c in heads.columns if c.startswith("loss_increase_")):
-        probe = column.removeprefix("loss_increase_")
-        stats[f"loss_increase_{probe}"] = (f"head-ablation loss increase, {probe} probe (nats)", column, "A")
+    """{key: (menu label, heads.parquet column, the method whose rows hold it)} of the grid's menu: every step's
+    per-head columns (posgen.workflow.steps: ``head_columns``) in the steps' order, those ``heads`` has."""
+    stats = {}
+    for step in STEPS.values():
+        for declared in step.head_columns:
+            prefix = declared.column.removesuffix("*")
+            columns = (
+                sorted(c for c in heads.columns if c.startswith(prefix)) if prefix != declared.column else [prefix]
+            )
+            for column in columns:
+                label = declared.label.format(suffix=column.removeprefix(prefix))
+                stats[declared.key or column] = (label, column, declared.method)
     methods = set(heads["method"])
     return {k: v for k, v in stats.items() if v[1] in heads.columns and v[2] in methods}
 
@@ -199,14 +195,14 @@ def example_maps(paths) -> dict:
     """{"model|variant|layer|head": figure} of every example head of every examples.nc."""
     out = {}
     for path in paths:
-        found = identity(path) or {}
+        model, variant = owner(path)
         examples = open_dataset(path, lazy=False)
         require(examples, ["W", "f", "g", "example_layer", "example_head"], str(path))
         for i, which in enumerate(examples["example"].values.tolist()):
             layer, head = int(examples["example_layer"].values[i]), int(examples["example_head"].values[i])
-            key = f"{found.get('model')}|{found.get('variant')}|{layer}|{head}"
+            key = f"{model}|{variant}|{layer}|{head}"
             title = (
-                f"{found.get('model')} {found.get('variant')}, layer {layer} head {head} ({which} example head): "
+                f"{model} {variant}, layer {layer} head {head} ({which} example head): "
                 f"window {examples.attrs.get('sample', 0)}, first {min(MAP_TOKENS, examples.sizes['query'])} tokens, "
                 f"sink {examples.attrs.get('sink', '')}"
             )
@@ -219,14 +215,14 @@ def band_profiles(paths) -> dict:
     per KV head}}}: each band's share of the token variance of a head's queries and of a KV head's keys."""
     out = {}
     for path in paths:
-        found = identity(path) or {}
+        model, variant = owner(path)
         bands = open_dataset(path, lazy=False)
         require(bands, ["q_var", "k_var", "theta"], str(path))
         q = bands["q_var"].transpose("layer", "head", "band").values
         k = bands["k_var"].transpose("layer", "kv_head", "band").values
         with np.errstate(invalid="ignore", divide="ignore"):
             q_share, k_share = (v / v.sum(-1, keepdims=True) for v in (q, k))
-        out.setdefault(found.get("model"), {})[found.get("variant")] = {
+        out.setdefault(model, {})[variant] = {
             "theta": [_rounded(t) for t in bands["theta"].transpose("layer", "band").values],
             "q": [_rounded(row) for row in q_share.reshape(-1, q.shape[-1])],
             "k": [_rounded(row) for row in k_share.reshape(-1, k.shape[-1])],
@@ -318,37 +314,29 @@ def classifier_figures(classifiers: pd.DataFrame, training_path) -> tuple[list[d
     return keys, figures
 
 
-def verdict_tables(reproduction, models: list[str], classifiers: list[dict], stats: dict) -> tuple[str, dict]:
-    """(both papers' verdict tables as HTML, each row's last cell linking to the heads or classifiers it was
-    decided on; {classifier key: [(row id, claim)]}, the rows each classifier decided)."""
-    if not reproduction:
-        return "<p>No reproduction.md in this run.</p>", {}
-    rows = parse(reproduction)
+def verdict_tables(verdicts, models: list[str], classifiers: list[dict], stats: dict) -> tuple[str, dict]:
+    """(both papers' verdict tables as HTML from results/verdicts.csv, each row's last cell linking to the heads or
+    classifiers it was decided on; {classifier key: [(row id, claim)]}, the rows each classifier decided)."""
+    if not verdicts:
+        return "<p>No verdicts.csv in this run.</p>", {}
     out, decided = [], {}
-    for paper, title in ((1, "Han &amp; Ji 2025: attention logits in LLMs"), (2, "arXiv 2505.13027: classifiers")):
+    for paper in verdict_rows(read_verdicts(verdicts), models, classifiers, stats):
         body = []
-        for i, row in enumerate(r for r in rows if r.paper == paper):
+        for row in paper["rows"]:
             links = []
-            if paper == 1:
-                stat = statistic_of(row.cells[0])
-                stat = stat if stat in stats else next((k for k in stats if k.startswith(stat)), "r_A")
-                for model in models:
-                    links.append(
-                        f"<a href='#heads' class='heads-link' onclick=\"atlas.showHeads('{model}', '{stat}')\">"
-                        f"{model}: {stats[stat][0]}</a>"
-                    )
-            else:
-                for c in classifiers_of(row, classifiers):
-                    decided.setdefault(c["key"], []).append((f"verdict-{paper}-{i}", row.cells[0]))
-                    label = f"{c['experiment']} / {c['task']} / {c['pe']} / seed {c['seed']}"
-                    links.append(
-                        f"<a href='#classifiers' class='classifier-link' "
-                        f"onclick=\"atlas.showClassifier('{c['key']}')\">{label}</a>"
-                    )
-            cells = "".join(f"<td>{cell_html(cell)}</td>" for cell in row.cells)
-            body.append(f"<tr id='verdict-{paper}-{i}'>{cells}<td>{'<br>'.join(links)}</td></tr>")
+            for kind, target, text in row["links"]:
+                if kind == "heads":
+                    model, stat = target.split("|")
+                    call = f"atlas.showHeads('{model}', '{stat}')"
+                    links.append(f"<a href='#heads' class='heads-link' onclick=\"{call}\">{text}</a>")
+                else:
+                    decided.setdefault(target, []).append((row["id"], row["claim"]))
+                    call = f"atlas.showClassifier('{target}')"
+                    links.append(f"<a href='#classifiers' class='classifier-link' onclick=\"{call}\">{text}</a>")
+            cells = "".join(f"<td>{cell}</td>" for cell in row["cells"])
+            body.append(f"<tr id='{row['id']}'>{cells}<td>{'<br>'.join(links)}</td></tr>")
         head = "".join(f"<th>{h}</th>" for h in ("claim", "test", "verdict", "evidence", "decided on"))
-        out.append(f"<h3>{title}</h3><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table>")
+        out.append(f"<h3>{paper['title']}</h3><table class='verdicts'><tr>{head}</tr>{''.join(body)}</table>")
     return "\n".join(out), decided
 
 
@@ -388,7 +376,11 @@ def _grid_divs(heads: pd.DataFrame, variants: dict, stats: dict) -> str:
 
 def _classifiers(classifier_path, training) -> tuple[list[dict], dict]:
     """``classifier_figures`` of the classifiers' table (none without one)."""
-    classifiers = read_table(classifier_path) if classifier_path else pd.DataFrame(columns=["experiment"])
+    classifiers = (
+        read_table(classifier_path, columns=CLASSIFIER_KEYS)
+        if classifier_path
+        else pd.DataFrame(columns=["experiment"])
+    )
     return classifier_figures(classifiers, training) if len(classifiers) else ([], {})
 
 
@@ -420,18 +412,18 @@ def page_data(heads: pd.DataFrame, stats: dict, variants: dict, classifiers, exa
     }
 
 
-def build_page(heads_path, classifier_path=None, examples=(), bands=(), training=None, reproduction=None) -> str:
+def build_page(heads_path, classifier_path=None, examples=(), bands=(), training=None, verdicts=None) -> str:
     """The atlas page's HTML: assets/atlas.html filled with the run's menus, grids, verdict tables and data, its
     style and script and plotly.js inlined (one offline file)."""
     import plotly.io as pio
     from plotly.offline import get_plotlyjs
 
-    heads = _with_spread(read_table(heads_path))
+    heads = _with_spread(read_table(heads_path, columns=HEAD_KEYS))
     stats = statistics(heads)
     models = list(dict.fromkeys(heads["model"]))
     variants = {m: list(dict.fromkeys(heads.loc[heads["model"] == m, "variant"])) for m in models}
     keys, figures = _classifiers(classifier_path, training)
-    verdicts, decided = verdict_tables(reproduction, models, keys, stats)
+    verdict_html, decided = verdict_tables(verdicts, models, keys, stats)
     data = page_data(heads, stats, variants, (keys, figures, decided), examples, bands)
     prov = provenance()
     return Template(asset("atlas.html")).substitute(
@@ -446,7 +438,7 @@ def build_page(heads_path, classifier_path=None, examples=(), bands=(), training
         view_options=_options([("side", "variants side by side"), ("diff", "trained minus random init")]),
         grids=_grid_divs(heads, variants, stats),
         classifier_options=_classifier_options(keys),
-        verdicts=verdicts,
+        verdicts=verdict_html,
         data=pio.json.to_json_plotly(data).replace("</", "<\\/"),
         script=asset("atlas.js"),
     )
@@ -470,5 +462,5 @@ def atlas_step(job) -> int:
         examples=listed(i.get("examples", ())),
         bands=listed(i.get("bands", ())),
         training=i.get("training"),
-        reproduction=i.get("reproduction"),
+        verdicts=i.get("verdicts"),
     )
