@@ -83,9 +83,13 @@ def test_the_verdict_rows_link_to_heads_and_classifiers(atlas):
         classifier_links = s.page.query_selector_all("a.classifier-link")
         assert classifier_links
         first = classifier_links[0]
-        key = re.search(r"showClassifier\('([^']+)'\)", first.get_attribute("onclick")).group(1)
+        key = first.get_attribute("data-classifier")
         first.click()
         assert s.page.input_value("#classifier") == key
+        model_link = links[-1]
+        shown_model, stat = model_link.get_attribute("data-heads").split("|")
+        model_link.click()
+        assert (s.page.input_value("#model"), s.page.input_value("#stat")) == (shown_model, stat)
         assert s.console_errors == []
 
 

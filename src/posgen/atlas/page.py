@@ -315,24 +315,20 @@ def classifier_figures(classifiers: pd.DataFrame, training_path) -> tuple[list[d
 
 
 def verdict_tables(verdicts, models: list[str], classifiers: list[dict], stats: dict) -> tuple[str, dict]:
-    """(both papers' verdict tables as HTML from results/verdicts.csv, each row's last cell linking to the heads or
+    """(both papers' verdict tables as HTML from results/verdicts.parquet, each row's last cell linking to the heads or
     classifiers it was decided on; {classifier key: [(row id, claim)]}, the rows each classifier decided)."""
     if not verdicts:
-        return "<p>No verdicts.csv in this run.</p>", {}
+        return "<p>No verdicts table in this run.</p>", {}
     out, decided = [], {}
     for paper in verdict_rows(read_verdicts(verdicts), models, classifiers, stats):
         body = []
         for row in paper["rows"]:
-            links = []
+            links = []  # followed by atlas.js: data-heads="model|statistic", data-classifier="key"
             for kind, target, text in row["links"]:
-                if kind == "heads":
-                    model, stat = target.split("|")
-                    call = f"atlas.showHeads('{model}', '{stat}')"
-                    links.append(f"<a href='#heads' class='heads-link' onclick=\"{call}\">{text}</a>")
-                else:
+                if kind == "classifier":
                     decided.setdefault(target, []).append((row["id"], row["claim"]))
-                    call = f"atlas.showClassifier('{target}')"
-                    links.append(f"<a href='#classifiers' class='classifier-link' onclick=\"{call}\">{text}</a>")
+                section = "heads" if kind == "heads" else "classifiers"
+                links.append(f"<a href='#{section}' class='{kind}-link' data-{kind}='{target}'>{text}</a>")
             cells = "".join(f"<td>{cell}</td>" for cell in row["cells"])
             body.append(f"<tr id='{row['id']}'>{cells}<td>{'<br>'.join(links)}</td></tr>")
         head = "".join(f"<th>{h}</th>" for h in ("claim", "test", "verdict", "evidence", "decided on"))

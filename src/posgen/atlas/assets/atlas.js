@@ -105,6 +105,12 @@ const atlas = (() => {
       const [model, variant, layer, head] = link.dataset.head.split('|');
       showHead(model, variant, Number(layer), Number(head));
     });
+    // the verdict rows' links to what each was decided on: data-heads="model|statistic", data-classifier="key"
+    $('verdict-tables').addEventListener('click', (ev) => {
+      const heads = ev.target.closest('a[data-heads]'), classifier = ev.target.closest('a[data-classifier]');
+      if (heads) showHeads(...heads.dataset.heads.split('|'));
+      if (classifier) showClassifier(classifier.dataset.classifier);
+    });
     for (const m of D.models) {
       for (const view of ['side', 'diff']) {
         const div = $(`grid-${m}-${view}`);
