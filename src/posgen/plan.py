@@ -557,9 +557,9 @@ def main(argv=None) -> None:
     except posgen_config.ConfigError as err:
         raise SystemExit(f"posgen.plan: {err}") from None
     if args.study:
-        from posgen.synthetic.cost import study_table
+        from posgen.synthetic.cost import study_plan
 
-        return print(study_table(cfg["synthetic"], args.study, args.device))
+        return print(study_plan(cfg, args.study, args.configfile, args.device))
     try:
         rows = plan(cfg, models_dir=args.models_dir, device=args.device)
     except (KeyError, ValueError) as err:

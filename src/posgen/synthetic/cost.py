@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from posgen.experiments import classifiers, collection, resolve
+from posgen.experiments import COLLECTIONS, classifiers, collection, resolve
 from posgen.rates import gpu_report, source
 
 # seconds per step ~ tokens^1.6 on the CPU (34 -> 122 tokens: 0.069 -> 0.52 s); 1.9 while blocks over 32 MB were
@@ -139,3 +139,17 @@ def study_table(synthetic: dict, which: str, device: str = "gpu") -> str:
         f"total: {sum(r.classifiers for r in rows)} classifiers, {total:.2f} {unit} ({60 * total:.1f} minutes)"
     )
     return "\n".join(lines)
+
+
+def study_plan(cfg: dict, study: str, configfiles, device: str) -> str:
+    """The training plan of ``study`` (a synthetic collection); one line where there is no such study, or where the
+    config trains nothing in it (it would price nothing)."""
+    if study not in COLLECTIONS:
+        raise SystemExit(f"posgen.plan: --study {study}: no such study (the studies: {', '.join(COLLECTIONS)})")
+    if not cfg["synthetic"].get(study):
+        files = " ".join(configfiles)
+        raise SystemExit(
+            f"posgen.plan: --study {study}: {files} trains no experiment in synthetic.{study} (nothing to price: "
+            f"name its experiments in synthetic.{study}, as config.paper.yaml does for decisive_study)"
+        )
+    return study_table(cfg["synthetic"], study, device)
