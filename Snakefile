@@ -35,6 +35,16 @@ include: "rules/atlas.smk"
 include: "rules/targets.smk"
 
 
+# Before the first job (posgen.start_checks, imported here so that parsing stays light): the folders the run
+# writes must be writable, and a run sized for a GPU (its CPU price past a bound) must see one, unless a cluster
+# executor runs it.
+onstart:
+    from posgen.start_checks import refuse_unwritable, refuse_without_gpu
+
+    refuse_unwritable()
+    refuse_without_gpu(workflow, config)
+
+
 # What `all` builds, listed in one place (posgen.workflow.targets.final_outputs); the named targets
 # (rules/targets.smk) build the rest.
 rule all:
