@@ -5,7 +5,7 @@ from pathlib import Path
 # The library lives beside the workflow; make it importable without an install.
 sys.path.insert(0, str(Path(workflow.basedir) / "src"))
 
-from posgen.config import ConfigError, model_entry, trajectory_models, variants  # noqa: E402
+from posgen.config import ConfigError, check_overlays, model_entry, trajectory_models, variants  # noqa: E402
 from posgen.config import validate as validate_config  # noqa: E402
 from posgen.experiments import COLLECTIONS  # noqa: E402
 from posgen import paths  # noqa: E402
@@ -21,6 +21,7 @@ try:
     validate_config(
         config, Path(workflow.basedir) / "schemas" / "config.schema.yaml", check_paths=workflow.is_main_process
     )
+    check_overlays(config, workflow.overwrite_configfiles)
 except ConfigError as err:
     # one line, not Snakemake's traceback of the Snakefile
     sys.exit(f"ConfigError: {err}")
@@ -75,10 +76,11 @@ def every_variant(template, variants=VARIANTS):
     return expand(template, model=MODELS, variant=variants)
 
 
-def variant_readings():
-    """The gathered bands, perturbation and capping tables of every model and variant: what the readers of the
-    first paper's results read beside the summary (posgen.llm.readers)."""
+def first_paper_results():
+    """What the readers of the first paper's results read (posgen.llm.readers): the summary table, and the gathered
+    bands, perturbation and capping tables of every model and variant."""
     return {
+        "summary": paths.SUMMARY_TABLE,
         "bands": every_variant(paths.BANDS),
         "perturb": every_variant(paths.PERTURB, step_variants(config, "perturb")),
         "cap": every_variant(paths.CAP, step_variants(config, "cap")),

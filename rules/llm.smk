@@ -307,8 +307,7 @@ rule prefix_table:
 # rules (posgen.rules SCALE_*), every first-paper verdict per model.
 rule scale_table:
     input:
-        summary=paths.SUMMARY_TABLE,
-        **variant_readings(),
+        **first_paper_results(),
     output:
         **paths.SCALE_TABLE,
     log:
@@ -370,8 +369,7 @@ rule reproduction:
 # verdict on fresh windows beside its exploratory twin's.
 rule confirmatory_table:
     input:
-        summary=paths.SUMMARY_TABLE,
-        **variant_readings(),
+        **first_paper_results(),
     output:
         **paths.CONFIRMATORY_TABLE,
     log:

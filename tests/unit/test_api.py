@@ -16,8 +16,9 @@ from posgen.config import schema_defaults
 from posgen.corpus import write_windows
 from posgen.decomposition import decompose_store
 from posgen.decomposition.options import DecompositionOptions
-from posgen.llm.extract import default_options, extract
+from posgen.llm.extract import extract
 from posgen.llm.fused import Analysis
+from posgen.llm.options import ExtractOptions, HeadAblationOptions
 from posgen.store import open_dataset
 from posgen.testing.tiny import tiny_job
 
@@ -56,7 +57,7 @@ def test_readme_example_gives_the_workflows_numbers(tmp_path, monkeypatch, capsy
         bands_path=tmp_path / "fused" / "bands.nc",
     )
     job = tiny_job(model_dir, tmp_path / "windows.h5", tmp_path / "qk.h5", model="smollm2-135m")
-    extract(job, **default_options(), analysis=analysis)
+    extract(job, ExtractOptions.defaults(), analysis=analysis)
     decompose_store(tmp_path / "qk.h5", tmp_path / "store.nc", DecompositionOptions(**decomposition), progress=False)
 
     qk, ours = scope["qk"], scope["decomposition"]
@@ -121,7 +122,7 @@ def test_ablate_heads_is_the_head_ablation_job_and_draws(tiny_source, tmp_path):
     # every job option of the section (random_init chooses the workflow's variants, not a job's work)
     job_keys = set(schema_defaults("head_ablation")) - {"random_init"}
     options = {**schema_defaults("head_ablation", job_keys), "n_samples": 2, "seq_len": 16, "probe_period": 4}
-    want = head_ablation_job(job, tmp_path / "decomposition.nc", **options)
+    want = head_ablation_job(job, tmp_path / "decomposition.nc", HeadAblationOptions(**options))
     _assert_same(ours, want, want.data_vars)
     assert api.draw("head_ablation", ours).axes and api.draw("dummy_sweep", {"trained": decomposition}).axes
     with pytest.raises(KeyError, match="unknown"):

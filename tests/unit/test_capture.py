@@ -7,7 +7,8 @@ import torch
 from posgen import rope
 from posgen.corpus import cut_windows, load_text
 from posgen.llm.capture import BACKEND, Capture
-from posgen.llm.extract import SelfCheckError, default_options, extract, verify_logits
+from posgen.llm.extract import SelfCheckError, extract, verify_logits
+from posgen.llm.options import ExtractOptions
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, read_rope, write_netcdf
 from posgen.testing.tiny import tiny_job
@@ -31,7 +32,7 @@ def extracted(request, tiny_source, tmp_path_factory):
                 model=arch,
                 variant=variant,
             ),
-            **default_options(ref_samples=[0, 2], ref_layers=[0, -1]),
+            ExtractOptions.defaults(ref_samples=[0, 2], ref_layers=[0, -1]),
         )
         out[variant] = open_dataset(tmp / f"{variant}.h5", lazy=False)
     return arch, model_dir, tmp, out
@@ -118,7 +119,7 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
             model=arch,
             variant="random-seed0",
         ),
-        **default_options(),
+        ExtractOptions.defaults(),
     )
     np.testing.assert_array_equal(
         open_dataset(tmp / "again.h5", lazy=False)["q"].values, out["random-seed0"]["q"].values
@@ -152,7 +153,7 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
                 model=arch,
                 variant="trained",
             ),
-            **default_options(),
+            ExtractOptions.defaults(),
         )
     assert not (tmp / "broken.h5").exists()
     assert not [p for p in tmp.iterdir() if p.name.endswith(".tmp")]

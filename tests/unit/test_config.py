@@ -127,18 +127,26 @@ def test_paths_are_checked_only_when_asked(tmp_path):
 
 
 def test_every_step_reads_schema_leaves_and_the_library_takes_them_without_defaults():
-    import inspect
+    import dataclasses
 
-    from posgen.llm.extract import OPTIONS, extract
+    from posgen.llm.options import CapOptions, ExtractOptions, HeadAblationOptions, PerturbOptions
 
     config = validate(copy.deepcopy(BASE))
     for step in STEPS:
         for path in step_leaves(step, config).values():
             leaf(config, path)  # every leaf a step reads exists once the schema's defaults are filled in
     assert set(step_leaves("extract", config)) >= set(STEPS["decompose"].leaves)  # the fused path
-    assert set(OPTIONS) <= set(STEPS["extract"].leaves)
-    required = {n for n, p in inspect.signature(extract).parameters.items() if p.default is inspect.Parameter.empty}
-    assert set(OPTIONS) <= required
+    # each model job's options (posgen.llm.options): its fields without a default are leaves of its step, and the
+    # options built from the step's params (the default config's) are the schema's defaults
+    schema_only = validate({k: v for k, v in BASE.items() if k not in ("extract", "perturb", "head_ablation")})
+    for cls in (ExtractOptions, PerturbOptions, CapOptions, HeadAblationOptions):
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+        assert set(required) <= set(STEPS[cls.STEP].leaves), cls.__name__
+        params = {name: leaf(schema_only, path) for name, path in step_leaves(cls.STEP, schema_only).items()}
+        built, defaults = cls.of({**params, **STEPS[cls.STEP].entry}), cls.defaults()
+        assert [getattr(built, name) for name in required] == [getattr(defaults, name) for name in required]
+    with pytest.raises(TypeError, match="not an option of extract: nope"):
+        ExtractOptions.defaults(nope=1)
     assert schema_defaults("decomposition", ["bound_samples"]) == {"bound_samples": 2}
     with pytest.raises(KeyError, match="config.perturb.nope: not in the schema"):
         schema_defaults("perturb", ["nope"])

@@ -664,7 +664,8 @@ def test_windowed_layer_is_scored_inside_its_window_and_nope_is_labelled(tmp_pat
 def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_window(tiny_source, tmp_path):
     """A tiny Gemma 3 (sliding window 16 on layers 0 and 1, layer 2 global) through extraction and decomposition."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.models import acquire, load_model
     from posgen.store import open_dataset, write_netcdf
     from posgen.testing.tiny import tiny_job
@@ -680,7 +681,7 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
             model="g",
             variant="trained",
         ),
-        **default_options(),
+        ExtractOptions.defaults(),
     )
     qk = open_dataset(tmp_path / "qk.h5", lazy=False)
     assert qk["sliding_window"].values.tolist() == [16, 16, 0]

@@ -13,7 +13,8 @@ from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
 from posgen.decomposition.options import DecompositionOptions
 from posgen.llm import families
-from posgen.llm.extract import TransparencyError, default_options, extract
+from posgen.llm.extract import TransparencyError, extract
+from posgen.llm.options import ExtractOptions
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
 from posgen.testing.tiny import corpus_tokenizer, make_tiny, tiny_job
@@ -87,7 +88,7 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
             model=arch,
             variant="trained",
         ),
-        **default_options(check_tokens=0),
+        ExtractOptions.defaults(check_tokens=0),
     )
     ds = open_dataset(qk, lazy=False)
     layouts, rotary_dims, layer_index = SUPPORTED[arch]
@@ -172,7 +173,7 @@ def test_unsupported_family_is_refused_in_one_line_before_extraction(workspace, 
                 model=arch,
                 variant="trained",
             ),
-            **default_options(),
+            ExtractOptions.defaults(),
         )
     message = str(err.value)
     assert message.startswith(REFUSED[arch]) and "\n" not in message
@@ -201,7 +202,7 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
                 model="gpt-oss",
                 variant="trained",
             ),
-            **default_options(),
+            ExtractOptions.defaults(),
         )
     assert not (tmp / "broken.h5").exists()
 

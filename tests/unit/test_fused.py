@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -11,8 +13,9 @@ from posgen.decomposition import decompose_store
 from posgen.decomposition.drift import heldout_coefficients
 from posgen.decomposition.options import DecompositionOptions
 from posgen.llm.bands import band_stats
-from posgen.llm.extract import default_options, extract
+from posgen.llm.extract import extract
 from posgen.llm.fused import Analysis
+from posgen.llm.options import ExtractOptions
 from posgen.models import acquire, load_model
 from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
@@ -57,7 +60,7 @@ def both_paths(request, tiny_source, tmp_path_factory):
     windows = cut_windows(load_text("embedded"), tokenizer, N_WINDOWS, 48, 0, "embedded", n_heldout=N_HELDOUT)
     write_netcdf(windows, tmp / "windows.h5")
     common = {"model": arch}
-    extract(tiny_job(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), **default_options())
+    extract(tiny_job(tmp / "model", tmp / "windows.h5", tmp / "store" / "qk.h5", **common), ExtractOptions.defaults())
     decompose_store(
         tmp / "store" / "qk.h5",
         tmp / "store" / "decomposition.nc",
@@ -75,8 +78,7 @@ def both_paths(request, tiny_source, tmp_path_factory):
         )
         extract(
             tiny_job(tmp / "model", tmp / "windows.h5", out / "qk.h5", samples=parse_shard(shard), **common),
-            **default_options(),
-            keep_qk=1,
+            ExtractOptions.defaults(keep_qk=1),
             analysis=analysis,
         )
     for name in ("decomposition.nc", "bands.nc"):
@@ -124,7 +126,7 @@ def test_the_held_out_mean_key_is_the_mean_over_the_held_out_windows(both_paths)
     held = xr.Dataset({"token_id": (("sample", "token"), ids)}, coords={"sample": np.arange(len(ids))})
     write_netcdf(held, tmp / "held.h5")
     common = {"model": "m"}
-    extract(tiny_job(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), **default_options())
+    extract(tiny_job(tmp / "model", tmp / "held.h5", tmp / "held" / "qk.h5", **common), ExtractOptions.defaults())
     keys = open_dataset(tmp / "held" / "qk.h5", lazy=False)["k"].values  # (sample, layer, kv_head, T, d)
     want = heldout_coefficients(keys.mean(0), keys.shape[-2]).numpy()  # (layer, kv_head, basis, d)
     np.testing.assert_allclose(store["k_heldout_coef"].values, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -182,8 +184,8 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
     _, tokenizer, _ = load_model(tmp_path / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 320, 0, "embedded"), tmp_path / "windows.h5")
     common = {"model": "llama"}
-    options = default_options(ref_layers=[], check_tokens=64)
-    report = extract(tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", **common), **options)
+    options = ExtractOptions.defaults(ref_layers=[], check_tokens=64)
+    report = extract(tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", **common), options)
     assert report["self_check_max_rel_error"] < 1e-4
     with open_dataset(tmp_path / "qk.h5", lazy=False) as ds:
         assert ds.sizes["token"] == 320 and ds.sizes["ref_layer"] == 0
@@ -196,8 +198,7 @@ def test_long_window_without_reference_layers(tiny_source, tmp_path):
     )
     extract(
         tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "fused-qk.h5", **common),
-        **options,
-        keep_qk=0,
+        dataclasses.replace(options, keep_qk=0),
         analysis=analysis,
     )
     _assert_same(open_dataset(tmp_path / "fused.nc", lazy=False), store, rtol=1e-6)
@@ -215,7 +216,7 @@ def test_the_first_token_control_changes_the_first_key_and_is_recorded(both_path
         bands_path=out / "bands.nc",
     )
     job = tiny_job(tmp / "model", tmp / "windows.h5", out / "qk.h5", **common)
-    report = extract(job, **default_options(), first_token="mean-embedding", analysis=analysis)
+    report = extract(job, ExtractOptions.defaults(first_token="mean-embedding"), analysis=analysis)
     assert report["self_check_max_rel_error"] < 1e-4
     control = open_dataset(out / "qk.h5", lazy=False)
     plain = open_dataset(tmp / "store" / "qk.h5", lazy=False)

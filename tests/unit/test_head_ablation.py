@@ -11,6 +11,7 @@ import xarray as xr
 
 from posgen.figures.head_ablation import fig_head_ablation
 from posgen.llm import head_ablation as ha
+from posgen.llm.options import HeadAblationOptions
 from posgen.models import load_model
 from posgen.stats import deposit_index, spearman, top_gap
 from posgen.testing.tiny import tiny_job
@@ -159,9 +160,14 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
         windows = tmp_path / "windows.h5"
         return tiny_job(tiny_dir, windows, out, model="tiny", variant="trained", **extra)
 
-    def run(out, **options):
-        sizes = {"n_samples": 2, "seq_len": 16, "probe_samples": 3, "probe_period": 6, "seed": 0, **options}
-        return ha.head_ablation_job(job(tmp_path / out, config_hash="abc"), tmp_path / "decomposition.nc", **sizes)
+    def options(**changed):
+        values = {"n_samples": 2, "seq_len": 16, "probe_samples": 3, "probe_period": 6, "seed": 0, "probes": ha.PROBES}
+        return HeadAblationOptions(**{**values, **changed})
+
+    def run(out, **changed):
+        return ha.head_ablation_job(
+            job(tmp_path / out, config_hash="abc"), tmp_path / "decomposition.nc", options(**changed)
+        )
 
     run("out.nc")
     ds = open_dataset(tmp_path / "out.nc", lazy=False)
@@ -192,21 +198,14 @@ def test_job_writes_dataset_joined_with_decomposition(tiny_dir, tmp_path):
             model,
             tokenizer,
             windows["token_id"].values[:1, :8],
-            probe_samples=1,
-            probe_period=4,
-            seed=0,
-            probes=("copy",),
+            options(probe_samples=1, probe_period=4, probes=("copy",)),
         )
     # a too-long window prefix names the head_ablation key
     with pytest.raises(ValueError, match="head_ablation.seq_len"):
         ha.head_ablation_job(
             job(tmp_path / "bad.nc"),
             tmp_path / "decomposition.nc",
-            n_samples=2,
-            seq_len=999,
-            probe_samples=1,
-            probe_period=4,
-            seed=0,
+            options(seq_len=999, probe_samples=1, probe_period=4),
         )
 
 

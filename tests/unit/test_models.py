@@ -55,7 +55,8 @@ def test_random_variant_is_fresh_weights_from_the_same_config(tiny_source, tmp_p
 def test_embedded_smollm2_passes_the_self_check(tmp_path):
     """The real embedded model: GGUF de-quantised once, then one window through the extraction self-check."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.store import open_dataset, write_netcdf
     from posgen.testing.tiny import tiny_job
 
@@ -71,7 +72,7 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
             model="smollm2-135m",
             variant="trained",
         ),
-        **default_options(ref_layers=[0, 15, -1]),
+        ExtractOptions.defaults(ref_layers=[0, 15, -1]),
     )
     assert report["self_check_max_rel_error"] <= 1e-4
     ds = open_dataset(tmp_path / "qk.h5")

@@ -156,7 +156,8 @@ def test_embedded_qwen_0_5b_passes_the_self_check(tmp_path):
     """The real opt-in model: parts joined and verified, de-quantised, one short window through the extraction's
     transparency check and self-check, with its q/k biases."""
     from posgen.corpus import cut_windows, load_text
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.models import load_model
     from posgen.store import open_dataset, write_netcdf
     from posgen.testing.tiny import tiny_job
@@ -170,7 +171,7 @@ def test_embedded_qwen_0_5b_passes_the_self_check(tmp_path):
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 64, 0), tmp_path / "w.h5")
     report = extract(
         tiny_job(tmp_path / "qwen", tmp_path / "w.h5", tmp_path / "qk.h5", model="qwen2.5-coder-0.5b"),
-        **default_options(ref_layers=[0, -1]),
+        ExtractOptions.defaults(ref_layers=[0, -1]),
     )
     assert report["self_check_max_rel_error"] <= 1e-4 and report["transparency_rel_error"] <= 1e-5
     ds = open_dataset(tmp_path / "qk.h5")

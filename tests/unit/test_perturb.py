@@ -10,6 +10,7 @@ from posgen.corpus import cut_windows, load_text
 from posgen.llm.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 from posgen.llm.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.llm.method_a import Terms, matched_pairs, method_a_terms
+from posgen.llm.options import CapOptions, PerturbOptions
 from posgen.llm.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.models import acquire, load_model
 from posgen.shards import gather
@@ -387,8 +388,10 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
             config_hash="abc",
         )
 
-    perturb_job(job(tmp_path / "perturb.nc"), rates=[0, 0.1, 0.5], seed=5, jitter=JITTER, **common)
-    cap_job(job(tmp_path / "cap.nc"), distance_caps=[4, 64], **common)
+    perturbation = PerturbOptions(rates=[0, 0.1, 0.5], seed=5, jitter=JITTER, **common)
+    caps = CapOptions(distance_caps=[4, 64], **common)
+    perturb_job(job(tmp_path / "perturb.nc"), perturbation)
+    cap_job(job(tmp_path / "cap.nc"), caps)
     p = open_dataset(tmp_path / "perturb.nc", lazy=False)
     assert dict(p.sizes) == {"kind": 6, "rate": 3, "sample": 2, "layer": 2, "token": 32}
     assert p["kind"].values.tolist() == list(KINDS) and p["rate"].values.tolist() == [0, 0.1, 0.5]
@@ -409,15 +412,12 @@ def test_jobs_write_documented_files(tiny_source, tmp_path):
     for key in ["model_source", "weights_sha256", "torch_version", "variant", "dtype", "created"]:
         assert key in p.attrs and key in c.attrs
     with pytest.raises(ValueError, match="perturb.seq_len: 64 exceeds"):
-        cap_job(job(tmp_path / "x.nc"), distance_caps=[4], **{**common, "seq_len": 64})
+        cap_job(job(tmp_path / "x.nc"), CapOptions(distance_caps=[4], **{**common, "seq_len": 64}))
     # one job per shard, gathered along sample: the unsharded files (the draws are seeded by global window index)
-    for name, run, options in (
-        ("perturb.nc", perturb_job, {"rates": [0, 0.1, 0.5], "seed": 5, "jitter": JITTER}),
-        ("cap.nc", cap_job, {"distance_caps": [4, 64]}),
-    ):
+    for name, run, options in (("perturb.nc", perturb_job, perturbation), ("cap.nc", cap_job, caps)):
         parts = [tmp_path / f"shard{start}" / name for start in (0, 1)]
         for start, part in enumerate(parts):
-            run(job(part, samples=(start, start + 1)), **options, **common)
+            run(job(part, samples=(start, start + 1)), options)
         got = gather(parts, tmp_path / "gathered" / name)
         want = open_dataset(tmp_path / name, lazy=False)
         assert got["sample"].values.tolist() == [0, 1]

@@ -130,7 +130,8 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     import xarray as xr
 
     from posgen.corpus import write_windows
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.models import acquire
     from posgen.testing.tiny import tiny_job
 
@@ -150,7 +151,7 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
         model="tiny",
         variant="trained",
     )
-    extract(job, **default_options(transparency_tokens=16, check_tokens=16))
+    extract(job, ExtractOptions.defaults(transparency_tokens=16, check_tokens=16))
     cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
     cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
     assert out.stat().st_size == pytest.approx(cost.disk_gb * 1e9, rel=0.05)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from posgen.corpus import cut_windows, load_text
-from posgen.llm.extract import default_options, extract
+from posgen.llm.extract import extract
+from posgen.llm.options import ExtractOptions
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
 from posgen.testing.tiny import corpus_tokenizer, tiny_family_config, tiny_job
@@ -40,7 +41,7 @@ def qwen2(tmp_path_factory):
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 32, 0, "embedded"), tmp / "windows.h5")
     report = extract(
         tiny_job(tmp / "model", tmp / "windows.h5", tmp / "qk.h5", model="qwen2", variant="trained"),
-        **default_options(check_tokens=0),
+        ExtractOptions.defaults(check_tokens=0),
     )
     return tmp, report, open_dataset(tmp / "qk.h5", lazy=False)
 

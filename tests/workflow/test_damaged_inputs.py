@@ -30,7 +30,8 @@ from posgen.testing.runs import make_run
 @pytest.fixture(scope="module")
 def checkpoint(tiny_source, tmp_path_factory):
     """An acquired tiny checkpoint, its windows and a clean qk.h5 (read-only: tests damage copies)."""
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.testing.tiny import tiny_job
 
     tmp = tmp_path_factory.mktemp("reliability")
@@ -45,7 +46,7 @@ def checkpoint(tiny_source, tmp_path_factory):
             model="tiny",
             variant="trained",
         ),
-        **default_options(),
+        ExtractOptions.defaults(),
     )
     write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")
     return tmp

@@ -244,13 +244,14 @@ out = Path({out!r})
 setup(SimpleNamespace(scriptdir={scripts!r}, log=[str(out.with_suffix(".log"))], input=[], output=[str(out)], threads=1,
                       rule="extract"), uses_torch=True)
 import posgen.llm.extract
-from posgen.llm.extract import default_options, extract
+from posgen.llm.extract import extract
+from posgen.llm.options import ExtractOptions
 from posgen.testing.tiny import tiny_job
 
 # pace the windows (0.05 s each) so the kill lands mid-file on a machine of any speed
 _tqdm = posgen.llm.extract.tqdm
 posgen.llm.extract.tqdm = lambda items, **kw: (time.sleep(0.05) or item for item in _tqdm(items, **kw))
-extract(tiny_job({model!r}, {windows!r}, out), **default_options())
+extract(tiny_job({model!r}, {windows!r}, out), ExtractOptions.defaults())
 """
 
 
@@ -258,7 +259,8 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     """The same extraction in this process, on one thread like the subprocess (bit-identical results)."""
     import torch
 
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.testing.tiny import tiny_job
 
     threads = torch.get_num_threads()
@@ -272,7 +274,7 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
                 model="tiny",
                 variant="trained",
             ),
-            **default_options(),
+            ExtractOptions.defaults(),
         )
     finally:
         torch.set_num_threads(threads)

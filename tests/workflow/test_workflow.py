@@ -47,7 +47,8 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     from posgen.config import load
     from posgen.decomposition import decompose_store
     from posgen.llm.bands import band_stats
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import CapOptions, ExtractOptions, PerturbOptions
     from posgen.llm.perturb import cap_job, perturb_job
     from posgen.testing.tiny import tiny_job
 
@@ -57,9 +58,8 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
     model, windows = work / "resources/models/tiny-llama", results / "windows.h5"
     dec, per = config["decomposition"], config["perturb"]
     common = {"model": "tiny-llama"}
-    extract(
-        tiny_job(model, windows, tmp_path / "qk.h5", **common), **default_options(ref_samples=[0], ref_layers=[0, -1])
-    )
+    refs = ExtractOptions.defaults(ref_samples=[0], ref_layers=[0, -1])
+    extract(tiny_job(model, windows, tmp_path / "qk.h5", **common), refs)
     want = {
         "decomposition.nc": decompose_store(
             tmp_path / "qk.h5",
@@ -69,16 +69,13 @@ def test_sharded_fused_run_equals_the_unsharded_store_path(tiny_workflow, tmp_pa
         ),
         "bands.nc": band_stats(tmp_path / "qk.h5", tmp_path / "bands.nc", progress=False),
     }
-    options = {"n_samples": per["n_samples"], "seq_len": per["seq_len"], "dummy_distance": dec["dummy_distance"]}
+    sizes = {"n_samples": per["n_samples"], "seq_len": per["seq_len"], "dummy_distance": dec["dummy_distance"]}
     want["perturb.nc"] = perturb_job(
         tiny_job(model, windows, tmp_path / "perturb.nc", **common),
-        rates=per["rates"],
-        seed=per["seed"],
-        jitter=per["jitter"],
-        **options,
+        PerturbOptions(rates=per["rates"], seed=per["seed"], jitter=per["jitter"], **sizes),
     )
     want["cap.nc"] = cap_job(
-        tiny_job(model, windows, tmp_path / "cap.nc", **common), distance_caps=per["caps"], **options
+        tiny_job(model, windows, tmp_path / "cap.nc", **common), CapOptions(distance_caps=per["caps"], **sizes)
     )
     for name, expected in want.items():
         got = open_dataset(results / "trained" / name, lazy=False)

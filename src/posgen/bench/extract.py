@@ -26,9 +26,10 @@ from posgen.decomposition import DecompositionOptions, decompose_store
 from posgen.integrity import digest
 from posgen.llm.bands import band_stats
 from posgen.llm.capture import Capture, load_capturing
-from posgen.llm.extract import default_options, extract, verify_logits
+from posgen.llm.extract import extract, verify_logits
 from posgen.llm.families import plain_backend
 from posgen.llm.fused import Analysis
+from posgen.llm.options import ExtractOptions
 from posgen.llm.run import ModelRun
 from posgen.models import acquire, load_model
 from posgen.store import open_dataset, write_netcdf
@@ -120,7 +121,7 @@ def main(argv=None):
             results["plain forward"] += _plain(plain, ids)
             results["capture, no HDF5"] += _capture(captured, ids, [0, -1])
             for level, name in [(1, "capture + HDF5 (gzip 1)"), (0, "capture + HDF5 (no gzip)")]:
-                report = extract(job(Path(tmp) / "qk.h5"), **default_options(compression=level))
+                report = extract(job(Path(tmp) / "qk.h5"), ExtractOptions.defaults(compression=level))
                 results[name] += report["seconds_per_window"]
             # the store path: the no-gzip extraction's windows plus the two jobs reading its qk.h5, per window
             start = time.perf_counter()
@@ -132,7 +133,7 @@ def main(argv=None):
             analysis = Analysis(
                 settings, decomposition_path=Path(tmp) / "fused-dec.nc", bands_path=Path(tmp) / "fused-bands.nc"
             )
-            report = extract(job(Path(tmp) / "fused-qk.h5"), **default_options(), keep_qk=0, analysis=analysis)
+            report = extract(job(Path(tmp) / "fused-qk.h5"), ExtractOptions.defaults(keep_qk=0), analysis=analysis)
             results["fused (keep_qk 0)"] += report["seconds_per_window"]
     base = statistics.median(results["plain forward"])
     print(

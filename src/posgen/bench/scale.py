@@ -96,12 +96,13 @@ def _stage_extract(
 ) -> dict:
     import torch
 
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
+    from posgen.llm.options import ExtractOptions
     from posgen.llm.run import ModelRun
 
     torch.set_num_threads(threads)
     job = ModelRun(model_dir, windows, out, model="bench", variant=VARIANT, dtype=dtype, device=device)
-    report = extract(job, **default_options(ref_layers=ref_layers))
+    report = extract(job, ExtractOptions.defaults(ref_layers=ref_layers))
     seconds = report["seconds_per_window"]
     return {
         # the first window also runs the self-check and opens the file
@@ -134,8 +135,9 @@ def _stage_fused(
     import torch
 
     from posgen.bench.steps import ONCE_STEPS, StepTimer
-    from posgen.llm.extract import default_options, extract
+    from posgen.llm.extract import extract
     from posgen.llm.fused import Analysis
+    from posgen.llm.options import ExtractOptions
     from posgen.llm.run import ModelRun
 
     torch.set_num_threads(threads)
@@ -146,8 +148,7 @@ def _stage_fused(
     with StepTimer(sync=lambda: _synchronize(device), window_steps=True) as timer:
         report = extract(
             ModelRun(model_dir, windows, out / "qk.h5", model="bench", variant=VARIANT, dtype=dtype, device=device),
-            **default_options(ref_layers=ref_layers),
-            keep_qk=0,
+            ExtractOptions.defaults(ref_layers=ref_layers, keep_qk=0),
             analysis=analysis,
         )
     seconds = report["seconds_per_window"]

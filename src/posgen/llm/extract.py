@@ -27,12 +27,12 @@ import torch
 from tqdm.auto import tqdm
 
 from posgen import rope
-from posgen.config import schema_defaults
 from posgen.corpus import read_windows
 from posgen.decomposition.drift import heldout_coefficients
 from posgen.llm.capture import Capture
 from posgen.llm.first_token import first_token_replaced
 from posgen.llm.fused import Analysis
+from posgen.llm.options import ExtractOptions
 from posgen.llm.run import ModelRun
 from posgen.models import manifest_attrs
 from posgen.rope_table import RopeTable
@@ -163,28 +163,6 @@ def capture_attrs(model, capture: Capture, manifest: dict, *, model_name: str, v
     }
 
 
-# extract()'s options that are config leaves (extract.<name>); their defaults live in the schema only
-OPTIONS = (
-    "ref_samples",
-    "ref_layers",
-    "check_rtol",
-    "check_tokens",
-    "transparency_tokens",
-    "transparency_rtol",
-    "compression",
-    "qk_dtype",
-)
-
-
-def default_options(**overrides) -> dict:
-    """:func:`extract`'s config options at the schema's defaults but ``overrides``, for a caller outside the
-    workflow: ``extract(job, **default_options(check_tokens=0))``."""
-    unknown = sorted(set(overrides) - set(OPTIONS))
-    if unknown:
-        raise TypeError(f"default_options: not an option of extract: {', '.join(unknown)}")
-    return {**schema_defaults("extract", OPTIONS), **overrides}
-
-
 def reference_layers(ref_samples, ref_layers, n_windows: int, n_layers: int, windows_path) -> list[int]:
     """The reference layers as indices 0..n_layers-1, after refusing reference windows or layers out of range."""
     bad = [s for s in ref_samples if not 0 <= s < n_windows]
@@ -264,25 +242,12 @@ def captured_windows(model, capture: Capture, token_id: np.ndarray, shard, posit
         yield sample, q, k, t0
 
 
-def extract(
-    run: ModelRun,
-    *,
-    ref_samples,
-    ref_layers,
-    check_rtol: float,
-    check_tokens: int,
-    transparency_tokens: int,
-    transparency_rtol: float,
-    compression: int,
-    qk_dtype: str,
-    first_token: str = "model",
-    keep_qk: int | None = None,
-    analysis: Analysis | None = None,
-) -> dict:
+def extract(run: ModelRun, options: ExtractOptions, analysis: Analysis | None = None) -> dict:
     """Write ``qk.h5`` (``run.out``) for one model variant (the shard ``run.samples`` of its windows); returns
-    timing and check figures. The options are config ``extract.<name>`` (:func:`default_options`: the schema's);
-    each is described in the module docstring.
+    timing and check figures. ``options``: config ``extract.<name>`` and the models entry's ``first_token``
+    (:meth:`ExtractOptions.defaults`: the schema's), each described in the module docstring.
     """
+    ref_samples, first_token, keep_qk = options.ref_samples, options.first_token, options.keep_qk
     model, _, manifest = run.load()
     windows = read_windows(run.windows)
     token_id = windows["token_id"].values
@@ -290,17 +255,21 @@ def extract(
     start, stop = run.window_range(n_windows, run.windows)
     shard = np.arange(start, stop)  # global window indices
     kept = shard[shard < keep_qk] if keep_qk is not None else shard
-    check_tokens = min(check_tokens or n_tokens, n_tokens)
-    capture = Capture(model, ref_layers, check_tokens=check_tokens)
-    ref_layers = reference_layers(ref_samples, ref_layers, n_windows, capture.n_layers, run.windows)
-    rtol = effective_rtol(check_rtol, run.dtype)
+    check_tokens = min(options.check_tokens or n_tokens, n_tokens)
+    capture = Capture(model, options.ref_layers, check_tokens=check_tokens)
+    ref_layers = reference_layers(ref_samples, options.ref_layers, n_windows, capture.n_layers, run.windows)
+    rtol = effective_rtol(options.check_rtol, run.dtype)
     device = next(model.parameters()).device
     positions = torch.arange(n_tokens, device=device)[None]
     writer, worst, seconds, layer_errors = None, 0.0, [], {}
     try:
         with torch.inference_mode(), capture, first_token_replaced(model, first_token):
             checked = transparency_attrs(
-                model, capture, token_id[start], transparency_tokens, effective_rtol(transparency_rtol, run.dtype)
+                model,
+                capture,
+                token_id[start],
+                options.transparency_tokens,
+                effective_rtol(options.transparency_rtol, run.dtype),
             )
             heldout_ids = windows["heldout_token_id"].values if "heldout_token_id" in windows else token_id[:0]
             heldout_k = heldout_mean_keys(model, capture, heldout_ids, positions, run.label)
@@ -315,7 +284,8 @@ def extract(
             # the fused path checks the reference logits in memory and does not store them: H T^2 floats per
             # reference layer, 58 of the 106 GB a paper run would keep
             refs = (list(ref_samples) if analysis is None else [], ref_layers)
-            writer = open_writer(run.out, capture, params, attrs, kept, n_tokens, refs, (compression, qk_dtype))
+            storage = (options.compression, options.qk_dtype)
+            writer = open_writer(run.out, capture, params, attrs, kept, n_tokens, refs, storage)
             if heldout_coef is not None:
                 writer.write_heldout_coefficients(heldout_coef, len(heldout_ids))
             if analysis is not None:
@@ -363,10 +333,4 @@ def extract_step(job) -> dict:
         if fused
         else None
     )
-    return extract(
-        ModelRun.of_job(job, out="qk"),
-        **{name: p[name] for name in OPTIONS},
-        first_token=p["first_token"],
-        keep_qk=p["keep_qk"] if fused and p["keep_qk"] != "all" else None,
-        analysis=analysis,
-    )
+    return extract(ModelRun.of_job(job, out="qk"), ExtractOptions.of(p), analysis=analysis)

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+from posgen.llm.options import HeadAblationOptions
 from posgen.llm.run import ModelRun
 from posgen.stats import deposit_index, spearman, top_gap
 
@@ -270,28 +271,20 @@ def ablate(model, sequences: np.ndarray, targets: np.ndarray, *, desc: str = "",
 # Dataset
 
 
-def head_ablation(
-    model,
-    tokenizer,
-    windows: np.ndarray,
-    *,
-    probe_samples: int,
-    probe_period: int,
-    seed: int,
-    probes: tuple[str, ...] = PROBES,
-    desc: str = "",
-) -> xr.Dataset:
-    """Ablation of every head on each of ``probes`` (``PROBES``, in that order); dims ``probe, sample, layer,
-    head`` (see the module doc)."""
+def head_ablation(model, tokenizer, windows: np.ndarray, options: HeadAblationOptions, desc: str = "") -> xr.Dataset:
+    """Ablation of every head on ``windows`` and on the repeat probe, each of ``options.probes`` (``PROBES``, in
+    that order); dims ``probe, sample, layer, head`` (see the module doc). The windows are the caller's:
+    ``options.n_samples`` and ``options.seq_len`` are the job's (:func:`head_ablation_job`)."""
     from posgen.corpus import prepends_bos
 
-    unknown = sorted(set(probes) - set(PROBES))
-    if unknown or not probes:
+    unknown = sorted(set(options.probes) - set(PROBES))
+    if unknown or not options.probes:
         raise ValueError(f"head_ablation.probes: {unknown or 'none'} (choose from {', '.join(PROBES)})")
-    probes = [name for name in PROBES if name in probes]
+    probes = [name for name in PROBES if name in options.probes]
     bos = prepends_bos(tokenizer)
+    probe_period, seed = options.probe_period, options.seed
     probe = repeat_probe(
-        ordinary_ids(tokenizer), probe_samples, probe_period, seed, tokenizer.bos_token_id if bos else None
+        ordinary_ids(tokenizer), options.probe_samples, probe_period, seed, tokenizer.bos_token_id if bos else None
     )
     jobs = {
         "windows": (windows, np.arange(1, windows.shape[1])),
@@ -365,17 +358,7 @@ def join_decomposition(ds: xr.Dataset, decomposition: xr.Dataset) -> xr.Dataset:
     return out
 
 
-def head_ablation_job(
-    run: ModelRun,
-    decomposition_path: str | Path,
-    *,
-    n_samples: int,
-    seq_len: int,
-    probe_samples: int,
-    probe_period: int,
-    seed: int,
-    probes: tuple[str, ...] = PROBES,
-) -> xr.Dataset:
+def head_ablation_job(run: ModelRun, decomposition_path: str | Path, options: HeadAblationOptions) -> xr.Dataset:
     """Write ``head_ablation.nc`` (``run.out``) of one model variant, beside the heads' numbers of its gathered
     ``decomposition.nc``. One job over all its windows: ``run.samples`` must be None (not sharded)."""
     from posgen.store import open_dataset
@@ -383,26 +366,15 @@ def head_ablation_job(
     if run.samples is not None:
         raise ValueError(f"head_ablation: one job over every window, not a shard ({run.samples})")
     start = time.perf_counter()
-    windows, _ = run.token_windows(n_samples, seq_len, section="head_ablation")
+    windows, _ = run.token_windows(options.n_samples, options.seq_len, section="head_ablation")
     model, tokenizer, manifest = run.load(capturing=False)
-    ds = head_ablation(
-        model,
-        tokenizer,
-        windows,
-        probe_samples=probe_samples,
-        probe_period=probe_period,
-        seed=seed,
-        probes=probes,
-        desc=f"heads {run.label}",
-    )
+    ds = head_ablation(model, tokenizer, windows, options, desc=f"heads {run.label}")
     with open_dataset(decomposition_path, lazy=False) as decomposition:
         ds = join_decomposition(ds, decomposition)
-    return run.write(ds, model, manifest, start, windows_n_samples=int(n_samples), windows_seq_len=int(seq_len))
+    sizes = dict(windows_n_samples=int(options.n_samples), windows_seq_len=int(options.seq_len))
+    return run.write(ds, model, manifest, start, **sizes)
 
 
 def head_ablation_step(job) -> xr.Dataset:
     """Rule head_ablation's job (a :class:`posgen.workflow.job.StepJob`)."""
-    names = ("n_samples", "seq_len", "probe_samples", "probe_period", "seed", "probes")
-    return head_ablation_job(
-        ModelRun.of_job(job), job.input["decomposition"], **{name: job.params[name] for name in names}
-    )
+    return head_ablation_job(ModelRun.of_job(job), job.input["decomposition"], HeadAblationOptions.of(job.params))

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from posgen.llm import capture
 from posgen.llm.draws import KINDS, draw_perturbation, rng_for, word_starts
 from posgen.llm.method_a import Terms, fg_change
+from posgen.llm.options import CapOptions, PerturbOptions
 from posgen.llm.run import ModelRun
 
 # --------------------------------------------------------------------------------------------------------
@@ -221,27 +222,18 @@ def run_caps(
 # Jobs (one model variant each, or one shard of its windows)
 
 
-def _run_job(experiment, run: ModelRun, *, n_samples: int, seq_len: int, backend=None) -> xr.Dataset:
+def _run_job(experiment, run: ModelRun, options: PerturbOptions | CapOptions, backend=None) -> xr.Dataset:
     """Load the model with a capturing ``backend`` (None: the one its config needs), run ``experiment(model,
-    tokenizer, token_ids, sample_ids)`` on the shard of the first ``n_samples`` windows (``seq_len`` tokens each),
-    write its dataset with provenance to ``run.out``."""
+    tokenizer, token_ids, sample_ids)`` on the shard of the first ``options.n_samples`` windows
+    (``options.seq_len`` tokens each), write its dataset with provenance to ``run.out``."""
     start = time.perf_counter()
-    token_ids, sample_ids = run.token_windows(n_samples, seq_len, section="perturb")
+    token_ids, sample_ids = run.token_windows(options.n_samples, options.seq_len, section="perturb")
     model, tokenizer, manifest = run.load(backend=backend)
     ds = experiment(model, tokenizer, token_ids, sample_ids)
     return run.write(ds, model, manifest, start, attn_implementation=model.config._attn_implementation)
 
 
-def perturb_job(
-    run: ModelRun,
-    *,
-    n_samples: int,
-    seq_len: int,
-    rates: list[float],
-    seed: int,
-    dummy_distance: int,
-    jitter: int,
-) -> xr.Dataset:
+def perturb_job(run: ModelRun, options: PerturbOptions) -> xr.Dataset:
     """Write ``perturb.nc`` of one model variant, or of its shard ``run.samples`` (docs/data-model.md)."""
 
     def experiment(model, tokenizer, token_ids, sample_ids):
@@ -250,43 +242,38 @@ def perturb_job(
             model,
             token_ids,
             strings,
-            rates=rates,
-            seed=seed,
-            dummy_distance=dummy_distance,
-            jitter=jitter,
+            rates=options.rates,
+            seed=options.seed,
+            dummy_distance=options.dummy_distance,
+            jitter=options.jitter,
             sample_ids=sample_ids,
         )
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
 
-    return _run_job(experiment, run, n_samples=n_samples, seq_len=seq_len)
+    return _run_job(experiment, run, options)
 
 
-def cap_job(
-    run: ModelRun,
-    *,
-    n_samples: int,
-    seq_len: int,
-    distance_caps: list[int],
-    dummy_distance: int,
-) -> xr.Dataset:
+def cap_job(run: ModelRun, options: CapOptions) -> xr.Dataset:
     """Write ``cap.nc`` of one model variant, or of its shard ``run.samples`` (docs/data-model.md)."""
 
     def experiment(model, _tokenizer, token_ids, sample_ids):
         return run_caps(
-            model, token_ids, distance_caps=distance_caps, dummy_distance=dummy_distance, sample_ids=sample_ids
+            model,
+            token_ids,
+            distance_caps=options.distance_caps,
+            dummy_distance=options.dummy_distance,
+            sample_ids=sample_ids,
         )
 
-    return _run_job(experiment, run, n_samples=n_samples, seq_len=seq_len, backend=capture.CAPPED_BACKEND)
+    return _run_job(experiment, run, options, backend=capture.CAPPED_BACKEND)
 
 
 def perturb_step(job) -> xr.Dataset:
     """Rule perturb's job (a :class:`posgen.workflow.job.StepJob`)."""
-    names = ("n_samples", "seq_len", "rates", "seed", "jitter", "dummy_distance")
-    return perturb_job(ModelRun.of_job(job), **{name: job.params[name] for name in names})
+    return perturb_job(ModelRun.of_job(job), PerturbOptions.of(job.params))
 
 
 def cap_step(job) -> xr.Dataset:
     """Rule cap's job."""
-    names = ("n_samples", "seq_len", "distance_caps", "dummy_distance")
-    return cap_job(ModelRun.of_job(job), **{name: job.params[name] for name in names})
+    return cap_job(ModelRun.of_job(job), CapOptions.of(job.params))

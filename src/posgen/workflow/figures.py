@@ -96,9 +96,6 @@ def _row(name, category, inputs, draw, load, **kw) -> FigureRow:
 
 
 SUMMARY_NC = paths.MODEL_SUMMARY["nc"]
-RUN = paths.in_collection(paths.COLLECTION, "run")
-STUDY = paths.in_collection(paths.COLLECTION, "deposit_study")
-REGIME = paths.in_collection(paths.COLLECTION, "regime_study")
 
 FIGURES = {
     row.name: row
@@ -128,15 +125,15 @@ FIGURES = {
         _row("head_ablation", "14. Pretrained LLMs: single-head ablation", {"head_ablation": paths.HEAD_ABLATION},
              "head_ablation:fig_head_ablation", "head_ablation:load_head_ablation", step="head_ablation"),
         # the second paper: PE classifiers on the synthetic tasks
-        _row("synthetic_accuracy", "10. PE x task: accuracy", {"training": f"{RUN}/training.nc"},
+        _row("synthetic_accuracy", "10. PE x task: accuracy", {"training": paths.RUN_TRAINING},
              "synthetic:fig_accuracy", "synthetic:load_training", scope="global"),
-        _row("synthetic_ablation", "11. PE x task: single-head ablation", {"ablation": f"{RUN}/ablation.nc"},
+        _row("synthetic_ablation", "11. PE x task: single-head ablation", {"ablation": paths.RUN_ABLATION},
              "synthetic:fig_ablation", "synthetic:load_ablation", scope="global"),
-        _row("synthetic_deposit", "12. PE x task: deposit index", {"ablation": f"{RUN}/ablation.nc"},
+        _row("synthetic_deposit", "12. PE x task: deposit index", {"ablation": paths.RUN_ABLATION},
              "synthetic:fig_deposit", "synthetic:load_ablation", scope="global"),
-        _row("synthetic_toeplitz", "13. PE x task: Toeplitz share", {"toeplitz": f"{RUN}/toeplitz.nc"},
+        _row("synthetic_toeplitz", "13. PE x task: Toeplitz share", {"toeplitz": paths.RUN_TOEPLITZ},
              "synthetic:fig_toeplitz", "synthetic:load_toeplitz", scope="global"),
-        _row("synthetic_probe", "13b. PE x task: position probe", {"probe": f"{RUN}/probe.nc"},
+        _row("synthetic_probe", "13b. PE x task: position probe", {"probe": paths.RUN_PROBE},
              "synthetic:fig_position_probe", "synthetic:load_probe", scope="global"),
         # training trajectories (target `trajectory`): per trajectory model; the heatmap's variants are a few
         # checkpoints (heatmap_variants)
@@ -145,12 +142,12 @@ FIGURES = {
         _row("trajectory_r_heatmap", "16. Training trajectory: r over layer x head",
              {"decomposition": paths.DECOMPOSITION}, "llm:fig_r_heatmap", "llm:load_r_heatmap", group="trajectory"),
         # the deposit and regime studies (their targets only)
-        _row("deposit_study", "17. Deposit study: top vs second drop", {"deposit": f"{STUDY}/deposit.csv"},
+        _row("deposit_study", "17. Deposit study: top vs second drop", {"deposit": paths.STUDY_DEPOSIT},
              "synthetic:fig_deposit_study", "synthetic:load_deposit", scope="global", group="deposit_study"),
-        _row("deposit_study_probe", "18. Deposit study: position probe", {"probe": f"{STUDY}/probe.nc"},
+        _row("deposit_study_probe", "18. Deposit study: position probe", {"probe": paths.STUDY_PROBE},
              "synthetic:fig_position_probe", "synthetic:load_probe", scope="global", group="deposit_study"),
         _row("regime_study", "19. Regime study: accuracy and layer-0 drops against steps and distance",
-             {"classifiers": f"{REGIME}/classifiers.csv"}, "synthetic:fig_regime_study", "synthetic:load_classifiers",
+             {"classifiers": paths.REGIME_CLASSIFIERS}, "synthetic:fig_regime_study", "synthetic:load_classifiers",
              scope="global", group="regime_study"),
         _row("scale_study", "20. Scale study: the first paper's numbers against model size",
              {"scale": paths.SCALE_TABLE["csv"]}, "scale:fig_scale", "scale:load_scale", scope="global",
