@@ -144,6 +144,11 @@ def _check_cross_keys(config: dict) -> None:
         raise ConfigError(
             f"config.synthetic.count.max_count: {count['max_count']} exceeds synthetic.count.seq_len {count['seq_len']}"
         )
+    names = [entry["name"] for entry in config["models"]]
+    for pair in config["confirmatory"]["pairs"]:
+        unknown = [name for name in pair if name not in names]
+        if unknown:
+            raise ConfigError(f"config.confirmatory.pairs: no models entry {unknown[0]!r} (models: {', '.join(names)})")
     width, n_heads = synthetic["model"]["d_model"], synthetic["model"]["n_heads"]
     if width % n_heads:
         raise ConfigError(f"config.synthetic.model.d_model: {width} is not a multiple of n_heads {n_heads}")
@@ -154,13 +159,13 @@ def _check_experiments(synthetic: dict, schema) -> None:
     import jsonschema
     import yaml
 
-    from posgen.experiments import ExperimentError, check, resolve
+    from posgen.experiments import UNUSED, ExperimentError, check, resolve
 
     properties = yaml.safe_load(Path(schema).read_text())["properties"]["synthetic"]["properties"]
     try:
         for name, overrides in synthetic["experiments"].items():
             options = resolve(synthetic, name)
-            for key in overrides:
+            for key in (k for k in overrides if k != UNUSED):
                 try:
                     jsonschema.validate(options[key], properties[key])
                 except jsonschema.ValidationError as err:
@@ -300,11 +305,32 @@ def _check_trajectory(config: dict) -> None:
 
 def load(*paths: str | Path) -> dict:
     """Read (strictly, see :func:`read_yaml`) and validate config files, each merged over the ones before it key by
-    key, as Snakemake merges ``--configfile`` files."""
+    key, as Snakemake merges ``--configfile`` files; the files after the first are overlays (:func:`check_overlays`)."""
     config = {}
     for path in paths:
         merge(config, read_yaml(path))
-    return validate(config)
+    validate(config)
+    check_overlays(config, paths[1:])
+    return config
+
+
+def check_overlays(config: dict, overlays) -> None:
+    """Refuse, in one line naming the file, an overlay (a config file merged over config.yaml) that names an
+    experiment no collection of the merged config trains: a misspelt name (``d71-data-claen``) is otherwise a new
+    experiment nothing trains, and the one meant keeps its old settings without a word. An experiment kept on
+    purpose says ``unused: true``."""
+    from posgen.experiments import COLLECTIONS, UNUSED
+
+    synthetic = config["synthetic"]
+    trained = {name for which in COLLECTIONS for name in synthetic[which]}
+    for path in overlays:
+        named = (read_yaml(path).get("synthetic") or {}).get("experiments") or {}
+        for name, settings in named.items():
+            if name not in trained and not (settings or {}).get(UNUSED):
+                raise ConfigError(
+                    f"{path}: synthetic.experiments.{name}: no collection of the merged config trains it (trained: "
+                    f"{', '.join(sorted(trained))}); a misspelt name? An experiment kept on purpose: unused: true"
+                )
 
 
 def merge(config: dict, overlay: dict) -> dict:

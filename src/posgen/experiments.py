@@ -26,6 +26,7 @@ import re
 
 # keys an experiment may override: merged key by key (dicts) or replaced (the rest)
 MERGED_KEYS = ("model", "train", "distance", "count")
+UNUSED = "unused"  # an experiment no collection trains, kept on purpose
 REPLACED_KEYS = ("faithful", "rope_heads", "pes", "seeds", "tasks", "ablation_samples", "toeplitz_samples", "jobs")
 # the collections: `run` (make run) and the named targets' studies (their folders: posgen.paths)
 COLLECTIONS = ("run", "deposit_study", "regime_study", "decisive_study", "decisive_gpu")
@@ -48,6 +49,8 @@ def resolve(synthetic: dict, name: str) -> dict:
         if key not in ("experiments",) + tuple(COLLECTIONS)
     }
     for key, value in overrides.items():
+        if key == UNUSED:  # says only that no collection trains it (posgen.config.check_overlays)
+            continue
         if key in MERGED_KEYS:
             options[key] = {**options[key], **value}
         elif key in REPLACED_KEYS:

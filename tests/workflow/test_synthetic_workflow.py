@@ -70,9 +70,10 @@ def test_tiny_synthetic_run(synthetic_run):
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
-def test_the_verdict_sections_of_reproduction_md_are_rendered_from_verdicts_csv(synthetic_run):
-    """results/verdicts.csv holds every verdict row of both papers; each paper's verdict section of reproduction.md
-    is its rows rendered (nothing reads the Markdown back), and posgen.api.verdicts() reads the same table."""
+def test_the_verdict_sections_of_reproduction_md_are_rendered_from_the_verdicts_table(synthetic_run):
+    """results/verdicts.csv (and its digested twin verdicts.parquet) holds every verdict row of both papers; each
+    paper's verdict section of reproduction.md is its rows rendered (nothing reads the Markdown back), and
+    posgen.api.verdicts() reads the same table."""
     from posgen.api import verdicts
     from posgen.claims import VERDICT_COLUMNS, read_verdicts
     from posgen.llm.verdicts import CLAIMS as FIRST
@@ -81,7 +82,9 @@ def test_the_verdict_sections_of_reproduction_md_are_rendered_from_verdicts_csv(
     from posgen.synthetic.verdicts import verdicts_markdown
 
     results = synthetic_run.workdir / "results"
-    table = read_verdicts(results / "verdicts.csv")
+    table = read_verdicts(results / "verdicts.parquet")  # digested; verdicts.csv holds the same rows as text
+    text = pd.read_csv(results / "verdicts.csv", dtype=str, keep_default_na=False)
+    assert text.drop(columns=["paper", "diagnostic"]).equals(table.drop(columns=["paper", "diagnostic"]).astype(str))
     assert list(table.columns[: len(VERDICT_COLUMNS)]) == list(VERDICT_COLUMNS)
     assert table.groupby("paper")["claim"].unique().map(list).to_dict() == {
         1: [c.name for c in FIRST],
@@ -94,10 +97,19 @@ def test_the_verdict_sections_of_reproduction_md_are_rendered_from_verdicts_csv(
     assert first.startswith("## Verdict per claim (Han & Ji 2025)") and first in reproduction
     assert second.startswith("## Verdict per claim (arXiv 2505.13027)") and reproduction.endswith(second)
     # what each verdict was decided on: a head statistic, the cells of its experiment
-    assert set(table.loc[table["paper"] == 1, "decided_on"]) <= {"r_rc_A", "r_sweep_spread", "f_share", "low_share_k", "loss_increase"}
+    assert set(table.loc[table["paper"] == 1, "decided_on"]) <= {
+        "r_rc_A",
+        "r_sweep_spread",
+        "f_share",
+        "low_share_k",
+        "loss_increase",
+    }
     rope = table[(table["claim"] == "alibi_fails_distance") & (table["scope"] == "clean")]
-    assert rope["decided_on"].tolist() in (["distance/alibi; distance/rope+sinusoidal"], ["distance/rope+sinusoidal; distance/alibi"])
-    pd.testing.assert_frame_equal(verdicts(results / "verdicts.csv"), table)
+    assert rope["decided_on"].tolist() in (
+        ["distance/alibi; distance/rope+sinusoidal"],
+        ["distance/rope+sinusoidal; distance/alibi"],
+    )
+    pd.testing.assert_frame_equal(verdicts(results / "verdicts.parquet"), table)
 
 
 def test_tiny_synthetic_data_matches_its_task_file(synthetic_run):
