@@ -30,6 +30,7 @@ TINY_RUN_MODULES = (
     "tests/workflow/test_atlas_page.py",
     "tests/workflow/test_damaged_inputs.py",
     "tests/workflow/test_lineage.py",
+    "tests/workflow/test_read_side.py",
     "tests/workflow/test_report.py",
     "tests/workflow/test_synthetic_workflow.py",
     "tests/workflow/test_workflow.py",

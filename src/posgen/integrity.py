@@ -461,7 +461,7 @@ def settle_unchanged(paths) -> list[str]:
             continue
         os.utime(path, ns=(newest + 1_000_000, newest + 1_000_000))
         settled.append(name)
-    for name in sorted(set(readers) - set(records)):  # an input made from nothing posgen records (task data)
+    for name in sorted(n for n in readers if not records.get(n)):  # made from no recorded input (task data)
         path, made = Path(name), [Path(r) for r in readers[name] if Path(r).is_file()]
         if not path.is_file() or not made or not _under(path, paths):
             continue
