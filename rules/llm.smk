@@ -304,7 +304,7 @@ rule prefix_table:
 
 
 # The scale study's table (target `scale_study`): per model against its size, the trends under the registered
-# rules (posgen.rules SCALE_*), every first-paper verdict per model.
+# rules (posgen.verdict_rules SCALE_*), every first-paper verdict per model.
 rule scale_table:
     input:
         **first_paper_results(),

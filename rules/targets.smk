@@ -51,14 +51,14 @@ rule decisive_study:
 
 
 # The regime study's distance-71 arms with enough data per class, for one GPU call (README "The decisive GPU
-# experiment"; its verdict rules were registered before it ran: python -m posgen.rules).
+# experiment"; its verdict rules were registered before it ran: python -m posgen.verdict_rules).
 rule decisive_gpu:
     input:
         targets(config, "decisive_gpu"),
 
 
 # The scale study (README "The scale study"): config.scale.yaml's four models, trained and random-init, their
-# trends with size under the rules registered before it ran (posgen.rules SCALE_*), its table and figure.
+# trends with size under the rules registered before it ran (posgen.verdict_rules SCALE_*), its table and figure.
 rule scale_study:
     input:
         targets(config, "scale_study"),

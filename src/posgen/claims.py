@@ -30,7 +30,7 @@ import pandas as pd
 from scipy import stats
 
 from posgen.parquet import read_table
-from posgen.rules import value
+from posgen.verdict_rules import value
 
 LEVEL = value("LEVEL")  # the confidence level of every seed interval
 
@@ -86,7 +86,7 @@ class Claim:
     check: object
     fixed: str = ""  # why a finished run cannot fail the test (then its verdict is "not discriminative")
     reads: str = ""  # the data its test reads, whose regime its verdict is followed by (the first paper's)
-    rules: tuple = ()  # the names of the rules it depends on (posgen.rules), cited in its row
+    rules: tuple = ()  # the names of the rules it depends on (posgen.verdict_rules), cited in its row
     # what its verdict was decided on: the first paper's the head statistic it reads (a heads.parquet statistic of
     # the atlas' menu, or the prefix of several); the second paper's the classifier cells it reads, "task/pe"
     # patterns (fnmatch: "distance/partial-rope-*")
@@ -215,7 +215,7 @@ VERDICT_COLUMNS = {
     "claim": "the claim's name (posgen.llm.verdicts.CLAIMS, posgen.synthetic.verdicts.CLAIMS)",
     "statement": "the claim in the paper's words",
     "test": "the test in words",
-    "rules": "the rules it cites with their values and status ('rules: NEAR 0.03 (post hoc), ...'; posgen.rules)",
+    "rules": "the rules it cites with their values and status ('rules: NEAR 0.03 (post hoc), ...'; posgen.verdict_rules)",
     "verdict": "the claim's verdict over every scope (the same on each of its rows)",
     "scope": "where this row's outcome was decided: 'model / construction' (first paper), an experiment (second)",
     "model": "the model of a first-paper row (its scope without the construction)",
@@ -223,7 +223,7 @@ VERDICT_COLUMNS = {
     "reason": "why it is not discriminative / not testable, in words ('' otherwise)",
     "diagnostic": "a diagnostic's row: shown, never counted",
     "regime": "what the test read in this scope (windows, seeds, model size; a regime of classifiers)",
-    "status": "exploratory / confirmatory under the registry version (first paper; posgen.rules.data_status)",
+    "status": "exploratory / confirmatory under the registry version (first paper; posgen.verdict_rules.data_status)",
     "evidence": "the numbers behind the outcome",
     "decided_on": "the head statistic (first paper) or the classifier cells, 'task/pe; ...' (second) it read",
     "registry": "the registry version its rules were read under, with the time it was frozen",

@@ -122,7 +122,7 @@ def reproduction_markdown(table: pd.DataFrame, provenance: dict | None = None) -
         "dummy distance; Method B: least-squares a(i-j) + b(i) + c(j). Sink 'without' drops key column 0. "
         "'row-centred': the same after centring each query row of W and of the approximation over its scored keys "
         "(softmax ignores a row's constant, so this is the r attention sees, and the one the verdicts below decide "
-        "on: posgen.rules R_STATISTIC); the raw r is the paper-comparable number, its pooled value dominated by "
+        "on: posgen.verdict_rules R_STATISTIC); the raw r is the paper-comparable number, its pooled value dominated by "
         "each head's mean offset (docs/method.md section 4).",
     ]
     if typed:

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from posgen.rules import value
+from posgen.verdict_rules import value
 
 
 def is_torch(x) -> bool:

@@ -12,12 +12,12 @@ from posgen.corpus import cut_windows, load_text
 from posgen.decomposition import decompose_store
 from posgen.decomposition.drift import heldout_coefficients
 from posgen.decomposition.options import DecompositionOptions
+from posgen.gather import gather
 from posgen.llm.bands import band_stats
 from posgen.llm.extract import extract
 from posgen.llm.fused import Analysis
 from posgen.llm.options import ExtractOptions
 from posgen.models import acquire, load_model
-from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 from posgen.testing.qk_store import toy_rope, write_qk_store
 from posgen.testing.tiny import tiny_job

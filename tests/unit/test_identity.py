@@ -15,9 +15,9 @@ import xarray as xr
 
 from posgen import paths
 from posgen.bench.decompose import synthetic_store
+from posgen.gather import gather
 from posgen.integrity import IDENTITY_ATTR, StoreError
 from posgen.llm.summary import concat_tables, read_decompositions
-from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 from posgen.synthetic.analysis import gather as gather_analyses
 from posgen.synthetic.summary import write_summary

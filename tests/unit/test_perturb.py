@@ -7,13 +7,13 @@ from transformers import AutoModelForCausalLM
 
 from posgen import rope
 from posgen.corpus import cut_windows, load_text
+from posgen.gather import gather
 from posgen.llm.capture import BACKEND, CAPPED_BACKEND, Capture, capped_distances, capped_logits, forward_pass
 from posgen.llm.draws import JITTER, KINDS, draw_perturbation, rng_for, word_starts
 from posgen.llm.method_a import Terms, matched_pairs, method_a_terms
 from posgen.llm.options import CapOptions, PerturbOptions
 from posgen.llm.perturb import cap_job, perturb_job, run_caps, run_perturbations
 from posgen.models import acquire, load_model
-from posgen.shards import gather
 from posgen.store import open_dataset, write_netcdf
 from posgen.testing.tiny import tiny_job
 

@@ -12,7 +12,7 @@ from posgen.llm.verdicts import CLAIMS, DECIDING, Perturbation, verdict, verdict
 
 def deciding(rows: pd.DataFrame) -> pd.DataFrame:
     """A summary whose numbers the tests give under the raw r's names, each copied to the column that the deciding
-    statistic reads (posgen.rules R_STATISTIC: the row-centred r's ``_rc`` columns), so the tests' numbers decide;
+    statistic reads (posgen.verdict_rules R_STATISTIC: the row-centred r's ``_rc`` columns), so the tests' numbers decide;
     the raw columns stay beside as the paper-comparable ones."""
     rows = rows.copy()
     for raw, decides in DECIDING.items():

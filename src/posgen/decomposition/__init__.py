@@ -37,7 +37,7 @@ from posgen.decomposition.design import LSTSQ_TOL
 from posgen.decomposition.mask import SINKS
 from posgen.decomposition.options import DecompositionOptions
 from posgen.decomposition.table import DecompositionTable, decompose_store
-from posgen.decomposition.toeplitz import toeplitz_shares
+from posgen.decomposition.toeplitz_fit import toeplitz_shares
 
 __all__ = [
     "LSTSQ_TOL",

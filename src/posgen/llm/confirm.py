@@ -18,8 +18,8 @@ import pandas as pd
 
 from posgen.integrity import made_from, shown
 from posgen.llm.verdicts import verdicts, window_seeds
-from posgen.rules import data_status, version
 from posgen.store import atomic_path
+from posgen.verdict_rules import data_status, version
 
 COLUMNS = ["claim", "paper", "exploratory", "confirmatory", "exploratory_verdict", "confirmatory_verdict"]
 COLUMNS += ["differs", "exploratory_status", "confirmatory_status", "registry"]
@@ -36,7 +36,7 @@ def model_verdicts(summary: pd.DataFrame, model: str, bands: dict, perturb: dict
 
 def comparison(summary: pd.DataFrame, bands: dict, perturb: dict, caps: dict, pairs) -> pd.DataFrame:
     """One row per (pair, claim): the exploratory and the confirmatory model's verdicts, whether they differ, and
-    each one's status under the registry (posgen.rules.data_status)."""
+    each one's status under the registry (posgen.verdict_rules.data_status)."""
     seeds = window_seeds(summary)
     out = []
     for exploratory, confirmatory in pairs:

@@ -1,4 +1,4 @@
-"""The first-token control (docs/method.md section 3C; rule FIRST_TOKEN of posgen.rules): the model's input
+"""The first-token control (docs/method.md section 3C; rule FIRST_TOKEN of posgen.verdict_rules): the model's input
 embedding at position 0 replaced by the mean input embedding over its vocabulary, the same vector in every window,
 so that the first token carries no window-specific identity.
 
@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from posgen.rules import value
+from posgen.verdict_rules import value
 
 CONTROL = value("FIRST_TOKEN")  # the first-token control (docstring: what it is at random init)
 FIRST_TOKEN = ("model", CONTROL)  # a models entry's first_token: the model's own first token, or the control

@@ -10,7 +10,7 @@ Method A's constant mean key by a smooth trajectory kbar(j):
 A-shared's closure of the gap is biased by the noise left in s(j) from few held-out windows (it can fall below
 Method A's), so the question "is the drift shared?" is decided on the keys' shares instead: the smooth share S
 (each window's own fit), the shared share X (what s(j) explains as it is), and its held-out floor
-F = -(S - X) / n for n held-out windows (what s(j) keeps of their own drifts). Rule (``posgen.rules``: HALF,
+F = -(S - X) / n for n held-out windows (what s(j) keeps of their own drifts). Rule (``posgen.verdict_rules``: HALF,
 GAP_SHARED, FLOOR_K; all post hoc), with t = HALF x the gap and the noise-corrected shared share X_c = X - F:
 
 * ``not testable here``: no gap under Method A (its interval reaches 0), or no A-shared (no held-out windows);
@@ -33,8 +33,8 @@ from pathlib import Path
 import pandas as pd
 
 from posgen.config import VARIANT_TRAINED
-from posgen.rules import value
 from posgen.store import atomic_path, stable_provenance
+from posgen.verdict_rules import value
 
 HALF = value("HALF")  # a construction explains the gap when it closes at least this share of it
 SINK = value("SINK")  # every causal entry, as the paper's correlation
@@ -135,7 +135,7 @@ def origin_markdown(summary: pd.DataFrame) -> str:
         "fits each window's own smooth key trajectory (absolute position and prefix content alike); Method "
         "A-shared uses one function of absolute position shared by every window, the mean key of held-out "
         "windows (docs/method.md section 3C). Each closes part of the gap (its mean r less Method A's, paired over "
-        f"windows, 95 % bootstrap interval). Rule (`posgen.rules` HALF, GAP_SHARED, FLOOR_K; post hoc): with t = "
+        f"windows, 95 % bootstrap interval). Rule (`posgen.verdict_rules` HALF, GAP_SHARED, FLOOR_K; post hoc): with t = "
         f"{HALF} x the gap, *neither* if A-drift closes less than t, *inconclusive* if its interval straddles t; "
         "else the shared share corrected for its held-out floor (X - F) against half the smooth share: *absolute "
         f"position* above it, *{OWN}* below it, *{FLOOR}* within {FLOOR_K:g} floor(s) of it (too few held-out "

@@ -21,7 +21,7 @@ the trajectory, and across windows the mean pairwise cosine of their trajectorie
 (over every token these are section 3C's shares; over a later range the window mean is the whole window's). The
 table (:func:`prefix_table`) compares window sets of one model: the corpus windows, the same windows with their
 tokens shuffled, and windows that share their first N tokens, under readings registered before the study ran
-(posgen.rules: PC_SHUFFLE, PC_RISE, PC_SIZE, PC_DIRECTION).
+(posgen.verdict_rules: PC_SHUFFLE, PC_RISE, PC_SIZE, PC_DIRECTION).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from posgen.llm.capture import Capture
 from posgen.llm.extract import capture_window
 from posgen.llm.first_token import first_token_replaced
 from posgen.llm.run import ModelRun
-from posgen.rules import cite, value
 from posgen.store import atomic_path, open_dataset, stable_provenance
+from posgen.verdict_rules import cite, value
 
 SPAN = 10  # tokens per span of the stored profiles
 POWERS = ("key_power", "drift_power", "residual_power", "shared_power", "shared_cross", "drift_size")
@@ -282,7 +282,7 @@ def prefix_markdown(table: pd.DataFrame, readings: dict, after: int, regime: str
             f"| {r.model} | {r.window_set} | " + " | ".join(cells) + f" | {gap} | {r.drift_closes} | "
             f"{r.shared_closes} | {r.outcome} |"
         )
-    lines += ["", "Readings, registered before the study ran (`python -m posgen.rules`):", ""]
+    lines += ["", "Readings, registered before the study ran (`python -m posgen.verdict_rules`):", ""]
     for name, (numbers, outcome, rules) in readings.items():
         if name == "shape":
             what = f"corpus windows: size r {numbers[0]:.3f}, direction cosine {numbers[1]:+.3f}"

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from posgen.rules import value
+from posgen.verdict_rules import value
 
 BLOCK = 32  # weights per quantisation block (Q4_1, and the sub-blocks of Q4_K)
 LEVELS = 15  # steps between a 4-bit block's lowest and highest level

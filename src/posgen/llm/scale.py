@@ -1,5 +1,5 @@
 """The scale study (README "The scale study", issue 54): the first paper's numbers per model against its size, and
-whether each rises or falls with size under rules registered before the study ran (``posgen.rules`` SCALE_*).
+whether each rises or falls with size under rules registered before the study ran (``posgen.verdict_rules`` SCALE_*).
 
 Per model (trained, sink "with", every RoPE layer): Method A and B mean and pooled r with their 95 % bootstrap
 intervals over windows, the random-init gap under each (trained minus random-init mean r, t interval over
@@ -27,8 +27,8 @@ from posgen.integrity import made_from
 from posgen.llm.gap_origin import model_outcome, origin_table
 from posgen.llm.verdicts import PAPER_R, verdicts
 from posgen.parts import WEIGHTS_NOTE
-from posgen.rules import value
 from posgen.store import atomic_path
+from posgen.verdict_rules import value
 
 SIZE = value("SCALE_SIZE")  # what orders the models
 RHO = value("SCALE_RHO")  # |Spearman rho| a trend needs

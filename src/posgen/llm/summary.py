@@ -21,9 +21,9 @@ import xarray as xr
 from posgen.config import VARIANT_TRAINED, variant_order
 from posgen.integrity import check_rows, shown
 from posgen.layer_types import LAYER_TYPES
-from posgen.rules import value
 from posgen.stats import bootstrap_indices, interval, pearson_from_sums
 from posgen.store import atomic_path, open_dataset, provenance, require, write_netcdf
+from posgen.verdict_rules import value
 
 SUFF = ("n", "sum_x", "sum_y", "sum_xx", "sum_yy", "sum_xy")
 RC_SUFF = ("rc_sum_xx", "rc_sum_yy", "rc_sum_xy")  # the row-centred r's: every row's mean is 0
@@ -422,7 +422,7 @@ def summarize(
     window_seed: int | None = None,
 ) -> pd.DataFrame:
     """results/summary.csv over all models and variants, and results/<model>/summary.nc per model; ``window_seed``
-    (the windows' seed, a column: which data set the verdicts judge, posgen.rules.data_status)."""
+    (the windows' seed, a column: which data set the verdicts judge, posgen.verdict_rules.data_status)."""
     data = read_decompositions(decomposition_paths)
     missing = sorted(set(nc_paths) - set(data))
     if missing:

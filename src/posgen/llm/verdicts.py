@@ -1,7 +1,7 @@
 """A verdict per claim of the first paper (Han & Ji 2025) from a run's summary, bands and perturbation tables.
 
 Every claim is tested per model (and per construction of the split where it depends on one: the paper's
-Method A and B, docs/method.md sections 3A-3B) against the rules of ``posgen.rules``, each cited in its row and
+Method A and B, docs/method.md sections 3A-3B) against the rules of ``posgen.verdict_rules``, each cited in its row and
 marked where it was set after the numbers it judges were first printed (post hoc). Methods A-drift and A-shared
 (section 3C) are diagnostics (``DIAGNOSTICS``): their findings are shown, labelled "diagnostic", and never count.
 
@@ -25,7 +25,7 @@ from posgen.claims import WHY, Claim, Outcome, against, combine, exceeds, label,
 from posgen.claims import verdict_markdown as claims_markdown
 from posgen.config import VARIANT_TRAINED
 from posgen.llm.summary import HEAD_R
-from posgen.rules import cite, data_status, frozen_at, value, version
+from posgen.verdict_rules import cite, data_status, frozen_at, value, version
 
 PAPER_R = 0.959  # Han & Ji 2025: Pearson r between true logits and f + g
 CONSTRUCTIONS = value("CONSTRUCTIONS")  # the paper's constructions of f + g: only these decide a verdict
@@ -608,14 +608,14 @@ def verdict_markdown(table: pd.DataFrame) -> str:
         f"From `{first['source']}`, the bands and the perturbation tables of the same run. The paper's constructions, "
         "which alone decide a verdict: Method A (mean key) and B (least-squares a(i-j) + b(i) + c(j)). "
         + " ".join(f"Diagnostic, shown and not counted: Method {name}, {text}." for name, text in DIAGNOSTICS.items())
-        + " Rules: `posgen.rules` (`python -m posgen.rules` prints each with the commit that set it); a rule set "
+        + " Rules: `posgen.verdict_rules` (`python -m posgen.verdict_rules` prints each with the commit that set it); a rule set "
         "after the numbers it judges were first printed is marked post hoc in its row. A claim on the trained model "
         "is decided on its 95 % bootstrap interval over windows and prints the threshold at which it would flip. "
         "Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its reason) / not tested "
         "(docs/method.md section 8.9); a diagnostic's finding says whether it meets the test, never 'reproduced'. "
         f"Registry {first['registry']}; each verdict's status per model: exploratory where a rule "
         "it cites was set after (or within SAME_STRETCH hours before) that model's data were first printed, else "
-        "confirmatory under this version (posgen.rules.data_status)."
+        "confirmatory under this version (posgen.verdict_rules.data_status)."
     )
     evidence = "regime; per model / construction: outcome, evidence"
     return claims_markdown("Verdict per claim (Han & Ji 2025)", preamble, claim_cells(table), evidence)

@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from posgen.rules import value
+from posgen.verdict_rules import value
 
 LR_FLOOR = value("LR_FLOOR")  # epochs whose closing learning rate is at least a tenth of the peak
 WINDOW = value("PLATEAU_WINDOW")  # the last three of them

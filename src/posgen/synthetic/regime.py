@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from posgen.rules import value
 from posgen.synthetic.convergence import CONVERGED, LEARNING, NO_FIT, gate, learned
+from posgen.verdict_rules import value
 
 MIN_PER_CLASS = value("MIN_PER_CLASS")  # training sequences per class below which a distance cell is not testable
 

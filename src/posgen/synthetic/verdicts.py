@@ -2,7 +2,7 @@
 
 Each experiment of a collection is one regime (``posgen.synthetic.regime``). In each, a claim's test is decided at
 the seed level with the outcomes of ``posgen.claims`` (docs/method.md section 8.9), under the rules of
-``posgen.rules`` (each cited in its row, the post-hoc ones marked):
+``posgen.verdict_rules`` (each cited in its row, the post-hoc ones marked):
 
 * every classifier passes the gate of ``posgen.synthetic.convergence``: converged, did not fit, or still
   learning; a seed with a cell still learning is inconclusive, never dropped, and a cell that did not fit is a
@@ -43,11 +43,11 @@ from posgen.claims import (
     verdict_frame,
     verdict_markdown,
 )
-from posgen.rules import cite, frozen_at, value, version
 from posgen.stats import CRITERION_TOP
 from posgen.store import atomic_path
 from posgen.synthetic.convergence import LEARN_FRACTION, LEARNING, line
 from posgen.synthetic.regime import MIN_PER_CLASS, per_class, regime, too_little_data, with_states
+from posgen.verdict_rules import cite, frozen_at, value, version
 
 ROPE = "rope+sinusoidal"  # the authors' "rope"
 AUTHORS_PES = ("nope", "sinusoidal", "learned", "t5", "alibi", ROPE, "decoupled")  # the PEs the paper compares
@@ -547,7 +547,7 @@ def verdicts_markdown(table: pd.DataFrame, classifiers: pd.DataFrame | None = No
         "gate (converged / did not fit / still learning, from its held-out curve and its fit of the training data); a "
         "seed still learning is inconclusive; a 'fails' claim counts a seed only where its control learned; 95 % "
         f"t intervals over seeds, at least {MIN_SEEDS} seeds to decide; tie margin = max(seed SD, {TIE_SE} "
-        f"binomial SE of the test set). The paper's regime: {PAPER_REGIME}. Rules: `posgen.rules` (post-hoc ones "
+        f"binomial SE of the test set). The paper's regime: {PAPER_REGIME}. Rules: `posgen.verdict_rules` (post-hoc ones "
         "marked in each row). Outcomes: reproduced / not reproduced / inconclusive / not discriminative (with its "
         "reason) / not testable here / sanity check failed (docs/method.md section 8.9). "
         f"Registry {first['registry']}."

@@ -1,6 +1,6 @@
 """Shards (config ``shards``, docs/slurm.md): each (model, variant)'s windows, and its perturbation windows, split
 into contiguous ranges ``<start>-<stop>`` (global window indices, stop exclusive), one job each; rule gather merges
-their tables along ``sample`` (posgen.shards)."""
+their tables along ``sample`` (posgen.gather)."""
 
 from __future__ import annotations
 

@@ -156,8 +156,8 @@ STEPS = {
                 HeadColumn("low_share_q", "queries' low-frequency share"),
             ),
         ),
-        _step("gather", "posgen.shards:gather_step", hashed=False),
-        # window_seed: the data set a verdict judges (posgen.rules.data_status), carried as a column
+        _step("gather", "posgen.gather:gather_step", hashed=False),
+        # window_seed: the data set a verdict judges (posgen.verdict_rules.data_status), carried as a column
         _step(
             "summarize",
             "posgen.llm.summary:summarize_step",

@@ -1,4 +1,4 @@
-"""The registry of rules (posgen.rules): append-only history, the code reads its values, every status from git's
+"""The registry of rules (posgen.verdict_rules): append-only history, the code reads its values, every status from git's
 times, and the command that prints it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from posgen import rules
+from posgen import verdict_rules as rules
 
 # Every value each rule has had, in order. Changing a rule means appending its new value here and an Entry there;
 # a value edited in place, or an entry dropped, fails test_the_history_is_append_only.
@@ -199,8 +199,8 @@ def test_the_command_prints_one_row_per_entry(capsys):
 
 # The values of every registry version, committed as they were frozen: a value changed in place in the registry and
 # in HISTORY together still differs from the version it was frozen under. A new version (any value appended) adds
-# its snapshot here (tests/unit/rules_snapshot.json; its values as the registry's reprs).
-SNAPSHOT = Path(__file__).with_name("rules_snapshot.json")
+# its snapshot here (tests/unit/verdict_rules_snapshot.json; its values as the registry's reprs).
+SNAPSHOT = Path(__file__).with_name("verdict_rules_snapshot.json")
 
 
 def off_snapshot(registry: dict, snapshot: dict) -> list[str]:

@@ -1,4 +1,4 @@
-"""Every rule of both papers' verdicts, declared once with its history (``python -m posgen.rules`` prints it).
+"""Every rule of both papers' verdicts, declared once with its history (``python -m posgen.verdict_rules`` prints it).
 
 A rule is a threshold, a gate or a control a verdict depends on. Each value it ever had is an :class:`Entry`: the
 commit (and its time) at which the rule took that value, and the first printing of the numbers it judges (in
@@ -6,7 +6,7 @@ docs/results.md, a commit message or a committed table), both found with ``git l
 repository. The entry's status follows from the two times: **before** (set before that printing), **same commit**
 (set in the commit that first printed them), or **post hoc** (set after, or in the same commit whose own text says
 the numbers were read first). The verdict modules read their values from here (:func:`value`), the verdict tables
-mark the post-hoc rules of every claim (:func:`cite`), and ``tests/unit/test_rules.py`` keeps the history
+mark the post-hoc rules of every claim (:func:`cite`), and ``tests/unit/test_verdict_rules.py`` keeps the history
 append-only: a value changed here without a new entry fails it.
 
 Entries of issue 50 were committed before any run printed numbers with them; those whose numbers (the H200 regime
@@ -369,7 +369,7 @@ def data_status(names, model: str, window_seed) -> str:
     exploratory only where a rule changed after the commit that made it, whose registry the data met first (its
     outputs record that commit's config hash and version). Any other data set: confirmatory."""
     if window_seed is None or int(window_seed) < 0:
-        return "status unknown: the summary records no window seed (made before posgen.rules.data_status)"
+        return "status unknown: the summary records no window seed (made before posgen.verdict_rules.data_status)"
     known = DATA_SETS.get((model, int(window_seed)))
     if known is None:
         return f"confirmatory under registry {version()} (a data set first met under it)"
@@ -419,7 +419,7 @@ def unverified(rules: dict[str, Rule] | None = None, git_dir: str | None = None)
 def value(name: str):
     """The current value of rule ``name``."""
     if name not in RULES:
-        raise KeyError(f"posgen.rules: no rule {name!r}")
+        raise KeyError(f"posgen.verdict_rules: no rule {name!r}")
     return RULES[name].value
 
 
@@ -451,11 +451,11 @@ def table() -> str:
 
 
 def main(argv=None) -> None:
-    """``python -m posgen.rules``: the registry's version, then every rule's history (value, date, commit, before /
+    """``python -m posgen.verdict_rules``: the registry's version, then every rule's history (value, date, commit, before /
     after the numbers)."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m posgen.rules", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m posgen.verdict_rules", description=main.__doc__)
     parser.parse_args(argv)
     print(f"registry {version()}, frozen at {frozen_at()} (the latest value's time)\n")
     print(table(), end="")
