@@ -30,7 +30,7 @@ import xarray as xr
 
 from posgen import paths
 from posgen.atlas.tables import CLASSIFIER_KEYS, HEAD_KEYS
-from posgen.claims import read_verdicts
+from posgen.claims import VERDICT_COLUMNS
 from posgen.config import schema_default, schema_defaults
 from posgen.corpus import cut_windows, load_text
 from posgen.decomposition.options import DecompositionOptions
@@ -253,4 +253,4 @@ def verdicts(path: str | Path = paths.REPRODUCTION["verdicts_table"]) -> pd.Data
     docs/data-model.md): one row per
     (paper, claim, scope) with the outcome, its reason, the regime, the evidence, the rules it cites with their status,
     the registry version and what it was decided on (posgen.claims.VERDICT_COLUMNS)."""
-    return read_verdicts(path)
+    return read_table(path, columns=list(VERDICT_COLUMNS))

@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from posgen.parquet import read_table
 from posgen.verdict_rules import value
 
 LEVEL = value("LEVEL")  # the confidence level of every seed interval
@@ -242,9 +241,3 @@ def verdict_frame(rows: list[dict]) -> pd.DataFrame:
 def row_label(row) -> str:
     """A verdict row's outcome as a verdict cell prints it: "not discriminative (ceiling tie)"."""
     return f"{row['outcome']} ({row['reason']})" if row["reason"] else row["outcome"]
-
-
-def read_verdicts(path) -> pd.DataFrame:
-    """results/verdicts.parquet (the verdicts table, digested: posgen.parquet) as written; one line naming the file
-    where it is missing, damaged, edited or not a verdicts table."""
-    return read_table(path, columns=list(VERDICT_COLUMNS))

@@ -12,8 +12,7 @@ the same content need not remake what was made from it (``--settle-unchanged``).
 from __future__ import annotations
 
 import argparse
-import base64
-import binascii
+import itertools
 import json
 import os
 import shlex
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from posgen.paths import RESULTS, identity
+from posgen.snakemake_records import INCOMPLETE_DIR, incomplete_files
 
 
 class StoreError(OSError):
@@ -64,6 +64,45 @@ def remake_command(path: str | Path) -> str:
 def damaged(path: str | Path, what: str) -> StoreError:
     """The one-line error of a damaged file: ``what`` went wrong, delete it, and the command that remakes it."""
     return StoreError(f"{shown(path)}: {what}; delete it and run: {remake_command(path)}")
+
+
+def verified_read(wrapper, key: tuple, read):
+    """``read(wrapper, key)``, checked against the digests posgen wrote (:data:`DIGEST_ATTR`,
+    :data:`BLOCK_DIGEST_ATTR`): the whole variable, or every block the key touches, is read (HDF5 reads whole
+    chunks anyway), its digest compared, then the key applied. A variable without digests is read as it is."""
+    var = wrapper.get_array()
+    attrs = var.attrs
+    name, path = wrapper.variable_name, wrapper.datastore._filename
+    ndim = len(wrapper.shape)
+    if DIGEST_ATTR in attrs:
+        data = np.asarray(read(wrapper, (slice(None),) * ndim))  # posgen's tables: small
+        if digest(data) != int(attrs[DIGEST_ATTR]):
+            raise damaged(path, f"variable {name}: {EDITED}")
+        return data[key]
+    if BLOCK_DIGEST_ATTR not in attrs:
+        return read(wrapper, key)
+    dims = var.dimensions
+    axes = [dims.index(dim) for dim in str(attrs[BLOCK_DIGEST_ATTR]).split()]
+    # the blocks the key touches, every other dim whole; an integer keeps its axis (i:i+1) until the end
+    wide, rest = [slice(None)] * ndim, list(key)
+    for axis in axes:
+        part = key[axis]
+        wide[axis] = slice(part, part + 1) if isinstance(part, (int, np.integer)) else part
+        rest[axis] = 0 if isinstance(part, (int, np.integer)) else slice(None)
+    data = np.asarray(read(wrapper, tuple(wide)))
+    blocks = [np.arange(wrapper.shape[axis])[wide[axis]] for axis in axes]  # the block indices read, per axis
+    with wrapper.datastore.lock:
+        f = wrapper.datastore._acquire(needs_lock=False)
+        recorded = np.asarray(f.variables[f"{name}_digest"][...])  # (block dims...)
+    for position in itertools.product(*[range(len(b)) for b in blocks]):
+        index = [slice(None)] * ndim
+        for axis, i in zip(axes, position):
+            index[axis] = i
+        block = tuple(b[i] for b, i in zip(blocks, position))
+        if digest(data[tuple(index)]) != int(recorded[block]):
+            where = ", ".join(f"{dims[axis]} {b}" for axis, b in zip(axes, block))
+            raise damaged(path, f"variable {name} ({where}): {EDITED}")
+    return data[tuple(rest)]
 
 
 # Global attr of every per-job .nc/.h5 (posgen.paths.IDENTIFIED): JSON of what the file is, from the path it was
@@ -476,24 +515,6 @@ def _under(path: Path, paths) -> bool:
     """Whether ``path`` is one of ``paths`` or lies in one of them (a folder)."""
     resolved = path.resolve()
     return any(resolved == Path(p).resolve() or Path(p).resolve() in resolved.parents for p in paths)
-
-
-# Where Snakemake marks the outputs of a job that has started and not ended (its file-based records: one file per
-# output, named by the output's path in URL-safe base64, long names cut into folders whose names start with @)
-INCOMPLETE_DIR = Path(".snakemake/incomplete")
-
-
-def incomplete_files(workdir: str | Path = ".") -> list[str]:
-    """The outputs Snakemake marks incomplete in ``workdir`` (a run killed while their jobs ran), as it names them."""
-    root = Path(workdir) / INCOMPLETE_DIR
-    names = []
-    for marker in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
-        encoded = "".join(part.removeprefix("@") for part in marker.relative_to(root).parts)
-        try:
-            names.append(base64.urlsafe_b64decode(encoded).decode())
-        except (binascii.Error, ValueError):  # Snakemake's own bookkeeping (migration_underway)
-            continue
-    return names
 
 
 def incomplete() -> list[str]:

@@ -37,10 +37,10 @@ from posgen.integrity import (
     input_digests,
     record_lineage,
     shown,
+    verified_read,
 )
 from posgen.rope_table import ROPE_VARIABLES, RopeTable
 from posgen.termination import refuse_if_terminated
-from posgen.verified_read import verified_read
 from posgen.version import VERSION
 
 # storage dtypes of q/k in qk.h5 (HDF5 and NetCDF have no bfloat16)

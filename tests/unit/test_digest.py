@@ -20,12 +20,12 @@ from posgen.integrity import (
     StoreError,
     current_digest,
     digest,
-    incomplete_files,
     main,
     record_inputs,
     settle_unchanged,
     stale,
 )
+from posgen.snakemake_records import incomplete_files
 from posgen.store import atomic_path, open_dataset, write_netcdf
 
 

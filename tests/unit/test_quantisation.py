@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from posgen import quantisation_study
 from posgen.llm import quantisation
 
 
@@ -62,7 +63,7 @@ def test_the_noise_has_the_rounding_variance_on_the_matrices_asked_for(which, to
 def test_the_study_compares_every_number_with_the_unperturbed_models(tiny_source, tmp_path):
     """On the tiny Llama: the unperturbed row changes nothing; each perturbed row moves the numbers, by amounts
     the table reports and judges against QUANT_R / QUANT_LOW."""
-    table = quantisation.study(f"local:{tiny_source('llama')}", 2, 48, seeds=[0], cache=tmp_path / "models")
+    table = quantisation_study.study(f"local:{tiny_source('llama')}", 2, 48, seeds=[0], cache=tmp_path / "models")
     assert list(table["noise"]) == ["none", "qk", "every"]
     deltas = [f"d_{name}" for name in quantisation.THRESHOLD]
     assert (table.loc[0, deltas] == 0).all() and table.loc[0, "within"]

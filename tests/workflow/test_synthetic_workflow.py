@@ -75,14 +75,14 @@ def test_the_verdict_sections_of_reproduction_md_are_rendered_from_the_verdicts_
     paper's verdict section of reproduction.md is its rows rendered (nothing reads the Markdown back), and
     posgen.api.verdicts() reads the same table."""
     from posgen.api import verdicts
-    from posgen.claims import VERDICT_COLUMNS, read_verdicts
+    from posgen.claims import VERDICT_COLUMNS
     from posgen.llm.verdicts import CLAIMS as FIRST
     from posgen.llm.verdicts import verdict_markdown
     from posgen.synthetic.verdicts import CLAIMS as SECOND
     from posgen.synthetic.verdicts import verdicts_markdown
 
     results = synthetic_run.workdir / "results"
-    table = read_verdicts(results / "verdicts.parquet")  # digested; verdicts.csv holds the same rows as text
+    table = verdicts(results / "verdicts.parquet")  # digested; verdicts.csv holds the same rows as text
     text = pd.read_csv(results / "verdicts.csv", dtype=str, keep_default_na=False)
     assert text.drop(columns=["paper", "diagnostic"]).equals(table.drop(columns=["paper", "diagnostic"]).astype(str))
     assert list(table.columns[: len(VERDICT_COLUMNS)]) == list(VERDICT_COLUMNS)

@@ -28,7 +28,7 @@ import pandas as pd
 
 from posgen.atlas.tables import CLASSIFIER_KEYS, HEAD_KEYS
 from posgen.atlas.verdicts import verdict_rows
-from posgen.claims import read_verdicts
+from posgen.claims import VERDICT_COLUMNS
 from posgen.parquet import read_table
 from posgen.paths import owner
 from posgen.store import atomic_path, open_dataset, provenance, require
@@ -320,7 +320,7 @@ def verdict_tables(verdicts, models: list[str], classifiers: list[dict], stats: 
     if not verdicts:
         return "<p>No verdicts table in this run.</p>", {}
     out, decided = [], {}
-    for paper in verdict_rows(read_verdicts(verdicts), models, classifiers, stats):
+    for paper in verdict_rows(read_table(verdicts, columns=list(VERDICT_COLUMNS)), models, classifiers, stats):
         body = []
         for row in paper["rows"]:
             links = []  # followed by atlas.js: data-heads="model|statistic", data-classifier="key"
