@@ -118,3 +118,16 @@ def tiny_workflow(tmp_path_factory, tiny_run_config) -> WorkflowRun:
 def tiny_workflow_files(tiny_workflow) -> list[str]:
     """The tiny run's result files (relative to its folder) as the run left them."""
     return json.loads((tiny_workflow.workdir.parent / RUN_FILES).read_text())
+
+
+@pytest.fixture
+def run_copy(tiny_workflow, tmp_path) -> WorkflowRun:
+    """A copy of the tiny workflow's finished run, for a test that changes files (never the session's own: other
+    tests read it)."""
+    import shutil
+
+    import yaml
+
+    workdir = tmp_path / "run"
+    shutil.copytree(tiny_workflow.workdir, workdir, symlinks=True)
+    return make_run(workdir, yaml.safe_load(tiny_workflow.configfile.read_text()))

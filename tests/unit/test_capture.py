@@ -25,13 +25,7 @@ def extracted(request, tiny_source, tmp_path_factory):
     out = {}
     for variant in ["trained", "random-seed0"]:
         extract(
-            tiny_job(
-                model_dir,
-                tmp / "windows.h5",
-                tmp / f"{variant}.h5",
-                model=arch,
-                variant=variant,
-            ),
+            tiny_job(model_dir, tmp / "windows.h5", tmp / f"{variant}.h5", model=arch, variant=variant),
             ExtractOptions.defaults(ref_samples=[0, 2], ref_layers=[0, -1]),
         )
         out[variant] = open_dataset(tmp / f"{variant}.h5", lazy=False)
@@ -112,13 +106,7 @@ def test_random_init_differs_from_trained_and_is_seeded(extracted):
     assert not np.allclose(out["trained"]["q"].values, out["random-seed0"]["q"].values)
     np.testing.assert_array_equal(out["trained"]["token_id"].values, out["random-seed0"]["token_id"].values)
     extract(
-        tiny_job(
-            model_dir,
-            tmp / "windows.h5",
-            tmp / "again.h5",
-            model=arch,
-            variant="random-seed0",
-        ),
+        tiny_job(model_dir, tmp / "windows.h5", tmp / "again.h5", model=arch, variant="random-seed0"),
         ExtractOptions.defaults(),
     )
     np.testing.assert_array_equal(
@@ -146,13 +134,7 @@ def test_failed_extraction_leaves_no_output(extracted, monkeypatch):
     monkeypatch.setattr("posgen.llm.extract.verify_logits", broken)
     with pytest.raises(SelfCheckError):
         extract(
-            tiny_job(
-                model_dir,
-                tmp / "windows.h5",
-                tmp / "broken.h5",
-                model=arch,
-                variant="trained",
-            ),
+            tiny_job(model_dir, tmp / "windows.h5", tmp / "broken.h5", model=arch, variant="trained"),
             ExtractOptions.defaults(),
         )
     assert not (tmp / "broken.h5").exists()

@@ -674,13 +674,7 @@ def test_tiny_gemma3_labels_layer_types_and_scores_sliding_layers_inside_the_win
     _, tokenizer, _ = load_model(tmp_path / "model")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 2, 40, 0, "embedded"), tmp_path / "windows.h5")
     extract(
-        tiny_job(
-            tmp_path / "model",
-            tmp_path / "windows.h5",
-            tmp_path / "qk.h5",
-            model="g",
-            variant="trained",
-        ),
+        tiny_job(tmp_path / "model", tmp_path / "windows.h5", tmp_path / "qk.h5", model="g", variant="trained"),
         ExtractOptions.defaults(),
     )
     qk = open_dataset(tmp_path / "qk.h5", lazy=False)

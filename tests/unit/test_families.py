@@ -81,13 +81,7 @@ def test_family_passes_transparency_and_all_layer_self_check(workspace, arch):
     model_dir = _model(workspace, arch)
     qk = tmp / arch / "qk.h5"
     report = extract(
-        tiny_job(
-            model_dir,
-            tmp / "windows.h5",
-            qk,
-            model=arch,
-            variant="trained",
-        ),
+        tiny_job(model_dir, tmp / "windows.h5", qk, model=arch, variant="trained"),
         ExtractOptions.defaults(check_tokens=0),
     )
     ds = open_dataset(qk, lazy=False)
@@ -166,13 +160,7 @@ def test_unsupported_family_is_refused_in_one_line_before_extraction(workspace, 
     model_dir = _model(workspace, arch)
     with pytest.raises(families.UnsupportedModelError) as err:
         extract(
-            tiny_job(
-                model_dir,
-                tmp / "windows.h5",
-                tmp / arch / "qk.h5",
-                model=arch,
-                variant="trained",
-            ),
+            tiny_job(model_dir, tmp / "windows.h5", tmp / arch / "qk.h5", model=arch, variant="trained"),
             ExtractOptions.defaults(),
         )
     message = str(err.value)
@@ -195,13 +183,7 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
     monkeypatch.setattr("posgen.llm.capture._eager_forward", drops_sinks)
     with pytest.raises(TransparencyError, match=r"^transparency check failed for GptOssForCausalLM: .* by \d"):
         extract(
-            tiny_job(
-                model_dir,
-                tmp / "windows.h5",
-                tmp / "broken.h5",
-                model="gpt-oss",
-                variant="trained",
-            ),
+            tiny_job(model_dir, tmp / "windows.h5", tmp / "broken.h5", model="gpt-oss", variant="trained"),
             ExtractOptions.defaults(),
         )
     assert not (tmp / "broken.h5").exists()

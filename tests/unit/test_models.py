@@ -65,13 +65,7 @@ def test_embedded_smollm2_passes_the_self_check(tmp_path):
     _, tokenizer, _ = load_model(tmp_path / "smollm2")
     write_netcdf(cut_windows(load_text("embedded"), tokenizer, 1, 96, 0), tmp_path / "w.h5")
     report = extract(
-        tiny_job(
-            tmp_path / "smollm2",
-            tmp_path / "w.h5",
-            tmp_path / "qk.h5",
-            model="smollm2-135m",
-            variant="trained",
-        ),
+        tiny_job(tmp_path / "smollm2", tmp_path / "w.h5", tmp_path / "qk.h5", model="smollm2-135m", variant="trained"),
         ExtractOptions.defaults(ref_layers=[0, 15, -1]),
     )
     assert report["self_check_max_rel_error"] <= 1e-4

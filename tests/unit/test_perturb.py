@@ -214,9 +214,8 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
             )
             assert np.array_equal(again.nll, plain.nll)
     np.testing.assert_allclose(plain.nll, plain_nll(model, ids), rtol=1e-6)
-    ds = run_perturbations(
-        model, ids, strings, rates=[0.0, 0.1], seed=0, dummy_distance=100, jitter=JITTER, progress=False
-    )
+    options = PerturbOptions.defaults(rates=(0.0, 0.1), seed=0, dummy_distance=100, jitter=JITTER)
+    ds = run_perturbations(model, ids, strings, options, progress=False)
     assert (ds.ppl_ratio.sel(rate=0.0) == 1.0).all()
     assert np.array_equal(ds.nll.sel(rate=0.0).values, np.tile(plain.nll, (len(KINDS), 1)))
 
@@ -224,9 +223,8 @@ def test_rate_zero_reproduces_the_unperturbed_perplexity_exactly(tiny):
 def test_perturbed_nll_scores_the_perturbed_text(tiny):
     path, ids, strings = tiny
     model = load_tiny(path, BACKEND)
-    ds = run_perturbations(
-        model, ids, strings, rates=[0.0, 0.2], seed=3, dummy_distance=100, jitter=JITTER, progress=False
-    )
+    options = PerturbOptions.defaults(rates=(0.0, 0.2), seed=3, dummy_distance=100, jitter=JITTER)
+    ds = run_perturbations(model, ids, strings, options, progress=False)
     for kind in ["token-permute", "word-swap"]:
         order = ds.order.sel(kind=kind, rate=0.2).values
         np.testing.assert_allclose(

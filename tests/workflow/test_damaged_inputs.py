@@ -39,13 +39,7 @@ def checkpoint(tiny_source, tmp_path_factory):
     _, tokenizer, _ = load_model(tmp / "model")
     write_windows(cut_windows(load_text("embedded"), tokenizer, 2, 24, 0), tmp / "windows.h5")
     extract(
-        tiny_job(
-            tmp / "model",
-            tmp / "windows.h5",
-            tmp / "qk.h5",
-            model="tiny",
-            variant="trained",
-        ),
+        tiny_job(tmp / "model", tmp / "windows.h5", tmp / "qk.h5", model="tiny", variant="trained"),
         ExtractOptions.defaults(),
     )
     write_netcdf(open_dataset(tmp / "qk.h5", lazy=False)[["inv_freq", "scaling"]].load(), tmp / "decomposition.nc")

@@ -13,21 +13,12 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
-import yaml
 
 from posgen.integrity import INPUTS_ATTR, LINEAGE_DIR
 from posgen.store import open_dataset, write_netcdf
-from posgen.testing.runs import ROOT, make_run
+from posgen.testing.runs import ROOT
 
 DECOMPOSITION = "results/tiny-llama/trained/decomposition.nc"
-
-
-@pytest.fixture
-def run_copy(tiny_workflow, tmp_path):
-    workdir = tmp_path / "run"
-    shutil.copytree(tiny_workflow.workdir, workdir, symlinks=True)
-    return make_run(workdir, yaml.safe_load(tiny_workflow.configfile.read_text()))
 
 
 # the checkout's own library, whatever the installed one is (as the Snakefile imports it)

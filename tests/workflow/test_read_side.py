@@ -22,17 +22,15 @@ import yaml
 from posgen import api
 from posgen.integrity import StoreError
 from posgen.testing.runs import ROOT, make_run
+from tests.workflow.test_lineage import ENV
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
 HEADS = "results/heads.parquet"
 
 
 @pytest.fixture
-def run(tiny_workflow, tmp_path):
-    """A copy of the tiny workflow's finished run (never the session's own: other tests read it)."""
-    workdir = tmp_path / "run"
-    shutil.copytree(tiny_workflow.workdir, workdir, symlinks=True)
-    return make_run(workdir, yaml.safe_load(tiny_workflow.configfile.read_text()))
+def run(run_copy):
+    """A copy of the tiny workflow's finished run, one per test (tests/conftest.py)."""
+    return run_copy
 
 
 def _files(workdir: Path) -> dict:

@@ -267,13 +267,7 @@ def _extract_in_process(tmp: Path, out: Path) -> None:
     torch.set_num_threads(1)
     try:
         extract(
-            tiny_job(
-                tmp / "model",
-                tmp / "windows.h5",
-                out,
-                model="tiny",
-                variant="trained",
-            ),
+            tiny_job(tmp / "model", tmp / "windows.h5", out, model="tiny", variant="trained"),
             ExtractOptions.defaults(),
         )
     finally:

@@ -96,16 +96,14 @@ def run_perturbations(
     model,
     token_ids: np.ndarray,
     token_strings: list[list[str]],
+    options: PerturbOptions,
     *,
-    rates: list[float],
-    seed: int,
-    dummy_distance: int,
-    jitter: int,
     kinds: tuple[str, ...] = KINDS,
     sample_ids=None,
     progress: bool = True,
 ) -> xr.Dataset:
-    """Every (kind, rate) perturbation of the windows ``token_ids`` (N, T), one batched forward pass each.
+    """Every (kind, rate) perturbation of the windows ``token_ids`` (N, T), one batched forward pass each, at
+    ``options``' rates, draw seed and jitter, f and g read at its dummy distance.
 
     ``sample_ids`` are the windows' global indices (default ``0..N-1``): they seed each window's draws, so a
     shard draws what the unsharded run draws for its windows.
@@ -119,7 +117,12 @@ def run_perturbations(
     if n_tokens < 3:
         raise ValueError(f"perturbation windows need at least 3 tokens, got {n_tokens}")
     starts = [word_starts(tokens) for tokens in token_strings]
-    rates = [float(r) for r in rates]
+    rates, seed, jitter, dummy_distance = (
+        [float(r) for r in options.rates],
+        options.seed,
+        options.jitter,
+        options.dummy_distance,
+    )
     shape = (len(kinds), len(rates), n_samples)
     out = {
         "nll": np.empty(shape),
@@ -238,16 +241,7 @@ def perturb_job(run: ModelRun, options: PerturbOptions) -> xr.Dataset:
 
     def experiment(model, tokenizer, token_ids, sample_ids):
         strings = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in token_ids]
-        ds = run_perturbations(
-            model,
-            token_ids,
-            strings,
-            rates=options.rates,
-            seed=options.seed,
-            dummy_distance=options.dummy_distance,
-            jitter=options.jitter,
-            sample_ids=sample_ids,
-        )
+        ds = run_perturbations(model, token_ids, strings, options, sample_ids=sample_ids)
         ds["token_id"] = (("sample", "token"), token_ids)
         return ds
 
