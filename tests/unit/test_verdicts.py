@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from posgen.llm import verdicts as first
-from posgen.llm.verdicts import CLAIMS, DECIDING, Perturbation, verdict, verdict_markdown, verdict_table
+from posgen.llm.readers import CapEffect, Perturbation
+from posgen.llm.verdicts import CLAIMS, DECIDING, verdict, verdict_markdown, verdict_table
 
 
 def deciding(rows: pd.DataFrame) -> pd.DataFrame:
@@ -145,7 +146,6 @@ def test_a_number_near_its_threshold_is_decided_on_its_interval():
     finding = by_claim(verdicts(rows, {}, {}))["consistent_across_layers_and_heads"][1][0]
     assert finding.outcome.value == "reproduced" and "flips at a threshold above 0.870" in finding.evidence
     # the cap: g 0.916 [0.90, 0.96] against 0.95 (the point said "not reproduced")
-    from posgen.llm.verdicts import CapEffect
 
     cap = {"smol": {"trained": {8: CapEffect(0.531, 0.916, 1.81, 0.90, 0.96, 0.30, 0.45)}}}
     text, findings = by_claim(verdicts(rows, {}, {}, cap))["cap_changes_only_f"]
@@ -265,7 +265,6 @@ def test_the_sweep_and_the_consistency_claims_decide_on_their_columns():
 
 
 def test_the_cap_claim_needs_g_kept_at_every_cap_and_f_below_it():
-    from posgen.llm.verdicts import CapEffect
 
     caps = {
         "m1": {

@@ -5,15 +5,44 @@ keyed by the model and variant their attrs name."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from posgen.llm.bands import band_shares, low_frequency_share
-from posgen.llm.verdicts import CapEffect, Perturbation
 from posgen.paths import owner
 from posgen.stats import bootstrap_indices, interval
 from posgen.store import open_dataset, require
 
 N_BOOT, BOOT_SEED = 1000, 0  # the bootstrap over windows of the verdicts' intervals (as the summary's defaults)
+
+
+@dataclass(frozen=True)
+class Perturbation:
+    """One (kind, rate) of a perturb.nc, means over samples: perplexity ratios on every target and on the kept
+    ones (with the 95 % bootstrap interval over windows), and the share of the targets whose token or position
+    id moved."""
+
+    ratio: float
+    kept: float
+    moved: float
+    kept_lo: float = np.nan
+    kept_hi: float = np.nan
+
+
+@dataclass(frozen=True)
+class CapEffect:
+    """One distance cap C of a cap.nc, means over samples (and layers): r between the capped and uncapped
+    Method A terms f and g, the perplexity ratio, and 95 % bootstrap intervals over windows of g's r and of g's r
+    less f's."""
+
+    f_corr: float
+    g_corr: float
+    ratio: float
+    g_lo: float = np.nan
+    g_hi: float = np.nan
+    gap_lo: float = np.nan
+    gap_hi: float = np.nan
 
 
 def _over_windows(per_sample) -> tuple[float, float]:

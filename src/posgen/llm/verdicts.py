@@ -79,34 +79,6 @@ DIAGNOSTIC_WORDS = {  # a diagnostic's finding in words that never say "reproduc
 
 
 @dataclass(frozen=True)
-class Perturbation:
-    """One (kind, rate) of a perturb.nc, means over samples: perplexity ratios on every target and on the kept
-    ones (with the 95 % bootstrap interval over windows), and the share of the targets whose token or position
-    id moved."""
-
-    ratio: float
-    kept: float
-    moved: float
-    kept_lo: float = np.nan
-    kept_hi: float = np.nan
-
-
-@dataclass(frozen=True)
-class CapEffect:
-    """One distance cap C of a cap.nc, means over samples (and layers): r between the capped and uncapped
-    Method A terms f and g, the perplexity ratio, and 95 % bootstrap intervals over windows of g's r and of g's r
-    less f's."""
-
-    f_corr: float
-    g_corr: float
-    ratio: float
-    g_lo: float = np.nan
-    g_hi: float = np.nan
-    gap_lo: float = np.nan
-    gap_hi: float = np.nan
-
-
-@dataclass(frozen=True)
 class Finding:
     """One (model, construction) test of a claim: its outcome and the numbers behind it."""
 
