@@ -35,9 +35,9 @@ include: "rules/atlas.smk"
 include: "rules/targets.smk"
 
 
-# Before the first job (posgen.start_checks, imported here so that parsing stays light): the folders the run
-# writes must be writable, and a run sized for a GPU (its CPU price past a bound) must see one, unless a cluster
-# executor runs it.
+# Before the first job of a run that has jobs to run (posgen.start_checks, imported here so that parsing stays
+# light): the folders it writes must be writable, and a run sized for a GPU (its CPU price past a bound) must see
+# one, unless a cluster executor runs it.
 onstart:
     from posgen.start_checks import refuse_unwritable, refuse_without_gpu
 

@@ -93,15 +93,16 @@ WRITTEN = (paths.RESULTS, "resources", "logs")  # the folders a run writes (benc
 
 
 def refuse_unwritable(folders=WRITTEN) -> None:
-    """Stop in one line where a folder the run writes cannot be written (read-only, no rights, no space for a
-    file), before any job: Snakemake would run the first jobs and then fail with a traceback creating an output's
-    folder."""
+    """Stop in one line where a folder the run writes cannot be written (read-only, no rights): the folder, or
+    where it does not exist yet the folder it would be made in; before the first job, since Snakemake would run the
+    first jobs and then fail with a traceback creating an output's folder."""
     for folder in map(Path, folders):
+        where = next(p for p in (folder.absolute(), *folder.absolute().parents) if p.exists())
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".posgen-writable-"):
+            with tempfile.NamedTemporaryFile(dir=where, prefix=".posgen-writable-"):
                 pass
         except OSError as err:
             sys.exit(
-                f"posgen: {folder}/ cannot be written ({err.strerror or err}); nothing was run: make it writable, or run from a working directory that is (snakemake --directory DIR)"
+                f"posgen: {folder}/ cannot be written ({err.strerror or err}); nothing was run: make it writable, "
+                "or run from a working directory that is (snakemake --directory DIR)"
             )
