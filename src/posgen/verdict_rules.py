@@ -109,6 +109,7 @@ ISSUE_61_TEXT = (
 CONFIRM_RUN = "confirm-run 2026-11-29 04:35"  # the replication's first numbers (its own tree; printed in results.md)
 ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
 ISSUE_61_PILOT = "995db22 2026-11-29 05:02"  # the commit that registered the faithful arm after its CPU pilot
+ISSUE_65 = "pending 2026-11-29 07:40"  # the commit that registered issue 65's predictions (band interventions)
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
@@ -298,6 +299,29 @@ RULE FAITHFUL_LR (second): the decisive GPU experiment's faithful arm: its learn
 RULE DEPOSIT_RULE (second): how the deposit claim is decided
 - 'every converged seed; none of the controls' | 35e5564 2026-11-26 20:48 | DEPOSIT_STUDY | the drops
 - 'measured half first, learned seeds only; open stays inconclusive' | ISSUE_50 | H200_TABLE | the drops
+RULE BAND_LOW_LOSS (first): band interventions (p-RoPE at inference, issue 65): stopping the lowest quarter of a
+  layer's rotating bands (their angles 0) changes the trained model's next-token loss on the analysis windows (nats
+  per token, mean over windows, paired with the unmodified model) by at most this: predicted to hold, its 95 %
+  window-bootstrap interval inside [-0.1, 0.1]
+- 0.1 | ISSUE_65 | - | - | registered before the band-intervention step existed
+RULE BAND_HIGH_LOSS (first): ... stopping the highest quarter raises the loss by more than this: predicted to hold,
+  its interval above 0.5
+- 0.5 | ISSUE_65 | - | - | registered before the band-intervention step existed
+RULE BAND_LOW_RHO (first): the sign of the Spearman correlation over the trained model's heads (every RoPE layer)
+  between the keys' low-frequency share and the KL divergence of the head's attention rows (modified from unmodified,
+  mean over rows and windows) under the lowest quarter stopped; predicted as registered when the 95 % window-bootstrap
+  interval of rho lies on that side of 0
+- 'negative' | ISSUE_65 | - | - | registered before the band-intervention step existed: heads whose keys live in
+  the low bands are least disturbed when those bands stop rotating
+RULE BAND_HIGH_RHO (first): ... between Method A's f share (sink 'without') and that KL under the highest quarter
+  stopped
+- 'positive' | ISSUE_65 | - | - | registered before the band-intervention step existed: positional heads are the
+  most disturbed when the fast bands stop rotating
+RULE BAND_CONTROL (first): the random-init control of every band prediction: the same interventions on each
+  random-init seed, beside the trained model's; a loss prediction that every seed's control meets too is 'not
+  discriminative' (the control meets it too)
+- 'every random-init seed, the same grid and windows' | ISSUE_65 | - | - | registered before the band-intervention
+  step existed
 """
 
 
