@@ -109,7 +109,7 @@ ISSUE_61_TEXT = (
 CONFIRM_RUN = "confirm-run 2026-11-29 04:35"  # the replication's first numbers (its own tree; printed in results.md)
 ISSUE_61 = "5558a2e 2026-11-29 04:04"  # the commit that registered issue 61's rules
 ISSUE_61_PILOT = "995db22 2026-11-29 05:02"  # the commit that registered the faithful arm after its CPU pilot
-ISSUE_65 = "pending 2026-11-29 07:40"  # the commit that registered issue 65's predictions (band interventions)
+ISSUE_65 = "c1af28a 2026-11-29 07:28"  # the commit that registered issue 65's predictions (band interventions)
 
 
 # The registry, one rule a "RULE NAME (paper): what it decides" line, then one "- value | set at | the numbers it
