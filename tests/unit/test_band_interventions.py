@@ -1,0 +1,139 @@
+"""Band interventions (posgen.llm.band_interventions, issue 65): which bands a setting picks, that a setting changing
+no band is the model itself, that stopping every band is the model without RoPE on the same q/k, and that an
+ablation zeroes exactly its bands' dims in the half-split and interleaved layouts and in a partial-rotary head."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from posgen import rope
+from posgen.llm.band_interventions import (
+    BANDS_BACKEND,
+    BandSetting,
+    band_masks,
+    grid,
+    intervene,
+    intervening,
+)
+from posgen.llm.families import make_layout, to_canonical
+
+# 8 rotating bands, fastest first (as RoPE's table runs), then 2 that do not rotate (a partial-rotary head)
+TABLE = np.array([1.0, 0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.0, 0.0])
+
+
+def test_a_setting_picks_its_bands_among_the_rotating_ones():
+    stop, zero = band_masks(TABLE, BandSetting("below", 0.25))
+    assert np.flatnonzero(stop).tolist() == [6, 7] and not zero.any()  # the two slowest
+    stop, _ = band_masks(TABLE, BandSetting("above", 0.25))
+    assert np.flatnonzero(stop).tolist() == [0, 1]  # the two fastest
+    assert band_masks(TABLE, BandSetting("below", 1.0))[0].tolist() == [True] * 8 + [False] * 2
+    for quarter, bands in enumerate([[6, 7], [4, 5], [2, 3], [0, 1]]):  # lowest quarter first
+        stop, zero = band_masks(TABLE, BandSetting("ablate", quarter=quarter))
+        assert np.flatnonzero(zero).tolist() == bands and not stop.any()
+    assert not any(m.any() for m in band_masks(TABLE, BandSetting("below", 0.0)))
+    labels = [s.label for s in grid()]
+    assert labels[:4] == ["none", "below-25", "below-50", "below-75"] and labels[-1] == "ablate-highest"
+    with pytest.raises(ValueError, match="not one of none, below, above, ablate"):
+        BandSetting("sideways")
+
+
+def _rotated(seed: int = 0, amplitude: float = 1.3):
+    """Canonical pre-RoPE q, k (2, 3, 12, 20) and the same rotated by TABLE at positions 0..11 with ``amplitude``."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(2, 3, 12, 20, generator=g), torch.randn(2, 3, 12, 20, generator=g)
+    positions, inv_freq = torch.arange(12), torch.as_tensor(TABLE, dtype=torch.float32)
+    return (
+        q,
+        k,
+        positions,
+        inv_freq,
+        rope.rotate(q, positions, inv_freq, amplitude),
+        rope.rotate(k, positions, inv_freq, amplitude),
+    )
+
+
+def test_every_band_stopped_is_the_model_without_rope_on_the_same_q_and_k():
+    q, k, positions, inv_freq, q_rot, k_rot = _rotated()
+    stop, zero = (torch.as_tensor(m) for m in band_masks(TABLE, BandSetting("below", 1.0)))
+    q_none, k_none = (
+        intervene(q_rot, positions, inv_freq, stop, zero),
+        intervene(k_rot, positions, inv_freq, stop, zero),
+    )
+    torch.testing.assert_close(q_none, 1.3 * q, rtol=1e-5, atol=1e-5)  # the amplitude stays, the angle goes
+    torch.testing.assert_close(
+        q_none @ k_none.transpose(-1, -2), 1.3**2 * q @ k.transpose(-1, -2), rtol=1e-4, atol=1e-4
+    )
+    # the lowest quarter stopped: those bands unrotated, every other band exactly as the model rotated it
+    stop, zero = (torch.as_tensor(m) for m in band_masks(TABLE, BandSetting("below", 0.25)))
+    part = intervene(q_rot, positions, inv_freq, stop, zero)
+    dims = np.r_[6, 7, 16, 17]
+    torch.testing.assert_close(part[..., dims], 1.3 * q[..., dims], rtol=1e-5, atol=1e-5)
+    others = np.setdiff1d(np.arange(20), dims)
+    assert torch.equal(part[..., others], q_rot[..., others])
+
+
+@pytest.mark.parametrize(
+    "rotary_dims, rope_layout, position",
+    [(20, "half", "first"), (20, "interleaved", "first"), (16, "half", "first"), (16, "interleaved", "last")],
+)
+def test_an_ablation_zeroes_exactly_its_bands_dims_in_every_layout(rotary_dims, rope_layout, position):
+    layout = make_layout(20, rotary_dims, rope_layout, position)
+    table = layout.canonical_inv_freq(np.geomspace(1.0, 0.01, rotary_dims // 2))  # rotating bands, then zeros
+    x = torch.randn(2, 3, 5, 20, generator=torch.Generator().manual_seed(1))  # (B, H, T, d), the model's dim order
+    canonical = to_canonical(x, layout)
+    for quarter in range(4):
+        stop, zero = band_masks(table, BandSetting("ablate", quarter=quarter))
+        out = intervene(
+            canonical,
+            torch.arange(5),
+            torch.as_tensor(table, dtype=torch.float32),
+            torch.as_tensor(stop),
+            torch.as_tensor(zero),
+        )
+        bands = np.flatnonzero(zero)
+        dims = np.r_[bands, bands + 10]  # canonical dims of the zeroed bands
+        assert bands.size and (out[..., dims] == 0).all()
+        kept = np.setdiff1d(np.arange(20), dims)
+        assert torch.equal(out[..., kept], canonical[..., kept])
+        # in the model's own dims: each band is a pair its layout rotates together, never an unrotated dim
+        start = 0 if position == "first" else 20 - rotary_dims
+        for band in bands:
+            first, second = layout.dim_order[band], layout.dim_order[band + 10]
+            assert second - first == (1 if rope_layout == "interleaved" else rotary_dims // 2)
+            assert start <= first < second < start + rotary_dims
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_source):
+    path = tiny_source("llama")
+
+    def load(attn):
+        return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn, dtype=torch.float32).eval()
+
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(0))
+    return load, ids
+
+
+def _logits(model, ids):
+    with torch.inference_mode():
+        return model(input_ids=ids).logits
+
+
+def test_a_setting_that_changes_no_band_is_the_model_itself(tiny_models):
+    load, ids = tiny_models
+    eager, banded = load("eager"), load(BANDS_BACKEND)
+    reference = _logits(eager, ids)
+    assert torch.equal(_logits(banded, ids), reference)  # outside the context
+    table = np.tile(banded.model.rotary_emb.inv_freq.numpy(), (banded.config.num_hidden_layers, 1))
+    with intervening(banded, BandSetting("below", 0.0), table):
+        assert torch.equal(_logits(banded, ids), reference)
+    with intervening(banded, BandSetting("above", 1.0), table):  # every band stopped: no longer the model
+        stopped = _logits(banded, ids)
+    assert not torch.allclose(stopped, reference, atol=1e-3)
+    # ... but the model with its rotary table set to zero (NoPE, same weights): the same logits
+    nope = load("eager")
+    nope.model.rotary_emb.inv_freq.zero_()
+    torch.testing.assert_close(stopped, _logits(nope, ids), rtol=1e-4, atol=1e-4)
