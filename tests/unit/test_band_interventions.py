@@ -137,3 +137,32 @@ def test_a_setting_that_changes_no_band_is_the_model_itself(tiny_models):
     nope = load("eager")
     nope.model.rotary_emb.inv_freq.zero_()
     torch.testing.assert_close(stopped, _logits(nope, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_band_effects_are_zero_for_the_unmodified_model_and_measured_against_it(tiny_models):
+    """The unmodified model's loss is the eager model's mean next-token NLL; its own changes are exactly zero; the
+    fast bands stopped move the attention rows (KL > 0) and the loss; each head's KL is KL(unmodified || modified)
+    of its attention rows, checked against the eager attention weights of both passes."""
+    from posgen.llm.band_interventions import band_effects
+
+    load, ids = tiny_models
+    banded = load(BANDS_BACKEND)
+    table = np.tile(banded.model.rotary_emb.inv_freq.numpy(), (banded.config.num_hidden_layers, 1))
+    settings = [BandSetting("none"), BandSetting("above", 0.5), BandSetting("ablate", quarter=0)]
+    ds = band_effects(banded, ids.numpy(), settings, table)
+    assert ds["setting"].values.tolist() == ["none", "above-50", "ablate-lowest"]
+    eager = load("eager")
+    logits = _logits(eager, ids)
+    nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    np.testing.assert_allclose(ds["loss"].sel(setting="none"), nll.view(2, -1).double().mean(-1), rtol=1e-6)
+    none = ds.sel(setting="none")
+    assert (none["loss_change"] == 0).all() and (none["kl"] == 0).all() and (none["prev_change"] == 0).all()
+    fast = ds.sel(setting="above-50")
+    assert (fast["kl"] > 0).all() and (fast["loss_change"] != 0).all()
+    # layer 0 sees the same inputs in both passes: its KL from the two passes' eager weights, by hand
+    with torch.inference_mode():
+        ref = eager(input_ids=ids, output_attentions=True).attentions[0].double()[:, :, 1:]
+        with intervening(banded, settings[1], table):
+            mod = banded(input_ids=ids, output_attentions=True).attentions[0].double()[:, :, 1:]
+    kl = (ref * (ref.clamp_min(1e-300).log() - mod.clamp_min(1e-300).log())).sum(-1).mean(-1)
+    np.testing.assert_allclose(fast["kl"].sel(layer=0), kl.numpy(), rtol=1e-6, atol=1e-9)

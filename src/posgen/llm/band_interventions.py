@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import xarray as xr
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
@@ -116,7 +117,10 @@ def _band_attention(module, query, key, value, attention_mask, scaling=None, dro
         query = intervene(query, positions, inv_freq, stop, zero).to(value.dtype)
         key = intervene(key, positions, inv_freq, stop, zero).to(value.dtype)
     notify(module, query, key, scaling, kwargs)
-    return _eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    out = _eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if getattr(module, "posgen_probs", None) is not None:  # band_effects reads the attention rows
+        module.posgen_probs.append(out[1].detach().float())
+    return out
 
 
 AttentionInterface.register(BANDS_BACKEND, _band_attention)
@@ -144,3 +148,71 @@ def intervening(model, setting: BandSetting, inv_freq: np.ndarray, layouts=None)
     finally:
         for module in modules:
             module.posgen_bands = None
+
+
+def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, layouts):
+    """(loss (N,): mean next-token NLL of each window, probs: per layer (N, H, T, T)) of one forward pass under
+    ``setting``."""
+    modules = attention_layers.attention_modules(model)
+    for module in modules:
+        module.posgen_probs = []
+    try:
+        with intervening(model, setting, inv_freq, layouts), torch.inference_mode():
+            logits = model(input_ids=ids, use_cache=False).logits  # (N, T, vocab)
+        nll = torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none"
+        )
+        return nll.view(ids.shape[0], -1).double().mean(-1).numpy(), [m.posgen_probs[0] for m in modules]
+    finally:
+        for module in modules:
+            module.posgen_probs = None
+
+
+def _head_changes(ref: torch.Tensor, mod: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(KL, previous-token change, diagonal change), each (N, H), of one layer's attention rows ``mod`` against
+    ``ref`` (N, H, T, T): KL(ref || mod) of each query row, and the changes of the weight on key i - 1 and key i,
+    means over the rows that have a previous token (i >= 1)."""
+    ref, mod = ref.double()[:, :, 1:], mod.double()[:, :, 1:]  # (N, H, T-1, T): rows 1..T-1
+    logs = torch.where(ref > 0, torch.log(ref) - torch.log(mod.clamp_min(1e-300)), torch.zeros_like(ref))
+    kl = (ref * logs).sum(-1).mean(-1)  # (N, H)
+    rows = torch.arange(ref.shape[2])
+    prev = (mod - ref)[:, :, rows, rows].mean(-1)  # (N, H): key i - 1 of query row i (rows shifted by one)
+    diag = (mod - ref)[:, :, rows, rows + 1].mean(-1)  # (N, H): key i of query row i
+    return kl.numpy(), prev.numpy(), diag.numpy()
+
+
+def band_effects(model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, layouts=None) -> xr.Dataset:
+    """Every setting of ``settings`` (the first must be ``none``) on the windows ``token_ids`` (N, T): the next-token
+    loss (nats per token, mean over each window's targets) and its change from the unmodified model's (paired);
+    per attention layer and head the KL divergence of its attention rows from the unmodified model's, and the
+    changes of its attention to the previous token and to the diagonal (means over query rows 1..T-1)."""
+    settings = list(settings)
+    if settings[0].kind != "none":
+        raise ValueError("band_effects: the first setting must be the unmodified model ('none')")
+    ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long, device=model.device)
+    base_loss, base_probs = _pass(model, ids, settings[0], inv_freq, layouts)
+    loss, kl, prev, diag = [], [], [], []
+    for setting in settings:
+        this_loss, probs = (
+            (base_loss, base_probs) if setting is settings[0] else _pass(model, ids, setting, inv_freq, layouts)
+        )
+        changes = [_head_changes(ref.cpu(), mod.cpu()) for ref, mod in zip(base_probs, probs, strict=True)]
+        loss.append(this_loss)
+        for out, index in ((kl, 0), (prev, 1), (diag, 2)):
+            out.append(np.stack([c[index] for c in changes], axis=1))  # (N, layer, H)
+    dims = ("setting", "sample", "layer", "head")
+    return xr.Dataset(
+        {
+            "loss": (("setting", "sample"), np.stack(loss)),
+            "loss_change": (("setting", "sample"), np.stack(loss) - base_loss),
+            "kl": (dims, np.stack(kl)),
+            "prev_change": (dims, np.stack(prev)),
+            "diag_change": (dims, np.stack(diag)),
+        },
+        coords={
+            "setting": [s.label for s in settings],
+            "kind": ("setting", [s.kind for s in settings]),
+            "share": ("setting", [s.share for s in settings]),
+            "quarter": ("setting", [s.quarter for s in settings]),
+        },
+    )
