@@ -246,6 +246,30 @@ rule head_ablation:
         "../workflow_scripts/step.py"
 
 
+# Band interventions (issue 65, docs/method.md section 6.4): the model with a share of its RoPE bands stopped or a
+# quarter zeroed, against the unmodified model; the heads' low-frequency shares and f shares read beside.
+rule band_interventions:
+    input:
+        manifest=paths.MANIFEST,
+        windows=paths.WINDOWS,
+        bands=paths.BANDS,
+        decomposition=paths.DECOMPOSITION,
+    output:
+        nc=paths.variant_table("band_interventions"),
+    log:
+        paths.log("band_interventions", "{model}", "{variant}"),
+    benchmark:
+        paths.benchmark("band_interventions", "{model}", "{variant}")
+    priority: MODEL_PRIORITY["band_interventions"]
+    conda:
+        "../envs/posgen.yaml"
+    threads: MODEL_THREADS
+    params:
+        **params_of("band_interventions"),
+    script:
+        "../workflow_scripts/step.py"
+
+
 # The position study's answer (README "The position study", docs/method.md section 3C): where Method A's
 # random-init gap comes from, per model and random-init seed, from the run's results/summary.csv.
 rule gap_origin:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from posgen import hub
 from posgen.config import init_seed, revision_variant, variant_step
 from posgen.device import resolve_device
 from posgen.integrity import remake_command, shown
@@ -109,31 +110,25 @@ def _acquire_embedded(name: str, dest: Path) -> tuple[str, dict]:
     return f"{package.replace('_', '-')}=={version}", {}
 
 
-def _acquire_hf(spec: str, dest: Path, allow_pickle: bool, trust_remote_code: bool = False) -> str:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    repo, _, revision = spec.partition("@")
+def _acquire_hf(spec: str, dest: Path, allow_pickle: bool, trust_remote_code: bool = False) -> tuple[str, dict | None]:
+    """Download ``hf:<spec>`` (posgen.hub) and copy its checkpoint files to ``dest``; returns the resolved commit
+    and the hashes the Hub lists for the commit's files (None where they cannot be listed: offline)."""
     patterns = (
         WEIGHT_PATTERNS
         + META_PATTERNS
         + (PICKLE_PATTERNS if allow_pickle else [])
         + (CODE_PATTERNS if trust_remote_code else [])
     )
-    try:
-        path = snapshot_download(
-            repo, revision=revision or None, allow_patterns=patterns, token=os.environ.get("HF_TOKEN")
-        )
-    except RepositoryNotFoundError:
-        raise ModelSourceError(f"hf:{spec}: repository not found or gated (set HF_TOKEN for gated models)") from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0")
-        raise ModelSourceError(
-            f"hf:{spec}: cannot reach the Hugging Face Hub and no cached copy exists "
-            f"(HF_HUB_OFFLINE={offline}; {type(err).__name__}). Download on a machine with network first."
-        ) from None
-    _copy_checkpoint(Path(path), dest, allow_pickle, f"hf:{spec}", trust_remote_code)
-    return Path(path).name  # snapshot folders are named by the resolved commit
+    snapshot, listed = hub.download(spec, patterns)
+    if listed is not None and not allow_pickle and not any(name.endswith(".safetensors") for name in listed):
+        pickled = sorted(name for name in listed if any(Path(name).match(p) for p in PICKLE_PATTERNS))
+        if pickled:
+            raise ModelSourceError(
+                f"hf:{spec}: the repository holds only pickle weights ({', '.join(pickled)}); set allow_pickle: true "
+                "for this model to accept them"
+            )
+    _copy_checkpoint(snapshot, dest, allow_pickle, f"hf:{spec}", trust_remote_code)
+    return snapshot.name, listed  # snapshot folders are named by the resolved commit
 
 
 def _copy_checkpoint(src: Path, dest: Path, allow_pickle: bool, label: str, trust_remote_code: bool = False) -> None:
@@ -190,7 +185,7 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
         if kind == "embedded":
             revision, extra = _acquire_embedded(spec, work)
         elif kind == "hf":
-            revision = _acquire_hf(spec, work, allow_pickle, trust_remote_code)
+            revision, listed = _acquire_hf(spec, work, allow_pickle, trust_remote_code)
         elif kind == "local":
             _copy_checkpoint(Path(spec).expanduser(), work, allow_pickle, source, trust_remote_code)
             revision = "local"
@@ -201,6 +196,9 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
             raise ModelSourceError(
                 f"{source}: config.json asks for custom code (auto_map); set trust_remote_code: true to allow it"
             )
+        hashes = file_hashes(work)
+        if kind == "hf":  # every file against the hash the Hub lists for its commit
+            extra["hub_checked"] = hub.check_download(source, work, hashes, listed)
         manifest = write_manifest(
             work,
             {
@@ -210,6 +208,7 @@ def acquire(source: str, dest: str | Path, *, trust_remote_code: bool = False, a
                 "architecture": (config.get("architectures") or [config.get("model_type")])[0],
                 **extra,
             },
+            hashes,
         )
     return manifest
 
@@ -219,9 +218,10 @@ def file_hashes(folder: Path) -> dict:
     return {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != "manifest.json"}
 
 
-def write_manifest(folder: Path, manifest: dict) -> dict:
-    """Write ``folder/manifest.json``: ``manifest`` plus the sha256 of the folder's files; returns it."""
-    manifest = {**manifest, "files": file_hashes(folder)}
+def write_manifest(folder: Path, manifest: dict, hashes: dict | None = None) -> dict:
+    """Write ``folder/manifest.json``: ``manifest`` plus the sha256 of the folder's files (``hashes`` where the
+    caller has them); returns it."""
+    manifest = {**manifest, "files": file_hashes(folder) if hashes is None else hashes}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
@@ -318,28 +318,30 @@ def acquire_series(
     kind, _, spec = source.partition(":")
     if kind not in ("hf", "local") or "@" in spec:
         raise ModelSourceError(f"{source}: a checkpoint series needs hf:<org>/<repo> or local:<folder> (no @revision)")
-    dest.mkdir(parents=True, exist_ok=True)
-    steps = {}
-    for revision in revisions:
-        variant = revision_variant(revision)
-        one = f"hf:{spec}@{revision}" if kind == "hf" else f"local:{Path(spec).expanduser() / revision}"
-        manifest = acquire(one, dest / variant, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
-        manifest["revision_name"] = revision
-        (dest / variant / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-        steps[variant] = manifest
-    last = dest / revision_variant(revisions[-1])
-    for p in sorted(last.iterdir()):
-        if p.is_file() and p.name != "manifest.json" and not any(p.match(w) for w in WEIGHT_PATTERNS + PICKLE_PATTERNS):
-            shutil.copy2(p, dest / p.name)
-    series = {
-        "source": source,
-        "revision": "series",
-        "trust_remote_code": trust_remote_code,
-        "architecture": steps[revision_variant(revisions[-1])]["architecture"],
-        "revisions": {variant: m["revision_name"] for variant, m in steps.items()},
-        "commits": {variant: m["revision"] for variant, m in steps.items()},
-    }
-    return write_manifest(dest, series)
+    with staged_folder(dest) as work:  # a revision that fails leaves no step of the series behind
+        steps = {}
+        for revision in revisions:
+            variant = revision_variant(revision)
+            one = f"hf:{spec}@{revision}" if kind == "hf" else f"local:{Path(spec).expanduser() / revision}"
+            manifest = acquire(one, work / variant, trust_remote_code=trust_remote_code, allow_pickle=allow_pickle)
+            manifest["revision_name"] = revision
+            (work / variant / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            steps[variant] = manifest
+        last = work / revision_variant(revisions[-1])
+        weights = WEIGHT_PATTERNS + PICKLE_PATTERNS
+        for p in sorted(last.iterdir()):  # config and tokenizer: windows and the random-init controls read them here
+            if p.is_file() and p.name != "manifest.json" and not any(p.match(w) for w in weights):
+                shutil.copy2(p, work / p.name)
+        series = {
+            "source": source,
+            "revision": "series",
+            "trust_remote_code": trust_remote_code,
+            "architecture": steps[revision_variant(revisions[-1])]["architecture"],
+            "revisions": {variant: m["revision_name"] for variant, m in steps.items()},
+            "commits": {variant: m["revision"] for variant, m in steps.items()},
+        }
+        manifest = write_manifest(work, series)
+    return manifest
 
 
 def reacquire(model_dir: str | Path, names=()) -> str:

@@ -52,6 +52,7 @@ from posgen.rope_table import RopeTable, pad_dims
 BACKEND = "posgen_capture"
 BACKEND_EAGER = "posgen_capture_eager"
 CAPPED_BACKEND = "posgen_capped"
+BANDS_BACKEND = "posgen_bands"  # registered by posgen.llm.band_interventions
 
 _active: "Capture | None" = None
 
@@ -66,7 +67,7 @@ def _eager_forward(module):
 
 
 # Attention backends that report to a running Capture.
-CAPTURING_BACKENDS = (BACKEND, BACKEND_EAGER, CAPPED_BACKEND)
+CAPTURING_BACKENDS = (BACKEND, BACKEND_EAGER, CAPPED_BACKEND, BANDS_BACKEND)
 
 
 def notify(module, query, key, scaling, kwargs) -> None:

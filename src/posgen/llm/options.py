@@ -1,4 +1,4 @@
-"""The options of the first paper's model jobs (extract, perturb, cap, head_ablation), each step's as one frozen
+"""The options of the first paper's model jobs (extract, perturb, cap, head_ablation, band_interventions), each step's as one frozen
 value that its job function takes, as the decomposition's job takes
 :class:`posgen.decomposition.options.DecompositionOptions`: built from the job's params in one place (:meth:`of`),
 or at the schema's defaults for a caller outside the workflow (:meth:`defaults`).
@@ -123,3 +123,17 @@ class HeadAblationOptions(JobOptions):
     probe_period: int
     seed: int
     probes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BandOptions(JobOptions):
+    """:func:`posgen.llm.band_interventions.band_job`'s options: the first ``n_samples`` windows cut to ``seq_len``
+    tokens, each band setting of ``shares`` (from below and from above) and, with ``ablate``, each quarter zeroed
+    (posgen.llm.band_interventions.grid)."""
+
+    STEP: ClassVar[str] = "band_interventions"
+
+    n_samples: int
+    seq_len: int
+    shares: tuple[float, ...]
+    ablate: bool

@@ -148,3 +148,12 @@ def head_ablation_columns(path) -> dict[str, np.ndarray]:
     require(ablation, ["loss_increase"], str(path))
     increase = ablation["loss_increase"].transpose("probe", "layer", "head")
     return {f"loss_increase_{probe}": increase.sel(probe=probe).values for probe in ablation["probe"].values.tolist()}
+
+
+def band_intervention_columns(path) -> dict[str, np.ndarray]:
+    """(layer, head) KL of the head's attention rows under each band setting of a band_interventions.nc (mean over
+    windows; posgen.llm.band_interventions), one column per setting: ``band_kl_<setting>``."""
+    ds = open_dataset(path, lazy=False)
+    require(ds, ["kl"], str(path))
+    kl = ds["kl"].mean("sample").transpose("setting", "layer", "head")
+    return {f"band_kl_{s}": kl.sel(setting=s).values for s in ds["setting"].values.tolist() if s != "none"}

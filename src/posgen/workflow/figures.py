@@ -121,6 +121,9 @@ FIGURES = {
              "llm:load_perturb", bootstrap=True, step="perturb"),
         _row("cap", "9. Distance capping", {"cap": paths.CAP}, "llm:fig_cap", "llm:load_cap", bootstrap=True,
              step="cap"),
+        _row("band_loss", "9b. Band interventions: loss", {"band_interventions": paths.variant_table("band_interventions")},
+             "band_interventions:fig_band_loss", "band_interventions:load_band_interventions", bootstrap=True,
+             step="band_interventions"),
         # the second paper: per-head ablation of the pretrained models (docs/method.md section 8)
         _row("head_ablation", "14. Pretrained LLMs: single-head ablation", {"head_ablation": paths.HEAD_ABLATION},
              "head_ablation:fig_head_ablation", "head_ablation:load_head_ablation", step="head_ablation"),

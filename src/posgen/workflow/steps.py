@@ -82,7 +82,7 @@ STORE_RULES = ("decompose", "bands")
 MODEL_THREADS = 1
 # Which ready model job starts first when cores are short (Snakemake `priority`): the longest first, so that a run
 # ends on short jobs, not on a 2-minute perturbation beside an idle core (docs/results.md, "make run").
-MODEL_PRIORITY = {"perturb": 4, "extract": 3, "head_ablation": 2, "cap": 1}
+MODEL_PRIORITY = {"perturb": 4, "extract": 3, "head_ablation": 2, "band_interventions": 2, "cap": 1}
 # gathered table -> the rule whose shards write it
 GATHERED = {"decomposition": "extract", "bands": "extract", "perturb": "perturb", "cap": "cap"}
 # the tables the fused extraction writes beside q/k (the store path: rules decompose and bands)
@@ -229,6 +229,24 @@ STEPS = {
             heads="posgen.llm.readers:head_ablation_columns",
             head_columns=(HeadColumn("loss_increase_*", "head-ablation loss increase, {suffix} probe (nats)"),),
         ),
+        # band interventions (issue 65): a diagnostic section of reproduction.md, a column per setting in the atlas
+        _step(
+            "band_interventions",
+            "posgen.llm.band_interventions:band_step",
+            leaves=leaves(
+                "band_interventions.n_samples",
+                "band_interventions.seq_len",
+                "band_interventions.shares",
+                "band_interventions.ablate",
+                "dtype",
+                "device",
+            ),
+            entry=DEVICE_MAP,
+            torch=True,
+            section="posgen.llm.band_interventions:reproduction_section",
+            heads="posgen.llm.readers:band_intervention_columns",
+            head_columns=(HeadColumn("band_kl_*", "KL of the attention rows under band setting {suffix}"),),
+        ),
         _step("reproduction", "posgen.reproduction:reproduction_step", per_model=False),
         # the prefix study (target `prefix_study`, docs/method.md section 3E)
         _step(
@@ -322,7 +340,12 @@ def planned_rules(config: dict) -> tuple[str, ...]:
 
 # steps whose config section's `random_init` says whether they also run on the random-init variants (controls no
 # verdict reads); every other step runs on every variant
-CONTROL_SECTION = {"perturb": "perturb", "cap": "perturb", "head_ablation": "head_ablation"}
+CONTROL_SECTION = {
+    "perturb": "perturb",
+    "cap": "perturb",
+    "head_ablation": "head_ablation",
+    "band_interventions": "band_interventions",
+}
 
 
 def step_variants(config: dict, step: str = "") -> list[str]:

@@ -35,7 +35,12 @@ def final_outputs(config: dict) -> list[str]:
     for template in (paths.DECOMPOSITION, paths.BANDS):
         out += expand(template, **each)
     out += expand(paths.MODEL_SUMMARY["nc"], model=models) + [paths.SUMMARY_TABLE]
-    for step, template in (("perturb", paths.PERTURB), ("cap", paths.CAP), ("head_ablation", paths.HEAD_ABLATION)):
+    for step, template in (
+        ("perturb", paths.PERTURB),
+        ("cap", paths.CAP),
+        ("head_ablation", paths.HEAD_ABLATION),
+        ("band_interventions", paths.variant_table("band_interventions")),
+    ):
         out += expand(template, model=models, variant=step_variants(config, step))
     out += collection_outputs("run")
     for row in of_group("all"):
