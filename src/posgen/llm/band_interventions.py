@@ -229,7 +229,7 @@ def head_reading(bands_path, decomposition_path) -> xr.Dataset:
 
     dec = open_dataset(decomposition_path, lazy=False)
     require(dec, ["r2_f", "r2_g"], str(decomposition_path))
-    a = dec.sel(method="A", sink="without")
+    a = dec.sel({"method": "A", "sink": "without"})  # a dict: `method` is also an argument of sel
     r2_f, r2_g = a["r2_f"].mean("sample"), a["r2_g"].mean("sample")  # (layer, head)
     low = band_columns(bands_path)["low_share_k"]  # (layer, head)
     return xr.Dataset(
