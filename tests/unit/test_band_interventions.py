@@ -166,3 +166,48 @@ def test_band_effects_are_zero_for_the_unmodified_model_and_measured_against_it(
             mod = banded(input_ids=ids, output_attentions=True).attentions[0].double()[:, :, 1:]
     kl = (ref * (ref.clamp_min(1e-300).log() - mod.clamp_min(1e-300).log())).sum(-1).mean(-1)
     np.testing.assert_allclose(fast["kl"].sel(layer=0), kl.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def _effects(loss_low: float, loss_high: float, kl_low, kl_high, n: int = 6, seed: int = 0):
+    """A band_interventions dataset with known loss changes (per window, about the given means) and per-head KL."""
+    import xarray as xr
+
+    rng = np.random.default_rng(seed)
+    settings = ["none", "below-25", "above-25"]
+    change = np.stack(
+        [np.zeros(n), loss_low + 0.001 * rng.standard_normal(n), loss_high + 0.001 * rng.standard_normal(n)]
+    )
+    kl = np.stack([np.zeros((n, 2, 3)), np.broadcast_to(kl_low, (n, 2, 3)), np.broadcast_to(kl_high, (n, 2, 3))])
+    reading = np.arange(6.0).reshape(2, 3)
+    return xr.Dataset(
+        {
+            "loss_change": (("setting", "sample"), change),
+            "kl": (("setting", "sample", "layer", "head"), kl),
+            "low_share_k": (("layer", "head"), reading),
+            "f_share": (("layer", "head"), reading),
+        },
+        coords={"setting": settings},
+    )
+
+
+def test_the_registered_predictions_are_decided_on_their_intervals_beside_the_control():
+    from posgen.llm.band_interventions import predictions
+
+    rising = np.arange(6.0).reshape(2, 3)  # KL rising with the reading: rho +1
+    trained = _effects(0.02, 1.5, 10 - rising, rising)
+    quiet = _effects(0.0, 0.0, rising, rising, seed=1)
+    got = {rule: outcome for rule, outcome, _ in predictions(trained, [quiet])}
+    assert got == {
+        "BAND_LOW_LOSS": "not discriminative (the random-init control meets it too)",
+        "BAND_HIGH_LOSS": "reproduced",
+        "BAND_LOW_RHO": "reproduced",  # the KL falls as the keys' low share rises: rho -1
+        "BAND_HIGH_RHO": "reproduced",
+    }
+    loud = _effects(0.5, 0.2, rising, 10 - rising, seed=2)  # every prediction wrong, without a control
+    got = {rule: outcome for rule, outcome, _ in predictions(loud, [])}
+    assert got == {
+        "BAND_LOW_LOSS": "not reproduced",
+        "BAND_HIGH_LOSS": "not reproduced",
+        "BAND_LOW_RHO": "not reproduced",
+        "BAND_HIGH_RHO": "not reproduced",
+    }
