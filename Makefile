@@ -6,7 +6,7 @@ CORES ?= 2
 STAMP := $(VENV)/.installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup setup-scale run test lint format bench clean
+.PHONY: setup setup-scale setup-hub run test lint format bench clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,11 @@ setup-scale: $(SCALE_STAMP)
 $(SCALE_STAMP): requirements-scale.txt $(STAMP)
 	$(PIP) install --no-deps --only-binary=:all: -r requirements-scale.txt
 	touch $@
+
+# Opt-in: olah, a self-hosted Hub mirror (pinned in posgen.testing.hub_mirror; its own venv .hub/olah-venv, as it
+# pins its own huggingface_hub), for the tests of the hf: path against a real Hub server and for trying it by hand.
+setup-hub: $(STAMP)
+	$(BIN)/python -m posgen.testing.hub_mirror install
 
 run: $(STAMP)
 	$(BIN)/snakemake --cores $(CORES)

@@ -25,6 +25,7 @@ from posgen.testing.tiny import make_tiny  # noqa: E402
 
 RUN_FILES = "run-files.json"  # the tiny run's result files as its own job left them
 SLURM = "tests/workflow/test_slurm.py"
+HUB = "tests/workflow/test_hub_mirror.py"  # a Hub server and a workflow run of its own
 # the modules whose tests read the tiny run (one worker runs them in turn: some run snakemake in its folder)
 TINY_RUN_MODULES = (
     "tests/workflow/test_atlas_page.py",
@@ -52,9 +53,10 @@ def pytest_collection_modifyitems(config, items):
     if strays:
         raise pytest.UsageError(f"tests/conftest.py: add the modules of {strays} to TINY_RUN_MODULES")
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        # the two longest units first, one per worker (the scheduler below hands them out in collection order)
-        first = {"tiny_workflow": 0, SLURM: 1}
-        items.sort(key=lambda item: first.get(_scope(item.nodeid), 2))
+        # the longest units first, the two longest one per worker (the scheduler below hands them out in
+        # collection order)
+        first = {"tiny_workflow": 0, SLURM: 1, HUB: 2}
+        items.sort(key=lambda item: first.get(_scope(item.nodeid), 3))
 
 
 def pytest_xdist_make_scheduler(config, log):
