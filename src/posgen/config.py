@@ -88,7 +88,7 @@ def validate(config: dict, schema: str | Path = SCHEMA, check_paths: bool = True
             raise ConfigError(
                 f"config.extract.ref_samples: sample {i} does not exist (n_samples is {config['n_samples']})"
             )
-    for section in ("perturb", "head_ablation"):  # both read a prefix of the first windows
+    for section in ("perturb", "head_ablation", "band_interventions"):  # each reads a prefix of the first windows
         for key in ("seq_len", "n_samples"):
             if config[section][key] > config[key]:
                 raise ConfigError(f"config.{section}.{key}: {config[section][key]} exceeds {key} {config[key]}")

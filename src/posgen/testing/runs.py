@@ -53,6 +53,7 @@ def tiny_config(source_dir: Path, name: str = "tiny-llama") -> dict:
         "decomposition": {"dummy_distances": [0, 100], "dummy_distance": 100},
         "intervals": {"bootstrap": 200},
         "perturb": {"n_samples": 2, "seq_len": 32, "rates": [0, 0.1, 0.5], "caps": [4, 16]},
+        "band_interventions": {"n_samples": 2, "seq_len": 32},
         "figures": {"map_tokens": 32},
         "synthetic": copy.deepcopy(TINY_SYNTHETIC),
     }
