@@ -283,7 +283,7 @@ def test_a_step_that_declares_a_per_head_column_adds_it_to_heads_parquet_and_the
     monkeypatch.setattr(targets, "step_variants", lambda config, step="": ["trained", "random-seed0"])
     listed = targets.head_tables(config)
     assert listed["toy"] == ["results/toy/trained/toy.nc", "results/toy/random-seed0/toy.nc"]
-    assert list(listed) == ["decomposition", "bands", "block_swap", "head_ablation", "toy"]
+    assert list(listed) == ["decomposition", "bands", "block_swap", "head_ablation", "band_interventions", "toy"]
     root, files, _ = run
     toy_file = root / "results" / "toy" / "trained" / "toy.nc"
     scores = np.arange(8.0).reshape(2, 4) + 0.5
