@@ -204,6 +204,8 @@ class HubMirror:
         return self.folder / "olah.log"
 
     def start(self, timeout: float = 60) -> HubMirror:
+        if self._process is not None or self._proxy is not None:
+            raise RuntimeError(f"the Hub mirror at {self.endpoint} is running already")
         self.folder.mkdir(parents=True, exist_ok=True)
         self.olah_port = free_port()
         here = f"127.0.0.1:{self.port}"  # olah's redirects name the proxy, so that every request passes it
@@ -228,7 +230,11 @@ class HubMirror:
                 tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
                 raise RuntimeError(f"olah did not start on 127.0.0.1:{self.olah_port}: {' | '.join(tail)}")
             time.sleep(0.2)
-        self._proxy = ThreadingHTTPServer(("127.0.0.1", self.port), _Forward)
+        try:
+            self._proxy = ThreadingHTTPServer(("127.0.0.1", self.port), _Forward)
+        except OSError:
+            self.stop()  # olah goes with it
+            raise
         self._proxy.daemon_threads = True
         self._proxy.mirror = self
         threading.Thread(target=self._proxy.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
