@@ -229,6 +229,7 @@ STEPS = {
             heads="posgen.llm.readers:head_ablation_columns",
             head_columns=(HeadColumn("loss_increase_*", "head-ablation loss increase, {suffix} probe (nats)"),),
         ),
+        _step("reproduction", "posgen.reproduction:reproduction_step", per_model=False),
         # band interventions (issue 65): a diagnostic section of reproduction.md, a column per setting in the atlas
         _step(
             "band_interventions",
@@ -244,7 +245,6 @@ STEPS = {
             entry=DEVICE_MAP,
             torch=True,
         ),
-        _step("reproduction", "posgen.reproduction:reproduction_step", per_model=False),
         # the prefix study (target `prefix_study`, docs/method.md section 3E)
         _step(
             "prefix_content",
