@@ -68,6 +68,11 @@ def smoke_config(paper: dict, model_dir: Path, tiny: bool, device: str) -> dict:
     perturb = {**schema_defaults("perturb"), **paper.get("perturb", {})}
     caps = [cap for cap in perturb["caps"] if cap < tokens - 1] or [tokens // 4]  # a cap must fit the window
     config["perturb"] = {**paper.get("perturb", {}), "n_samples": min(windows, 4), "seq_len": tokens, "caps": caps}
+    config["band_interventions"] = {
+        **paper.get("band_interventions", {}),
+        "n_samples": min(windows, 2),
+        "seq_len": tokens,
+    }
     figures = {**schema_defaults("figures"), **paper.get("figures", {})}
     config["figures"] = {**paper.get("figures", {}), "map_tokens": min(figures["map_tokens"], tokens)}
     return config
