@@ -56,7 +56,7 @@ def test_tiny_device_check_writes_both_reports(tiny_report):
     assert "| device |" in markdown and "device / host time" in markdown
     # the paper smoke: the workflow through Snakemake, every first-paper step, its results current
     smoke = report["parts"]["paper_smoke"]
-    assert smoke["jobs"] >= smoke["targets"] > 0 and smoke["integrity"]["current"], smoke
+    assert smoke["jobs"] > 0 and smoke["targets"] > 0 and smoke["missing"] == 0 and smoke["integrity"]["current"], smoke
     assert {"extract", "perturb", "cap", "head_ablation", "summarize"} <= set(smoke["rules"])
     assert "Paper smoke (smollm2-135m x 2 layers" in markdown
 

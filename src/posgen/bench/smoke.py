@@ -125,6 +125,7 @@ def run_smoke(
             last = [line for line in log.splitlines() if line.strip()][-3:]
             return {**out, "failed": "snakemake: " + " | ".join(last)}
         out["jobs"] = _finished_jobs(log)
+        out["missing"] = sum(not (run.workdir / target).exists() for target in targets)  # a job writes several
         out["rules"] = _rule_benchmarks(run.workdir / "benchmarks")
         check = subprocess.run(
             [sys.executable, "-m", "posgen.integrity", "results"], cwd=run.workdir, capture_output=True, text=True
