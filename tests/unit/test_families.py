@@ -180,7 +180,7 @@ def test_dropped_attention_sinks_are_caught_by_the_transparency_check(workspace,
 
         return forward
 
-    monkeypatch.setattr("posgen.llm.capture._eager_forward", drops_sinks)
+    monkeypatch.setattr("posgen.llm.capture.eager_forward", drops_sinks)
     with pytest.raises(TransparencyError, match=r"^transparency check failed for GptOssForCausalLM: .* by \d"):
         extract(
             tiny_job(model_dir, tmp / "windows.h5", tmp / "broken.h5", model="gpt-oss", variant="trained"),

@@ -21,7 +21,6 @@ that changes no band, it is the model's own eager attention on the model's own q
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from posgen import rope
 from posgen.llm import attention_layers, families
-from posgen.llm.capture import BANDS_BACKEND, notify
+from posgen.llm.capture import BANDS_BACKEND, eager_forward, notify
 
 KINDS = ("none", "below", "above", "ablate")
 QUARTERS = ("lowest", "second", "third", "highest")
@@ -99,11 +98,6 @@ def intervene(
     return back * keep
 
 
-def _eager_forward(module):
-    """The eager attention of the module's own modeling file (soft-capping and other quirks kept)."""
-    return sys.modules[type(module).__module__].eager_attention_forward
-
-
 def _band_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """``BANDS_BACKEND``: the module's own eager attention on q and k with its bands changed (module docstring)."""
     change = getattr(module, "posgen_bands", None)
@@ -117,7 +111,7 @@ def _band_attention(module, query, key, value, attention_mask, scaling=None, dro
         query = intervene(query, positions, inv_freq, stop, zero).to(value.dtype)
         key = intervene(key, positions, inv_freq, stop, zero).to(value.dtype)
     notify(module, query, key, scaling, kwargs)
-    out = _eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    out = eager_forward(module)(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     if getattr(module, "posgen_probs", None) is not None:  # band_effects reads the attention rows
         module.posgen_probs.append(out[1].detach().float())
     return out
@@ -223,17 +217,16 @@ def band_effects(model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, l
 
 def head_reading(bands_path, decomposition_path) -> xr.Dataset:
     """(layer, head) what the predictions read beside the KL: the keys' low-frequency share (bands.nc, the head's KV
-    head) and Method A's f share (decomposition.nc, sink 'without': r2_f / (r2_f + r2_g) of the window means)."""
+    head) and Method A's f share (posgen.llm.head_ablation.per_head_split: sink 'without', r2_f / (r2_f + r2_g) of
+    the window means)."""
+    from posgen.llm.head_ablation import per_head_split
     from posgen.llm.readers import band_columns
-    from posgen.store import open_dataset, require
+    from posgen.store import open_dataset
 
-    dec = open_dataset(decomposition_path, lazy=False)
-    require(dec, ["r2_f", "r2_g"], str(decomposition_path))
-    a = dec.sel({"method": "A", "sink": "without"})  # a dict: `method` is also an argument of sel
-    r2_f, r2_g = a["r2_f"].mean("sample"), a["r2_g"].mean("sample")  # (layer, head)
+    f_share = per_head_split(open_dataset(decomposition_path, lazy=False))["f_share"]  # (layer, head)
     low = band_columns(bands_path)["low_share_k"]  # (layer, head)
     return xr.Dataset(
-        {"f_share": r2_f / (r2_f + r2_g), "low_share_k": (("layer", "head"), low)},
+        {"f_share": f_share, "low_share_k": (("layer", "head"), low)},
         coords={"layer": np.arange(low.shape[0]), "head": np.arange(low.shape[1])},
     )
 
@@ -272,11 +265,10 @@ def band_step(job) -> xr.Dataset:
 
 # --------------------------------------------------------------------------------------------- the section
 
-N_BOOT, BOOT_SEED = 1000, 0  # the bootstrap over windows of the section's intervals
-
 
 def _loss_interval(ds: xr.Dataset, label: str) -> tuple[float, float, float]:
     """Mean change of the loss under setting ``label`` and its 95 % bootstrap interval over windows."""
+    from posgen.llm.readers import BOOT_SEED, N_BOOT
     from posgen.stats import bootstrap_indices, interval
 
     change = ds["loss_change"].sel(setting=label).values  # (sample,)
@@ -287,6 +279,7 @@ def _loss_interval(ds: xr.Dataset, label: str) -> tuple[float, float, float]:
 def _rho_interval(ds: xr.Dataset, label: str, reading: str) -> tuple[float, float, float]:
     """Spearman rho over heads between ``reading`` (layer, head) and the KL under ``label`` (mean over windows),
     with its 95 % bootstrap interval over windows."""
+    from posgen.llm.readers import BOOT_SEED, N_BOOT
     from posgen.stats import bootstrap_indices, interval, spearman
 
     kl = ds["kl"].sel(setting=label).transpose("sample", "layer", "head").values  # (sample, layer, head)
@@ -296,14 +289,14 @@ def _rho_interval(ds: xr.Dataset, label: str, reading: str) -> tuple[float, floa
 
 
 def _within(lo: float, hi: float, bound: float):
-    """'|change| <= bound' on the interval [lo, hi]: (outcome, words)."""
+    """'|change| <= bound' decided on the interval [lo, hi]."""
     from posgen.claims import Outcome
 
     if -bound <= lo and hi <= bound:
-        return Outcome.REPRODUCED, "inside"
+        return Outcome.REPRODUCED
     if hi < -bound or lo > bound:
-        return Outcome.NOT_REPRODUCED, "outside"
-    return Outcome.INCONCLUSIVE, "straddles a bound"
+        return Outcome.NOT_REPRODUCED
+    return Outcome.INCONCLUSIVE
 
 
 def _sign(lo: float, hi: float, sign: str):
@@ -325,7 +318,7 @@ def predictions(trained: xr.Dataset, controls: list[xr.Dataset]) -> list[tuple[s
         return [("BAND_*", Outcome.NOT_TESTED.value, "band_interventions.shares lacks 0.25")]
     out = []
     loss_rules = (
-        ("BAND_LOW_LOSS", low, lambda lo, hi: _within(lo, hi, value("BAND_LOW_LOSS"))[0]),
+        ("BAND_LOW_LOSS", low, lambda lo, hi: _within(lo, hi, value("BAND_LOW_LOSS"))),
         ("BAND_HIGH_LOSS", high, lambda lo, hi: against(lo, hi, value("BAND_HIGH_LOSS"), above=True)[0]),
     )
     for rule, setting, decide in loss_rules:

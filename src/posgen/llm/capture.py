@@ -61,7 +61,7 @@ def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
-def _eager_forward(module):
+def eager_forward(module):
     """The eager attention of the module's own modeling file (keeps soft-capping and other quirks)."""
     return sys.modules[type(module).__module__].eager_attention_forward
 
@@ -96,7 +96,7 @@ def _attention_eager_mask(module, query, key, value, attention_mask, scaling=Non
     """``BACKEND_EAGER``: the model's own eager attention where it has soft-capping or sinks, else SDPA."""
     notify(module, query, key, scaling, kwargs)
     if any(kwargs.get(name) is not None for name in EAGER_ONLY):
-        return _eager_forward(module)(
+        return eager_forward(module)(
             module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
         )
     return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
