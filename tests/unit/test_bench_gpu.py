@@ -16,7 +16,7 @@ from posgen.synthetic import cost
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu")
-    gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--budget-s", "1000", "--threads", "1"])
+    gpu.main(["--device", "cpu", "--tiny", "--out", str(out), "--budget-s", "2400", "--threads", "1"])
     return out
 
 
