@@ -19,6 +19,10 @@ of Method B, n_delta = T or the sliding window):
   ``(4 d + 3 d / 2 + 8) H T^2`` (two sinks, T^2 / 2 entries each; 8 elementwise operations per entry).
 * feature bands: a few passes over q/k (negligible next to the above).
 * head ablation, per sequence: one forward, ``H L (L + 1) / 2`` layer passes and the LM head at the scored targets.
+* band interventions, per (window, setting), S = 1 + 2 shares (+ 4 quarters zeroed) settings: one forward with the
+  LM head through eager attention (the capturing forward plus ``EAGER_PASSES`` over its float32 probabilities
+  ``4 L H T^2``, both sets of which stay on the device), the decomposition without the error pass, and the per-head
+  KL on the host (``KL_BYTES`` per probability at the CPU's memory rate, in a GPU job too).
 * bytes: q/k of a kept window ``L (H + H_kv) T d b`` with b the bytes of ``extract.qk_dtype``, reference logits
   ``H T^2 4`` per (reference window, reference layer), decomposition.nc ``(44 + 2 nD) 8`` bytes per
   (window, layer, head), bands.nc ``6 (H + H_kv) d / 2 8`` bytes per (window, layer).
@@ -35,13 +39,13 @@ predicted against measured per stage); ``GPU`` rates are ASSUMPTIONS for one H10
 committed device check (``docs/gpu/gpu-report.json``, ``python -m posgen.bench gpu``) replaces the forward,
 moments and error rates it measured, and the printed plan names which rates are measured and which assumed.
 Shapes come from the acquired ``resources/models/<name>/config.json`` when present, else from the recorded shapes
-of :mod:`posgen.shapes` (by name or hub id); a model with neither is listed as unknown.
+of :mod:`posgen.shapes` (by name or hub id); a model with neither is listed as unknown. The shape and the
+per-part arithmetic (FLOPs, bytes, the decomposition's seconds) are :mod:`posgen.plan_model`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,200 +53,29 @@ from pathlib import Path
 from posgen.config import schema_default, schema_defaults
 from posgen.numerics import DENSE_TOKENS, SMOOTH_DEGREE, TOKEN_BLOCK
 from posgen.paths import MODELS_DIR
-from posgen.rates import Rates, committed_rates
-from posgen.shapes import SHAPES
+from posgen.plan_model import (
+    CAPTURE_OVERHEAD,
+    DTYPE_BYTES,
+    Shape,
+    analysis_seconds,
+    forward_flops,
+    model_shape,
+    model_shape_at,
+)
+from posgen.rates import CPU, Rates, committed_rates
 from posgen.workflow.sharding import parse_shard, rule_shards, rule_windows
 from posgen.workflow.steps import GPU_RULES, MODEL_JOB_RULES, planned_rules, step_variants
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-CG_STEPS = 20  # Method B's conjugate gradients per sink (15-25 measured)
-CG_PASSES = 40  # passes over the unknowns per step (posgen.decomposition.design.AdditiveDesign.normal)
-CAPTURE_OVERHEAD = 1.3  # extraction through the capturing backend over a plain forward pass (bench scale)
 RETRY_GROWTH = 1.5  # memory and runtime asked for on attempt a: (RETRY_GROWTH ** (a - 1)) x the estimate
 MEM_MARGIN = 1.25  # safety margin on every memory ask
 MIN_MEM_MB = 2000
 MIN_RUNTIME_MIN = 10
-
-
-# --------------------------------------------------------------------------------------------------- shapes
-
-
-def widest_head(c: dict, default: int) -> int:
-    """A config dict's q/k head size; where it varies by layer (Gemma 4's full layers: ``global_head_dim`` or a
-    ``per_layer_config`` override), the widest, which qk.h5 stores every layer at (docs/data-model.md)."""
-    sizes = [int(c.get("head_dim") or default), int(c.get("global_head_dim") or 0)]
-    sizes += [int(o.get("head_dim") or 0) for o in (c.get("per_layer_config") or {}).values() if isinstance(o, dict)]
-    return max(sizes)
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the cost model reads from a model config (``config.json`` keys; parameter counts analytic)."""
-
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool = False
-    sliding_window: int = 0  # 0: every layer global
-    n_sliding: int = 0  # layers with the sliding window
-    softcap: bool = False
-
-    @classmethod
-    def from_dict(cls, config: dict) -> "Shape":
-        """From a ``config.json`` dict (a multimodal config's ``text_config`` wins)."""
-        c = {**config, **config.get("text_config", {})}
-        try:
-            n_heads = int(c["num_attention_heads"])
-            hidden = int(c["hidden_size"])
-            n_layers = int(c["num_hidden_layers"])
-            intermediate = int(c["intermediate_size"])
-            vocab = int(c["vocab_size"])
-        except KeyError as err:
-            raise KeyError(f"model config: no {err.args[0]!r} (not a decoder config this plan can read)") from None
-        window = int(c.get("sliding_window") or 0)
-        types = c.get("layer_types")
-        if types:
-            n_sliding = sum(t == "sliding_attention" for t in types[:n_layers])
-        elif c.get("model_type") == "gemma2":
-            n_sliding = (n_layers + 1) // 2  # alternating local/global, local first
-        elif c.get("model_type") in ("gemma3", "gemma3_text"):
-            pattern = int(c.get("sliding_window_pattern", 6))  # every pattern-th layer is global
-            n_sliding = n_layers - n_layers // pattern
-        elif c.get("model_type") in ("qwen2", "qwen3") and not c.get("use_sliding_window", False):
-            n_sliding = 0
-        else:
-            n_sliding = n_layers if window else 0
-        return cls(
-            n_layers=n_layers,
-            n_heads=n_heads,
-            n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
-            head_dim=widest_head(c, hidden // n_heads),
-            hidden=hidden,
-            intermediate=intermediate,
-            vocab=vocab,
-            tied=bool(c.get("tie_word_embeddings", False)),
-            qkv_bias=c.get("model_type") == "qwen2" or bool(c.get("attention_bias", False)),
-            sliding_window=window if n_sliding else 0,
-            n_sliding=n_sliding,
-            softcap=bool(c.get("attn_logit_softcapping")),
-        )
-
-    @property
-    def n_body(self) -> int:
-        """Parameters of the decoder layers (attention, gated MLP, norms): what every token multiplies."""
-        H, Hkv, d, D = self.n_heads, self.n_kv_heads, self.head_dim, self.hidden
-        attention = D * d * (2 * H + 2 * Hkv) + (H + 2 * Hkv) * d * self.qkv_bias
-        return self.n_layers * (attention + 3 * D * self.intermediate + 4 * D)
-
-    @property
-    def n_params(self) -> int:
-        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.n_body + embeddings + self.hidden
-
-    def windows(self, n_tokens: int) -> list[int]:
-        """The distinct attention masks of the analysis: 0 (global) and the sliding window if it is < T."""
-        out = [0] if self.n_sliding < self.n_layers else []
-        if self.n_sliding and 0 < self.sliding_window < n_tokens:
-            out.append(self.sliding_window)
-        elif self.n_sliding:
-            out = [0]
-        return out
-
-    def qk_bytes(self, n_tokens: int, dtype: str = "float32") -> int:
-        """One window's pre-RoPE q/k of every layer in ``dtype``."""
-        return self.n_layers * (self.n_heads + self.n_kv_heads) * n_tokens * self.head_dim * DTYPE_BYTES[dtype]
-
-    def logits_bytes(self, n_tokens: int) -> int:
-        """One layer's float32 attention logits of one window."""
-        return self.n_heads * n_tokens * n_tokens * 4
-
-
-def model_shape(entry: dict, models_dir: str | Path = MODELS_DIR) -> Shape | None:
-    """The shape of a config's model entry: its acquired config.json, else a recorded shape, else None."""
-    acquired = Path(models_dir) / entry["name"] / "config.json"
-    if acquired.exists():
-        return Shape.from_dict(json.loads(acquired.read_text()))
-    source = entry.get("source", "")
-    names = [entry["name"], source.partition(":")[2]]
-    names.append(names[1].split("@")[0].split("/")[-1].lower())  # hf:meta-llama/Llama-3.1-8B@... -> llama-3.1-8b
-    for name in names:
-        if name in SHAPES:
-            return Shape.from_dict(SHAPES[name])
-    return None
-
-
-# ----------------------------------------------------------------------------------------------- FLOPs
-
-
-def forward_flops(shape: Shape, n_tokens: int) -> float:
-    """One window through the decoder layers: projections and MLPs plus causal QK^T and AV."""
-    T = n_tokens
-    return 2 * shape.n_body * T + 2 * shape.n_layers * shape.n_heads * shape.head_dim * T * T
-
-
-def _n_delta(n_tokens: int, window: int) -> int:
-    return window or n_tokens
-
-
-def moments_flops(shape: Shape, n_tokens: int, n_distances: int, window: int = 0) -> float:
-    """masked_moments of one (window, layer), float64: Gram matrices and key-side products, ragged columns."""
-    H, Hkv, d, T = shape.n_heads, shape.n_kv_heads, shape.head_dim, n_tokens
-    C = TOKEN_BLOCK * (3 if window else 1)
-    k = 3 + n_distances  # key sets [x | f | phi] and every g_D
-    return (26 * H + 2 * Hkv) * T * d * d + 2 * H * T * C * d * k + 2 * H * T * C * k * k
-
-
-def method_b_cost(shape: Shape, n_tokens: int, window: int = 0) -> tuple[float, float]:
-    """(FLOPs, bytes streamed) of Method B on one (window, layer): the FFT sums, and the conjugate gradients on
-    both sinks (every head at once), each step a few prefix sums over the unknowns."""
-    T = n_tokens
-    n_z = 2 * T + _n_delta(T, window)
-    fft = 10 * (shape.n_heads + shape.n_kv_heads) * shape.head_dim * 2 * T * math.log2(2 * T)
-    return fft, 2 * CG_STEPS * CG_PASSES * shape.n_heads * n_z * 8
-
-
-def error_flops(shape: Shape, n_tokens: int, window: int = 0) -> float:
-    """The error-and-bound pass of one (window, layer): the error product ``4 d``, the bound's slow and fast
-    bands ``~3 d / 2`` and about 8 elementwise operations per counted entry (two sinks)."""
-    T, H, d = n_tokens, shape.n_heads, shape.head_dim
-    pairs = T * min(T, window) if window else T * T / 2  # counted entries of one head, per sink
-    return (4 * d + 1.5 * d + 8) * H * 2 * pairs
-
-
-def _layer_windows(shape: Shape, n_tokens: int) -> list[tuple[int, int]]:
-    """(effective window, number of layers) over the layers."""
-    window = shape.sliding_window if 0 < shape.sliding_window < n_tokens else 0
-    if not window:
-        return [(0, shape.n_layers)]
-    return [(0, shape.n_layers - shape.n_sliding), (window, shape.n_sliding)]
-
-
-def analysis_parts(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates: Rates) -> dict:
-    """Seconds of the decomposition of ``n_windows`` windows (``n_bound`` of them with the error bound) by part:
-    ``moments``, ``method_b``, ``error``; and ``bands``."""
-    T = cfg["seq_len"]
-    dec = cfg["decomposition"]
-    n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
-    parts = dict.fromkeys(("moments", "method_b", "error"), 0.0)
-    for window, n_layers in _layer_windows(shape, T):
-        parts["moments"] += n_windows * n_layers * moments_flops(shape, T, n_distances, window) / rates.moments
-        flops, read = method_b_cost(shape, T, window)
-        parts["method_b"] += n_windows * n_layers * (flops / rates.factor + read / rates.memory)
-        parts["error"] += n_bound * n_layers * error_flops(shape, T, window) / rates.error
-    # feature bands: a few elementwise passes over the window's q/k
-    parts["bands"] = n_windows * 8 * shape.qk_bytes(T) / 4 / rates.error
-    return parts
-
-
-def analysis_seconds(shape: Shape, cfg: dict, n_windows: int, n_bound: int, rates: Rates, bands: bool = True) -> float:
-    """Decomposition (and feature bands) of ``n_windows`` windows, ``n_bound`` of them with the error bound."""
-    parts = analysis_parts(shape, cfg, n_windows, n_bound, rates)
-    return sum(v for k, v in parts.items() if bands or k != "bands")
+# posgen.llm.band_interventions: eager attention's passes over a layer's float32 probabilities beyond a capturing
+# (SDPA) pass (scores, mask, softmax, the kept copy; 3.7 measured, SmolLM2 4 layers x 512 tokens, 1 thread), and the
+# host bytes per probability of the per-head KL and changes (_head_changes, float64: 44 ns per probability measured
+# on the 2-core machine, 1 thread, load 4, i.e. 88 bytes at posgen.rates.CPU's memory rate)
+EAGER_PASSES = 4
+KL_BYTES = 88
 
 
 # --------------------------------------------------------------------------------------------- the jobs
@@ -295,10 +128,11 @@ def _activation_bytes(shape: Shape, n_tokens: int, dtype: str, n_windows: int = 
     return states
 
 
-def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
-    """Working set of one layer's analysis: the moments' Grams, Method B's vectors, the error blocks. On a GPU
-    the device layout (posgen.decomposition.Decomposer ``batched``): every KV head's Grams at once, and up to
-    DENSE_TOKENS Method B's factorised normal matrices (two sinks, kept for the job) and their construction."""
+def _analysis_memory(shape: Shape, n_tokens: int, device: str, bound: bool = True) -> int:
+    """Working set of one layer's analysis: the moments' Grams, Method B's vectors, the error blocks (``bound``: a
+    job with the error pass). On a GPU the device layout (posgen.decomposition.Decomposer ``batched``): every KV
+    head's Grams at once, and up to DENSE_TOKENS Method B's factorised normal matrices (two sinks, kept for the job)
+    and their construction."""
     T, H, d = n_tokens, shape.n_heads, shape.head_dim
     method_b = 12 * H * 3 * T * 8  # the conjugate gradients' vectors and the FFT sums
     h = H // shape.n_kv_heads
@@ -309,7 +143,7 @@ def _analysis_memory(shape: Shape, n_tokens: int, device: str) -> int:
             method_b += (2 + 2) * (2 * T) ** 2 * 8  # two inverses, and a build's reduced matrix and mask blocks
     operands = (H + shape.n_kv_heads) * T * d * 8 * 8  # rotated q/k, keys [x | f | phi | g] in float64
     block = 2**28 if device == "gpu" else 2**20
-    return method_b + grams + operands + 8 * block * 4
+    return method_b + grams + operands + (8 * block * 4 if bound else 0)
 
 
 def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], device: str = "gpu") -> Cost:
@@ -375,6 +209,8 @@ def job_cost(rule: str, shape: Shape, cfg: dict, samples: tuple[int, int], devic
         return _perturb_cost(rule, shape, cfg["perturb"], n, dtype, rates, load_s, weights, on_gpu)
     if rule == "head_ablation":
         return _head_ablation_cost(shape, cfg["head_ablation"], n, dtype, rates, load_s, weights, on_gpu)
+    if rule == "band_interventions":
+        return _band_cost(shape, cfg, n, dtype, rates, load_s, weights, device)
     raise ValueError(f"rule {rule!r}: the plan knows {', '.join(MODEL_JOB_RULES)}")
 
 
@@ -433,6 +269,44 @@ def _head_ablation_cost(
     return _cost("head_ablation", device_bytes if on_gpu else 0, host, disk, load_s + flops / rates.forward)
 
 
+def band_settings(opts: dict) -> int:
+    """S, the settings of ``band_interventions`` section ``opts`` (posgen.llm.band_interventions.grid, which imports
+    torch): the unmodified model, each share stopped from below and from above, and (``ablate``) each quarter."""
+    return 1 + 2 * len(opts["shares"]) + (4 if opts["ablate"] else 0)
+
+
+def _band_cost(
+    shape: Shape, cfg: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, device: str
+) -> Cost:
+    """posgen.llm.band_interventions over ``n`` windows of the ``band_interventions`` section's ``seq_len`` tokens,
+    one window at a time, after one capturing pass that reads the RoPE table: per window and setting
+    (:func:`band_settings`) a forward pass with the LM head through the band backend's eager attention, which keeps
+    every layer's float32 attention probabilities on the device (the unmodified pass's and this one's), the
+    decomposition of its q/k (no error bound, no bands table), and the per-head KL and changes on the host."""
+    opts = {**schema_defaults("band_interventions"), **cfg.get("band_interventions", {})}
+    T, S = opts["seq_len"], band_settings(opts)
+    on_gpu = device == "gpu"
+    probs = shape.n_layers * shape.logits_bytes(T)  # one pass's probabilities, every layer
+    forward_s = (CAPTURE_OVERHEAD * forward_flops(shape, T) + 2 * shape.vocab * shape.hidden * T) / rates.forward
+    analysis_s = analysis_seconds(shape, {**cfg, "seq_len": T}, 1, 0, rates, bands=False)
+    kl_s = KL_BYTES * probs / 4 / CPU.memory  # on the host, whatever the device
+    seconds = load_s + forward_s + n * S * (forward_s + EAGER_PASSES * probs / rates.memory + analysis_s + kl_s)
+    # one window: its activations, one layer's eager scores and probabilities (a soft-capped model's are counted in
+    # _activation_bytes), the logits in dtype and float32, its q/k, then the two sets of probabilities
+    eager = 0 if shape.softcap else 3 * shape.logits_bytes(T)
+    window = _activation_bytes(shape, T, dtype) + eager + T * shape.vocab * (DTYPE_BYTES[dtype] + 4) + shape.qk_bytes(T)
+    device_bytes = weights + window + 2 * probs + _analysis_memory(shape, T, device, bound=False)
+    # the host also holds one layer's float64 rows of both sets with their logs and products (the KL), and the last
+    # layer's logits that the self-check rebuilds from the captured q/k
+    kl_work = 6 * 2 * shape.logits_bytes(T) + shape.logits_bytes(T)
+    host = (weights + 2 * probs + shape.qk_bytes(T) if on_gpu else device_bytes) + kl_work
+    L, H = shape.n_layers, shape.n_heads
+    # loss and its change (setting, sample); kl, prev_change, diag_change and Method A's three readings (setting,
+    # sample, layer, head); the two head readings (layer, head) and the RoPE table (layer, band), float64
+    disk = 8 * (2 * S * n + 6 * S * n * L * H + 2 * L * H + L * shape.head_dim // 2)
+    return _cost("band_interventions", device_bytes if on_gpu else 0, host, disk, seconds)
+
+
 def _cost(rule: str, device_bytes: float, host_bytes: float, disk_bytes: float, seconds: float) -> Cost:
     return Cost(rule, device_bytes / 1e9, host_bytes / 1e9, disk_bytes / 1e9, seconds)
 
@@ -465,16 +339,6 @@ def job_resources(
 # Before a model is acquired (a dry run, the DAG's first pass) its shape may be unknown: these asks stand in;
 # Snakemake evaluates the resources again once the job's input exists, just before it runs.
 UNKNOWN_SHAPE_RESOURCES = {"mem_mb": 64000, "runtime": 240, "gpu_mem_mb": 80000, "disk_mb": 100000}
-
-
-def model_shape_at(model_dir: str | Path, entry: dict, variant: str = "") -> Shape | None:
-    """The shape of an acquired model folder (a checkpoint series keeps its config in ``<variant>/``), else of its
-    config entry (:func:`model_shape`)."""
-    model_dir = Path(model_dir)
-    for folder in (model_dir, model_dir / variant):
-        if (folder / "config.json").is_file():
-            return Shape.from_dict(json.loads((folder / "config.json").read_text()))
-    return model_shape(entry, model_dir.parent)
 
 
 def resource_names(rule: str) -> tuple[str, ...]:
@@ -512,7 +376,8 @@ class Row:
 
 def plan(cfg: dict, *, models_dir: str | Path = MODELS_DIR, device: str = "gpu") -> list[Row]:
     """One row per heavy job of the first family (extract, decompose + bands in store mode, perturb, cap,
-    head_ablation) per (model, variant, shard); a model of unknown shape gets one row with ``cost`` None."""
+    head_ablation, band_interventions) per (model, variant, shard); a model of unknown shape gets one row with
+    ``cost`` None."""
     rows = []
     for entry in cfg["models"]:
         shape = model_shape(entry, models_dir)
@@ -573,7 +438,7 @@ def main(argv=None) -> None:
     )
     if not args.totals:
         print(
-            f"{'model':16s} {'variant':14s} {'job':10s} {'shard':>7s} {'GPU GB':>7s} {'host GB':>8s} "
+            f"{'model':16s} {'variant':14s} {'job':18s} {'shard':>7s} {'GPU GB':>7s} {'host GB':>8s} "
             f"{'disk GB':>8s} {'hours':>7s}"
         )
         for row in rows:
@@ -582,7 +447,7 @@ def main(argv=None) -> None:
                 continue
             c = row.cost
             print(
-                f"{row.model:16s} {row.variant:14s} {c.rule:10s} {row.shard:>7s} {c.device_gb:7.1f} {c.host_gb:8.1f} "
+                f"{row.model:16s} {row.variant:14s} {c.rule:18s} {row.shard:>7s} {c.device_gb:7.1f} {c.host_gb:8.1f} "
                 f"{c.disk_gb:8.3f} {c.seconds / 3600:7.3f}"
             )
     t = totals(rows)

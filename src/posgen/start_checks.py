@@ -24,6 +24,7 @@ from posgen import paths
 from posgen.experiments import COLLECTIONS
 from posgen.plan import plan
 from posgen.synthetic.cost import study_cost
+from posgen.workflow.sharding import UNSHARDED
 from posgen.workflow.synthetic import SyntheticPlan, rule_name
 
 # core-hours: twice a study target's documented bound (2 hours on 2 cores), since the plan's CPU rates run up to
@@ -52,7 +53,12 @@ def cpu_price(config: dict, jobs) -> tuple[float, int]:
     """(core-hours, jobs priced) of ``jobs`` ((rule, wildcards) pairs) on this CPU by posgen.plan: a model job by its
     plan row; a classifier's training job (rule synthetic_train) by its share of its experiment's planned hours, a
     job that trains several (an experiment's unit rule) by the whole experiment's."""
-    rows = {(r.model, r.variant, r.cost.rule, r.shard): r.cost.seconds for r in plan(config, device="cpu") if r.cost}
+    # a job of an unsharded rule has no shard wildcard: its one plan row is keyed without one
+    rows = {
+        (r.model, r.variant, r.cost.rule, None if r.cost.rule in UNSHARDED else r.shard): r.cost.seconds
+        for r in plan(config, device="cpu")
+        if r.cost
+    }
     synthetic, experiments = SyntheticPlan(config), {}
     for which in COLLECTIONS:
         for row in study_cost(config["synthetic"], which, "cpu") if config["synthetic"].get(which) else ():

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from posgen import plan
+from posgen import plan, plan_model
 from posgen.config import load
 from posgen.shapes import SHAPES, parameter_count, shape_config
 from posgen.testing.runs import ROOT
 from posgen.workflow import sharding, steps
 
-SMOLLM2 = plan.Shape.from_dict(SHAPES["smollm2-135m"])
-LLAMA8B = plan.Shape.from_dict(SHAPES["llama-3.1-8b"])
+SMOLLM2 = plan_model.Shape.from_dict(SHAPES["smollm2-135m"])
+LLAMA8B = plan_model.Shape.from_dict(SHAPES["llama-3.1-8b"])
 
 
 def small_config(**extract) -> dict:
@@ -38,6 +38,7 @@ def small_config(**extract) -> dict:
             "probes": ["windows", "repeat"],
             "random_init": True,
         },
+        "band_interventions": {"n_samples": 2, "seq_len": 64, "shares": [0.25], "ablate": False, "random_init": True},
     }
 
 
@@ -45,16 +46,16 @@ def small_config(**extract) -> dict:
 def test_analytic_parameter_count_matches_the_built_model(name):
     # the plan counts parameters from config.json alone (no transformers in the Snakefile's resource callables)
     exact = parameter_count(shape_config(name))
-    assert plan.Shape.from_dict(SHAPES[name]).n_params == pytest.approx(exact, rel=1e-3)
+    assert plan_model.Shape.from_dict(SHAPES[name]).n_params == pytest.approx(exact, rel=1e-3)
 
 
 def test_shape_reads_sliding_layers():
-    gemma2 = plan.Shape.from_dict(SHAPES["gemma-2-9b"])
+    gemma2 = plan_model.Shape.from_dict(SHAPES["gemma-2-9b"])
     assert (gemma2.n_sliding, gemma2.sliding_window, gemma2.softcap) == (21, 4096, True)
     assert gemma2.windows(4096) == [0]  # a 4096 window covers a 4096-token sequence: one mask
     assert gemma2.windows(8192) == [0, 4096]
-    assert plan.Shape.from_dict(SHAPES["qwen2.5-7b"]).n_sliding == 0
-    gemma3 = plan.Shape.from_dict(SHAPES["gemma3-270m"])
+    assert plan_model.Shape.from_dict(SHAPES["qwen2.5-7b"]).n_sliding == 0
+    gemma3 = plan_model.Shape.from_dict(SHAPES["gemma3-270m"])
     assert gemma3.windows(1200) == [0, 512] and gemma3.n_sliding == 15  # 5 local : 1 global, transformers' default
 
 
@@ -64,8 +65,8 @@ def test_shape_reads_the_widest_head_of_a_model_whose_head_size_varies_by_layer(
 
     config = transformers.Gemma4TextConfig(num_hidden_layers=6, vocab_size=1000).to_dict()
     assert config["head_dim"] == 256
-    assert plan.Shape.from_dict(config).head_dim == 512
-    assert plan.Shape.from_dict({**config, "per_layer_config": {}, "global_head_dim": None}).head_dim == 256
+    assert plan_model.Shape.from_dict(config).head_dim == 512
+    assert plan_model.Shape.from_dict({**config, "per_layer_config": {}, "global_head_dim": None}).head_dim == 256
 
 
 def test_forward_flops_of_llama_8b():
@@ -74,12 +75,12 @@ def test_forward_flops_of_llama_8b():
     assert LLAMA8B.n_body == pytest.approx(body, rel=1e-4)
     T = 4096
     expected = 2 * body * T + 2 * 32 * 32 * 128 * T * T
-    assert plan.forward_flops(LLAMA8B, T) == pytest.approx(expected, rel=1e-4)
+    assert plan_model.forward_flops(LLAMA8B, T) == pytest.approx(expected, rel=1e-4)
 
 
 def test_job_resources_are_sane_and_monotone(tiny_source):
     cfg = small_config()
-    tiny = plan.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
+    tiny = plan_model.Shape.from_dict(json.loads((tiny_source("llama") / "config.json").read_text()))
     for rule in steps.MODEL_JOB_RULES:
         for device in ("cpu", "gpu"):
             small = plan.job_resources(rule, tiny, cfg, 4, 1, device)
@@ -153,7 +154,7 @@ def test_disk_model_matches_a_real_extraction(tmp_path, tiny_source):
     )
     extract(job, ExtractOptions.defaults(transparency_tokens=16, check_tokens=16))
     cfg = {**small_config(analysis="store"), "n_samples": n, "seq_len": T}
-    cost = plan.job_cost("extract", plan.Shape.from_dict(config), cfg, (0, n), "cpu")
+    cost = plan.job_cost("extract", plan_model.Shape.from_dict(config), cfg, (0, n), "cpu")
     assert out.stat().st_size == pytest.approx(cost.disk_gb * 1e9, rel=0.05)
 
 
@@ -179,6 +180,12 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
         "gpu": 2,
     }
     assert sharding.rule_shards("head_ablation", {**cfg, "shards": 2}) == [(0, 2)]
+    # band_interventions too: one job over its own band_interventions.n_samples windows, on the model's GPUs
+    assert plan.rule_resources("band_interventions", model_dir, entry, "trained", None, cfg) == {
+        **plan.job_resources("band_interventions", SMOLLM2, cfg, 2, 1, "gpu"),
+        "gpu": 2,
+    }
+    assert sharding.rule_shards("band_interventions", {**cfg, "shards": 2}) == [(0, 2)]
     assert sharding.rule_shards("perturb", {**cfg, "shards": 2}) == [(0, 2), (2, 4)]
     # bands never asks for a GPU; a config on the CPU gets CPU figures (and still the GPU ask of the profile)
     assert "gpu" not in plan.rule_resources("bands", model_dir, entry, "trained", "0-4", cfg)
@@ -187,7 +194,49 @@ def test_rule_resources_read_the_acquired_config(tmp_path):
     assert on_cpu == {**plan.job_resources("extract", SMOLLM2, cfg, 4, 1, "cpu"), "gpu": 2}
     # a recorded shape by hub id, before acquisition
     hub = {"name": "l8", "source": "hf:meta-llama/Llama-3.1-8B@d04e592bb4f6aa9cfee91e2e20afa771667e1d4b"}
-    assert plan.model_shape_at(tmp_path / "resources" / "models" / "l8", hub) == LLAMA8B
+    assert plan_model.model_shape_at(tmp_path / "resources" / "models" / "l8", hub) == LLAMA8B
+
+
+def _band_cost(shape, device, n=2, **section):
+    cfg = small_config()
+    cfg["band_interventions"] = {**cfg["band_interventions"], "n_samples": n, **section}
+    return plan.job_cost("band_interventions", shape, cfg, (0, n), device)
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+@pytest.mark.parametrize("shape", [SMOLLM2, LLAMA8B], ids=["smollm2", "llama8b"])
+def test_band_interventions_cost_grows_with_the_settings_and_the_window(shape, device):
+    """A band_interventions job (one per model variant) runs every setting on every window: its time is a fixed
+    start (start-up, weights, the capturing pass) plus windows x settings x one pass's work; its memory holds two
+    sets of every layer's float32 attention probabilities, 2 L H T^2 4 bytes, besides terms linear in T."""
+    from posgen.llm.band_interventions import grid
+
+    shares = [0.25, 0.5]
+    plain, full = {"shares": shares, "ablate": False}, {"shares": shares, "ablate": True}
+    S_plain, S_full = (plan.band_settings(opts) for opts in (plain, full))
+    assert (S_plain, S_full) == (len(grid(shares, False)), len(grid(shares, True))) == (5, 9)
+    # seconds = fixed + n S p: the pass's p from twice the windows, the fixed start from it
+    two, four = (_band_cost(shape, device, n, seq_len=256, **plain).seconds for n in (2, 4))
+    p = (four - two) / (2 * S_plain)
+    fixed = two - 2 * S_plain * p
+    with_ablation = _band_cost(shape, device, 2, seq_len=256, **full).seconds
+    assert with_ablation == pytest.approx(fixed + 2 * S_full * p)
+    assert 0 < fixed < two
+    # the ratio of the two jobs' times is S_full / S_plain once the fixed start is taken out, and below it with it
+    assert (with_ablation - fixed) / (two - fixed) == pytest.approx(S_full / S_plain)
+    assert 1 < with_ablation / two < S_full / S_plain
+    # memory: the GPU's (the host's on a CPU job) grows with T at least by the two probability sets' 2 L H T^2 4
+    # bytes, and by little more where they dominate; doubling T again grows it about 4x as much
+    L, H = shape.n_layers, shape.n_heads
+    probs = {T: 2 * L * H * T * T * 4 / 1e9 for T in (1024, 2048, 4096)}
+    cost = {T: _band_cost(shape, device, seq_len=T, **full) for T in probs}
+    memory = {T: c.device_gb if device == "gpu" else c.host_gb for T, c in cost.items()}
+    for small, big in ((1024, 2048), (2048, 4096)):
+        grew = memory[big] - memory[small]
+        assert probs[big] - probs[small] <= grew < 1.5 * (probs[big] - probs[small]), (small, big)
+        assert cost[big].seconds > cost[small].seconds
+    assert 3.5 < (memory[4096] - memory[2048]) / (memory[2048] - memory[1024]) <= 4
+    assert cost[4096].disk_gb < 1e-3  # a NetCDF of (setting, sample, layer, head) floats
 
 
 def test_paper_plan_rows_and_totals():
@@ -197,19 +246,31 @@ def test_paper_plan_rows_and_totals():
     store["shards"] = 8
     rows = plan.plan(store, models_dir=ROOT / "no-models", device="gpu")
     # 4 models x 4 variants x 8 shards x (extract, decompose, bands) + x 4 perturb windows in 4 shards x (perturb, cap)
-    # + x one head_ablation job
-    assert len(rows) == 16 * (8 * 3 + 4 * 2 + 1)
+    # + x one head_ablation job + x one band_interventions job
+    assert len(rows) == 16 * (8 * 3 + 4 * 2 + 1 + 1)
     total = plan.totals(rows)
     # every window's float32 q/k of every layer, the whole config: the ~1.5 TB of docs/slurm.md
-    qk = sum(4 * 32 * plan.Shape.from_dict(SHAPES[m["name"]]).qk_bytes(4096) for m in paper["models"])
+    qk = sum(4 * 32 * plan_model.Shape.from_dict(SHAPES[m["name"]]).qk_bytes(4096) for m in paper["models"])
     # plus each shard's mean key over the held-out windows (Method A-shared), float32 (layer, kv_head, token, dim)
-    shapes = [plan.Shape.from_dict(SHAPES[m["name"]]) for m in paper["models"]]
+    shapes = [plan_model.Shape.from_dict(SHAPES[m["name"]]) for m in paper["models"]]
     heldout = sum(4 * 8 * sh.n_layers * sh.n_kv_heads * 4096 * sh.head_dim * 4 for sh in shapes)
     assert qk / 1e9 < total["disk_gb"] < 1.1 * qk / 1e9 + heldout / 1e9
     assert 1200 < total["disk_gb"] < 1800
     fused = copy.deepcopy(paper)
     fused["extract"].update(analysis="fused", keep_qk=1, qk_dtype="bfloat16")
     assert plan.totals(plan.plan(fused, models_dir=ROOT / "no-models"))["disk_gb"] < total["disk_gb"] / 10
+
+
+def test_the_cpu_guard_prices_the_unsharded_jobs_by_their_one_plan_row():
+    """A job of head_ablation or band_interventions has no shard wildcard; the no-GPU guard still finds its row."""
+    from posgen.start_checks import cpu_price
+
+    paper = load(ROOT / "config.paper.yaml")
+    rows = [r for r in plan.plan(paper, device="cpu") if r.cost and r.cost.rule in sharding.UNSHARDED]
+    assert {r.cost.rule for r in rows} == set(sharding.UNSHARDED)
+    jobs = [(r.cost.rule, {"model": r.model, "variant": r.variant}) for r in rows]
+    hours, priced = cpu_price(paper, jobs)
+    assert priced == len(rows) and hours == pytest.approx(sum(r.cost.seconds for r in rows) / 3600)
 
 
 def test_a_gpu_study_is_priced_no_faster_than_the_measured_small_classifier_rate(capsys):
@@ -343,9 +404,10 @@ def test_cli_prints_jobs_and_totals(capsys):
     out = capsys.readouterr().out
     assert "smollm2-135m" in out and "extract" in out
     last = out.strip().splitlines()[-1]
-    # 2 variants x extract, and perturb, cap, head_ablation on the trained weights (config.yaml: random_init false)
-    assert last.startswith("total: 5 jobs, disk") and "reference logits" in last and "CPU-hours" in last
-    assert sum(" random-seed0 " in line for line in out.splitlines()) == 1
+    # 2 variants x extract and band_interventions, and perturb, cap, head_ablation on the trained weights
+    # (config.yaml: their random_init false; band_interventions' true, the schema's default)
+    assert last.startswith("total: 7 jobs, disk") and "reference logits" in last and "CPU-hours" in last
+    assert sum(" random-seed0 " in line for line in out.splitlines()) == 2
 
 
 def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(tmp_path, capsys):
@@ -358,7 +420,7 @@ def test_scale_bench_runs_the_stages_asked_for_and_the_fused_path_writes_no_qk(t
     stages = scale.main(argv + ["--stages", "forward", "extract", "fused"])
     assert list(stages) == ["plain forward", "extract (capture + HDF5)", "fused (extract + analysis)"]
     assert all(len(stage["per_window"]) == 2 and stage["peak_gpu_gb"] == 0 for stage in stages.values())
-    one_layer = plan.Shape.from_dict({**SHAPES["smollm2-135m"], "num_hidden_layers": 1})
+    one_layer = plan_model.Shape.from_dict({**SHAPES["smollm2-135m"], "num_hidden_layers": 1})
     qk_bytes = 2 * one_layer.qk_bytes(96)  # two windows' float32 q/k of the one layer
     assert stages["extract (capture + HDF5)"]["bytes"] > qk_bytes
     assert 0 < stages["fused (extract + analysis)"]["bytes"] < qk_bytes  # NetCDFs and a metadata-only qk.h5

@@ -93,7 +93,7 @@ def device_name(device: str) -> str:
 
 def implied_rates(windows: dict, classifier: dict) -> dict:
     """The rates of posgen.plan (``Rates`` field names) and posgen.synthetic.cost that the measured parts imply."""
-    from posgen import plan
+    from posgen import plan_model
     from posgen.shapes import SHAPES
 
     rates = {}
@@ -101,8 +101,12 @@ def implied_rates(windows: dict, classifier: dict) -> dict:
     forward, fused = full.get("plain forward", {}), full.get("fused (extract + analysis)", {})
     if "seconds" in forward:
         name, layers, tokens, n_windows = full["setup"]
-        shape = plan.Shape.from_dict({**SHAPES[name], "num_hidden_layers": layers or SHAPES[name]["num_hidden_layers"]})
-        rates["forward"] = plan.forward_flops(shape, tokens) / forward["seconds"]  # also when the fused part failed
+        shape = plan_model.Shape.from_dict(
+            {**SHAPES[name], "num_hidden_layers": layers or SHAPES[name]["num_hidden_layers"]}
+        )
+        rates["forward"] = (
+            plan_model.forward_flops(shape, tokens) / forward["seconds"]
+        )  # also when the fused part failed
         rates["init_s_per_billion"] = forward["init_s_per_billion"]
         if "steps" in fused:
             cfg = bench_config(tokens, n_windows, DUMMY_DISTANCES)

@@ -205,20 +205,20 @@ def bench_config(seq_len: int, n_windows: int, dummy_distances: list[int]) -> di
 
 def predictions(shape, cfg: dict, rates) -> dict:
     """Seconds per window of each stage and of each part of the decomposition, from posgen.plan."""
-    from posgen import plan
+    from posgen import plan_model
 
     T, n = cfg["seq_len"], cfg["n_samples"]
-    forward = plan.forward_flops(shape, T) / rates.forward
+    forward = plan_model.forward_flops(shape, T) / rates.forward
     refs = len(cfg["extract"]["ref_layers"]) * shape.logits_bytes(T) / n
-    parts = plan.analysis_parts(shape, cfg, n, 1, rates)
+    parts = plan_model.analysis_parts(shape, cfg, n, 1, rates)
     bands = parts.pop("bands")
     return {
         "plain forward": forward,
-        "extract (capture + HDF5)": plan.CAPTURE_OVERHEAD * forward + (shape.qk_bytes(T) + refs) / rates.disk,
+        "extract (capture + HDF5)": plan_model.CAPTURE_OVERHEAD * forward + (shape.qk_bytes(T) + refs) / rates.disk,
         "decompose (from qk.h5)": sum(parts.values()) / n + shape.qk_bytes(T) / rates.disk,
         # the fused stage (posgen.llm.extract.extract(..., analysis=...)): capture, decomposition and bands in memory,
         # no q/k written (keep_qk 0)
-        "fused (extract + analysis)": plan.CAPTURE_OVERHEAD * forward + (sum(parts.values()) + bands) / n,
+        "fused (extract + analysis)": plan_model.CAPTURE_OVERHEAD * forward + (sum(parts.values()) + bands) / n,
         "parts": {name: value / n for name, value in parts.items()},
     }
 
@@ -227,26 +227,26 @@ def analysis_rates(shape, cfg: dict, forward_s: float, moments_s: float, bound_s
     """The forward, moments and error FLOP/s (:class:`posgen.rates.Rates` fields) of a run of the bench's config
     ``cfg``: each part's work over its measured seconds (the forward pass per window; the moments of every window
     and layer; the error-and-bound pass of one window, ``bound_samples`` 1)."""
-    from posgen import plan
+    from posgen import plan_model
 
     T, n = cfg["seq_len"], cfg["n_samples"]
     dec = cfg["decomposition"]
     n_distances = len(set(dec["dummy_distances"]) | {dec["dummy_distance"]})
     return {
-        "forward": plan.forward_flops(shape, T) / forward_s,
-        "moments": n * shape.n_layers * plan.moments_flops(shape, T, n_distances) / max(moments_s, 1e-9),
-        "error": shape.n_layers * plan.error_flops(shape, T) / max(bound_s, 1e-9),
+        "forward": plan_model.forward_flops(shape, T) / forward_s,
+        "moments": n * shape.n_layers * plan_model.moments_flops(shape, T, n_distances) / max(moments_s, 1e-9),
+        "error": shape.n_layers * plan_model.error_flops(shape, T) / max(bound_s, 1e-9),
     }
 
 
 def implied_rates(shape, cfg: dict, stages: dict, rates) -> dict:
     """The sustained rates this run measured (the calibration of ``rates``, posgen.rates.CPU or GPU): work over
     measured time."""
-    from posgen import plan
+    from posgen import plan_model
 
     T, n = cfg["seq_len"], cfg["n_samples"]
     parts = stages["decompose (from qk.h5)"]["parts"]
-    flops_b, read_b = plan.method_b_cost(shape, T)
+    flops_b, read_b = plan_model.method_b_cost(shape, T)
     plain = stages["plain forward"]["seconds"]
     measured = analysis_rates(shape, cfg, plain, parts["moments"], parts["error"])
     return {
@@ -350,7 +350,7 @@ STAGE_NAMES = {
 
 
 def main(argv=None):
-    from posgen import plan
+    from posgen import plan_model
     from posgen.device import resolve_device
 
     parser = argparse.ArgumentParser(prog="python -m posgen.bench scale", description=__doc__)
@@ -402,7 +402,7 @@ def main(argv=None):
         args.stages,
         args.dummy_distances,
     )
-    shape = plan.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
+    shape = plan_model.Shape.from_dict({**SHAPES[args.shape], "num_hidden_layers": n_layers})
     cfg = bench_config(args.seq_len, args.windows, args.dummy_distances)
     plan_device = "gpu" if device == "cuda" else "cpu"  # posgen.plan's name for the kind of device
     rates, label = committed_rates(plan_device)

@@ -8,6 +8,10 @@ import itertools
 import re
 
 SHARD_NAME = re.compile(r"(\d+)-(\d+)")
+# model jobs that run once per (model, variant) over their own section's n_samples windows: head_ablation's
+# per-layer statistics of means over both probes cannot be gathered along `sample`; band_interventions runs
+# its windows one at a time through one loaded model
+UNSHARDED = ("head_ablation", "band_interventions")
 
 
 def shard_ranges(n_samples: int, n_shards: int) -> list[tuple[int, int]]:
@@ -42,19 +46,20 @@ def shard_of(sample: int, n_samples: int, n_shards: int) -> str:
 
 def rule_windows(rule: str, config: dict) -> int:
     """The windows a job of ``rule`` reads, all shards together: perturb and cap their own ``perturb.n_samples``,
-    head_ablation its ``head_ablation.n_samples`` (one job, not sharded), the others ``n_samples``."""
+    head_ablation and band_interventions their section's ``n_samples`` (one job each, not sharded), the others
+    ``n_samples``."""
     if rule in ("perturb", "cap"):
         return config["perturb"]["n_samples"]
-    if rule == "head_ablation":
-        return config["head_ablation"]["n_samples"]
+    if rule in UNSHARDED:
+        return config[rule]["n_samples"]
     return config["n_samples"]
 
 
 def rule_shards(rule: str, config: dict) -> list[tuple[int, int]]:
     """The window ranges of ``rule``'s jobs of one (model, variant): config ``shards`` of them, at most one window
-    each. head_ablation is one job: its per-layer statistics of means over both probes cannot be gathered."""
+    each. head_ablation and band_interventions are one job each (``UNSHARDED``)."""
     total = rule_windows(rule, config)
-    if rule == "head_ablation":
+    if rule in UNSHARDED:
         return [(0, total)]
     return shard_ranges(total, min(config["shards"], total))
 
