@@ -78,6 +78,7 @@ localrules:
     reproduction,
     scale_table,
     confirmatory_table,
+    band_study_table,
 
 
 # The shards' NetCDFs merged along `sample` (bands: averaged, weighted by windows): the unsharded file.
@@ -264,6 +265,8 @@ rule band_interventions:
     conda:
         "../envs/posgen.yaml"
     threads: MODEL_THREADS
+    resources:
+        **resources_for("band_interventions"),
     params:
         **params_of("band_interventions"),
     script:
@@ -340,6 +343,26 @@ rule scale_table:
         "../envs/posgen.yaml"
     params:
         **params_of("scale_table"),
+    script:
+        "../workflow_scripts/step.py"
+
+
+# The band-intervention study's table (target `band_study`): reproduction.md's band section, on its own.
+rule band_study_table:
+    input:
+        band_interventions=expand(
+            paths.variant_table("band_interventions"),
+            model=MODELS,
+            variant=step_variants(config, "band_interventions"),
+        ),
+    output:
+        md=paths.BAND_STUDY,
+    log:
+        paths.log("band_study_table"),
+    conda:
+        "../envs/posgen.yaml"
+    params:
+        **params_of("band_study_table"),
     script:
         "../workflow_scripts/step.py"
 

@@ -9,6 +9,7 @@ localrules:
     decisive_study,
     decisive_gpu,
     scale_study,
+    band_study,
     confirmatory,
 
 
@@ -62,6 +63,14 @@ rule decisive_gpu:
 rule scale_study:
     input:
         targets(config, "scale_study"),
+
+
+# The band-intervention study (README "The band-intervention study", docs/method.md section 6.4): config.bands.yaml's
+# models at the full grid, trained and random-init, under the predictions registered before the step existed
+# (posgen.verdict_rules BAND_*): its table and the band_loss figures, without the rest of reproduction.md.
+rule band_study:
+    input:
+        targets(config, "band_study"),
 
 
 # The confirmatory replication (README "The confirmatory replication"): config.confirm.yaml's fresh windows beside

@@ -57,6 +57,8 @@ GAP_ORIGIN = f"{RESULTS}/gap_origin.md"  # the position study's answer (target `
 PREFIX_TABLE = {"csv": f"{RESULTS}/prefix_content.csv", "md": f"{RESULTS}/prefix_content.md"}  # the prefix study's
 # the scale study's (target `scale_study`): per model, the trends with size, and the table with every verdict
 SCALE_TABLE = {"csv": f"{RESULTS}/scale.csv", "trends": f"{RESULTS}/scale_trends.csv", "md": f"{RESULTS}/scale.md"}
+# the band-intervention study's (target `band_study`): every model variant's band settings and the predictions
+BAND_STUDY = f"{RESULTS}/band_study.md"
 CONFIRMATORY_TABLE = {"csv": f"{RESULTS}/confirmatory.csv", "md": f"{RESULTS}/confirmatory.md"}
 REPRODUCTION = {
     "csv": f"{RESULTS}/reproduction.csv",

@@ -168,6 +168,39 @@ def test_band_effects_are_zero_for_the_unmodified_model_and_measured_against_it(
     np.testing.assert_allclose(fast["kl"].sel(layer=0), kl.numpy(), rtol=1e-6, atol=1e-9)
 
 
+def test_method_a_reads_the_logits_each_setting_attends_with(tiny_models):
+    """Method A of each setting's logits: the captured q/k with the ablated dims zeroed, rebuilt with the stopped
+    bands unrotated, give the logits the backend attended with (the self-check, which fails when the table is left
+    as the model's); with every band stopped f + g is the logit itself, so r = 1 (docs/method.md section 3A)."""
+    from posgen.decomposition import Decomposer, DecompositionOptions
+    from posgen.llm import capture
+    from posgen.llm.band_interventions import LogitReading, band_effects
+    from posgen.llm.extract import SelfCheckError
+
+    load, ids = tiny_models
+    banded = load(BANDS_BACKEND)
+    decomposer = Decomposer.from_options(DecompositionOptions.defaults(device="cpu"))
+    settings = [BandSetting("none"), BandSetting("above", 1.0), BandSetting("ablate", quarter=3)]
+    with capture.Capture(banded, ref_layers=(-1,)) as recorder:
+        capture.forward_pass(banded, recorder, ids[:1].numpy())
+        table = recorder.rope().inv_freq
+        reading = LogitReading(recorder, decomposer, rtol=1e-4)
+        ds = band_effects(banded, ids.numpy(), settings, table, reading=reading)
+        assert 0 < reading.check_error < 1e-4
+        # the same pass read as if nothing had changed: the rebuilt logits are not the ones attended with
+        with intervening(banded, settings[2], table), torch.inference_mode():
+            reading.start(ids.shape[1])
+            banded(input_ids=ids, use_cache=False)
+        with pytest.raises(SelfCheckError, match="layer 1"):
+            reading.read(settings[0])
+    stopped = ds.sel(setting="above-100")
+    np.testing.assert_allclose(stopped["method_a_r"], 1.0, atol=1e-6)  # sums of float32 products
+    unmodified, ablated = ds.sel(setting="none"), ds.sel(setting="ablate-highest")
+    assert (unmodified["method_a_r"] < 1 - 1e-3).all() and np.isfinite(ablated["method_a_r"]).all()
+    assert not np.allclose(unmodified["method_a_r"], ablated["method_a_r"])
+    assert ((ds["method_a_f_share"] >= 0) & (ds["method_a_f_share"] <= 1)).all()
+
+
 def _effects(loss_low: float, loss_high: float, kl_low, kl_high, n: int = 6, seed: int = 0):
     """A band_interventions dataset with known loss changes (per window, about the given means) and per-head KL."""
     import xarray as xr

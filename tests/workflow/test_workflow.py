@@ -300,8 +300,8 @@ HEAVY = ("torch", "transformers", "xarray", "h5py", "h5netcdf")
 
 
 def test_the_embedded_test_config_plans_every_target_without_heavy_packages(tmp_path):
-    """.test/config/config.yaml (the tiny embedded run): its rule graph and a dry run of `all`, `trajectory` and
-    `deposit_study` with torch, transformers, xarray, h5py and h5netcdf unimportable; `all` makes every path of
+    """.test/config/config.yaml (the tiny embedded run): its rule graph and a dry run of `all`, `trajectory`,
+    `deposit_study` and `band_study` with torch, transformers, xarray, h5py and h5netcdf unimportable; `all` makes every path of
     posgen.workflow.final_outputs."""
     from posgen.config import load
     from posgen.workflow.targets import final_outputs
@@ -327,3 +327,16 @@ def test_the_embedded_test_config_plans_every_target_without_heavy_packages(tmp_
     assert "train_trajectory" in {rule for rule, _ in trajectory}
     deposit = planned_jobs(run.snakemake("--dry-run", "deposit_study", env=env))
     assert ("fig_global", ["results/figures/deposit_study.png", "results/figures/deposit_study.pdf"]) in deposit
+    # the band study: its table from every variant's band_interventions.nc, without the rest of reproduction.md
+    bands = dict(planned_jobs(run.snakemake("--dry-run", "band_study", env=env)))
+    assert bands["band_study_table"] == ["results/band_study.md"] and "reproduction" not in bands
+
+
+def test_the_band_study_target_tables_the_band_section_alone(run_copy):
+    """Target band_study on a finished run: one new job, its table the band section reproduction.md holds."""
+    proc = run_copy.snakemake("--cores", "1", "band_study")
+    assert "band_study_table" in proc.stdout + proc.stderr and "rule extract" not in proc.stdout + proc.stderr
+    table = (run_copy.workdir / "results" / "band_study.md").read_text()
+    section, provenance = table.split("\nconfig_hash ")
+    assert section.startswith("## The low-frequency pattern, tested causally") and "| BAND_HIGH_LOSS |" in section
+    assert section.strip() in (run_copy.workdir / "results" / "reproduction.md").read_text()

@@ -21,6 +21,7 @@ that changes no band, it is the model's own eager attention on the model's own q
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -144,19 +145,84 @@ def intervening(model, setting: BandSetting, inv_freq: np.ndarray, layouts=None)
             module.posgen_bands = None
 
 
-def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, layouts):
-    """(loss (N,): mean next-token NLL of each window, probs: per layer (N, H, T, T)) of one forward pass under
-    ``setting``."""
+# Method A's readings of the logits a pass attends with (sink "without", as the per-head split reads them)
+READINGS = ("method_a_r", "method_a_r_rc", "method_a_f_share")
+
+
+class LogitReading:
+    """Method A (docs/method.md section 3A) of the logits each pass attends with under its setting: the pass's own
+    pre-RoPE q and k (a running :class:`posgen.llm.capture.Capture`, its layouts found on an unmodified pass) with
+    the ablated bands' dims set to zero, decomposed with the stopped bands' frequencies set to 0 (a stopped band is
+    an unrotated one). The error and bound pass is not run. Before the decomposition, the rebuilt logits of the
+    recorder's ``ref_layers`` are checked against those the backend attended with (``rtol``)."""
+
+    def __init__(self, recorder, decomposer, rtol: float):
+        self.recorder = recorder
+        self.decomposer = decomposer
+        self.rope = recorder.rope()  # (layer, band) canonical, the unmodified model's
+        self.rtol = rtol
+        self.check_error = 0.0  # the worst relative error of the rebuilt logits so far
+
+    def start(self, n_tokens: int) -> None:
+        """Called before each pass: the recorder keeps the reference layers' logits."""
+        self.recorder.reset(n_tokens, keep_logits=True)
+
+    def read(self, setting: BandSetting) -> dict[str, np.ndarray]:
+        """:data:`READINGS` of the pass just run, each (N, layer, head)."""
+        from posgen.llm.extract import verify_logits
+
+        inv = self.rope.inv_freq  # (layer, band)
+        masks = [band_masks(inv[layer], setting) for layer in range(self.rope.n_layers)]
+        table = dataclasses.replace(self.rope, inv_freq=np.stack([inv[i] * ~stop for i, (stop, _) in enumerate(masks)]))
+        keep = np.stack([np.tile(~zero, 2) for _, zero in masks]).astype(np.float32)[:, None, None]  # (layer,1,1,d)
+        out = []
+        for b in range(self.recorder.q[0].shape[0]):
+            q, k = self.recorder.stacked(b)  # (layer, H, T, d), (layer, H_kv, T, d)
+            q, k = q * keep, k * keep
+            logits = {layer: ref[b] for layer, ref in self.recorder.logits.items()}  # (H, T, T)
+            self.check_error = max(self.check_error, verify_logits(q, k, table, logits, self.rtol))
+            out.append(self._window(q, k, table))
+        return {name: np.stack([window[name] for window in out]) for name in READINGS}
+
+    def _window(self, q: np.ndarray, k: np.ndarray, table) -> dict[str, np.ndarray]:
+        """One window's readings, (layer, head) each."""
+        from posgen.decomposition.decomposer import METHODS
+        from posgen.decomposition.mask import SINKS
+
+        dec = self.decomposer
+        units = [
+            dec.statistics(
+                torch.as_tensor(q[layer]).to(dec.device),
+                torch.as_tensor(k[layer]).to(dec.device),
+                table.kv_group,
+                table.layer(layer),
+                with_bound=False,
+            )
+            for layer in range(table.n_layers)
+        ]
+        hosts = dec.to_host(units)  # per layer {name: (H, method, sink)}
+        a, without = METHODS.index("A"), SINKS.index("without")
+        r, r_rc, r_f, r_g = (np.stack([h[name][:, a, without] for h in hosts]) for name in ("r", "r_rc", "r_f", "r_g"))
+        return {"method_a_r": r, "method_a_r_rc": r_rc, "method_a_f_share": r_f**2 / (r_f**2 + r_g**2)}
+
+
+def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, layouts, reading=None):
+    """(loss (N,): mean next-token NLL of each window, probs: per layer (N, H, T, T), readings: ``reading``'s of
+    the pass or None) of one forward pass under ``setting``."""
     modules = attention_layers.attention_modules(model)
     for module in modules:
         module.posgen_probs = []
+    if reading is not None:
+        reading.start(ids.shape[1])
     try:
         with intervening(model, setting, inv_freq, layouts), torch.inference_mode():
             logits = model(input_ids=ids, use_cache=False).logits  # (N, T, vocab)
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none"
         )
-        return nll.view(ids.shape[0], -1).double().mean(-1).numpy(), [m.posgen_probs[0] for m in modules]
+        probs = [m.posgen_probs[0] for m in modules]
+        readings = None if reading is None else reading.read(setting)
+        return nll.view(ids.shape[0], -1).double().mean(-1).numpy(), probs, readings
     finally:
         for module in modules:
             module.posgen_probs = None
@@ -175,34 +241,42 @@ def _head_changes(ref: torch.Tensor, mod: torch.Tensor) -> tuple[np.ndarray, np.
     return kl.numpy(), prev.numpy(), diag.numpy()
 
 
-def band_effects(model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, layouts=None) -> xr.Dataset:
+def band_effects(
+    model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, layouts=None, reading: LogitReading | None = None
+) -> xr.Dataset:
     """Every setting of ``settings`` (the first must be ``none``) on the windows ``token_ids`` (N, T): the next-token
     loss (nats per token, mean over each window's targets) and its change from the unmodified model's (paired);
     per attention layer and head the KL divergence of its attention rows from the unmodified model's, and the
-    changes of its attention to the previous token and to the diagonal (means over query rows 1..T-1)."""
+    changes of its attention to the previous token and to the diagonal (means over query rows 1..T-1); with
+    ``reading``, Method A's r, row-centred r and f share of the logits each setting attends with."""
     settings = list(settings)
     if settings[0].kind != "none":
         raise ValueError("band_effects: the first setting must be the unmodified model ('none')")
     ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long, device=model.device)
-    base_loss, base_probs = _pass(model, ids, settings[0], inv_freq, layouts)
-    loss, kl, prev, diag = [], [], [], []
+    base = _pass(model, ids, settings[0], inv_freq, layouts, reading)
+    base_loss, base_probs = base[0], base[1]
+    loss, kl, prev, diag, readings = [], [], [], [], []
     for setting in settings:
-        this_loss, probs = (
-            (base_loss, base_probs) if setting is settings[0] else _pass(model, ids, setting, inv_freq, layouts)
+        this_loss, probs, read = (
+            base if setting is settings[0] else _pass(model, ids, setting, inv_freq, layouts, reading)
         )
         changes = [_head_changes(ref.cpu(), mod.cpu()) for ref, mod in zip(base_probs, probs, strict=True)]
         loss.append(this_loss)
+        readings.append(read)
         for out, index in ((kl, 0), (prev, 1), (diag, 2)):
             out.append(np.stack([c[index] for c in changes], axis=1))  # (N, layer, H)
     dims = ("setting", "sample", "layer", "head")
+    data = {
+        "loss": (("setting", "sample"), np.stack(loss)),
+        "loss_change": (("setting", "sample"), np.stack(loss) - base_loss),
+        "kl": (dims, np.stack(kl)),
+        "prev_change": (dims, np.stack(prev)),
+        "diag_change": (dims, np.stack(diag)),
+    }
+    if reading is not None:
+        data |= {name: (dims, np.stack([read[name] for read in readings])) for name in READINGS}
     return xr.Dataset(
-        {
-            "loss": (("setting", "sample"), np.stack(loss)),
-            "loss_change": (("setting", "sample"), np.stack(loss) - base_loss),
-            "kl": (dims, np.stack(kl)),
-            "prev_change": (dims, np.stack(prev)),
-            "diag_change": (dims, np.stack(diag)),
-        },
+        data,
         coords={
             "setting": [s.label for s in settings],
             "kind": ("setting", [s.kind for s in settings]),
@@ -233,24 +307,38 @@ def head_reading(bands_path, decomposition_path) -> xr.Dataset:
 
 def band_job(run, options, bands_path, decomposition_path) -> xr.Dataset:
     """band_interventions.nc of one model variant (docs/data-model.md): :func:`band_effects` of the setting grid
-    (:func:`grid` of ``options``) on each window in turn (the attention rows of one window at a time), the RoPE
-    table and layouts read by a capturing pass first, and the heads' readings beside (:func:`head_reading`)."""
+    (:func:`grid` of ``options``) on each window in turn (the attention rows of one window at a time), with Method
+    A's reading of every pass (:class:`LogitReading`), the RoPE table and layouts read by a capturing pass first,
+    and the heads' readings beside (:func:`head_reading`)."""
+    from posgen.decomposition import Decomposer, DecompositionOptions
     from posgen.llm import capture
+    from posgen.llm.extract import effective_rtol
 
     start = time.perf_counter()
     token_ids, sample_ids = run.token_windows(options.n_samples, options.seq_len, section="band_interventions")
     model, _tokenizer, manifest = run.load(backend=BANDS_BACKEND)
-    with capture.Capture(model) as recorder:  # leaves each layer's layout on its module
+    decomposition = DecompositionOptions(
+        options.dummy_distances, options.dummy_distance, options.lstsq_tol, options.precision, 0, 0, run.device
+    )
+    # the last layer's logits rebuilt from the captured q/k under each setting: the reading is of what attention saw
+    with capture.Capture(model, ref_layers=(-1,)) as recorder:  # leaves each layer's layout on its module
         capture.forward_pass(model, recorder, token_ids[:1])
         inv_freq = recorder.rope().inv_freq  # (layer, band) canonical
-    settings = grid(options.shares, options.ablate)
-    parts = [band_effects(model, token_ids[i : i + 1], settings, inv_freq) for i in range(len(token_ids))]
+        reading = LogitReading(
+            recorder, Decomposer.from_options(decomposition), effective_rtol(options.check_rtol, run.dtype)
+        )
+        settings = grid(options.shares, options.ablate)
+        parts = [
+            band_effects(model, token_ids[i : i + 1], settings, inv_freq, reading=reading)
+            for i in range(len(token_ids))
+        ]
     ds = xr.concat(parts, "sample").assign_coords(sample=sample_ids, layer=np.arange(inv_freq.shape[0]))
     ds = ds.assign_coords(head=np.arange(ds.sizes["head"])).merge(
         head_reading(bands_path, decomposition_path), join="left"
     )
     ds["inv_freq"] = (("layer", "band"), inv_freq)
     ds.attrs["n_tokens"] = int(token_ids.shape[1])
+    ds.attrs["self_check_max_rel_error"] = reading.check_error
     return run.write(ds, model, manifest, start, attn_implementation=BANDS_BACKEND)
 
 
@@ -358,17 +446,25 @@ def reproduction_section(paths) -> str:
         "section 6.4. The predictions were registered before the step existed (posgen.verdict_rules BAND_*, "
         "docs/results.md); they decide nothing of the paper's verdicts.",
         "",
-        "| model | variant | windows x tokens | setting | loss change [95 %] | mean KL of the attention rows |",
-        "|---|---|---|---|---|---:|",
+        "Method A read on the logits each setting attends with (sink-free; means over windows and heads; "
+        "the unmodified model's on the first row of each variant): r, row-centred r and the f share.",
+        "",
+        "| model | variant | windows x tokens | setting | loss change [95 %] | mean KL of the attention rows "
+        "| Method A r | row-centred r | f share |",
+        "|---|---|---|---|---|---:|---:|---:|---:|",
     ]
     for model, variants in by_model.items():
         for variant, ds in variants.items():
-            for setting in ds["setting"].values[1:]:
+            for setting in ds["setting"].values:
                 mean, lo, hi = _loss_interval(ds, setting)
                 kl = float(ds["kl"].sel(setting=setting).mean())
                 size = f"{ds.sizes['sample']} x {ds.attrs.get('n_tokens', '')}"
+                read = " | ".join(
+                    f"{float(ds[name].sel(setting=setting).mean()):.3f}" if name in ds else "-" for name in READINGS
+                )
                 lines.append(
-                    f"| {model} | {variant} | {size} | {setting} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | {kl:.4f} |"
+                    f"| {model} | {variant} | {size} | {setting} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] | {kl:.4f} "
+                    f"| {read} |"
                 )
     lines += ["", "| model | rule | outcome | evidence |", "|---|---|---|---|"]
     for model, variants in by_model.items():
@@ -378,3 +474,12 @@ def reproduction_section(paths) -> str:
         for rule, outcome, evidence in predictions(variants["trained"], controls):
             lines.append(f"| {model} | {rule} | **{outcome}** | {evidence} |")
     return "\n".join(lines) + "\n"
+
+
+def band_study_step(job) -> None:
+    """Rule band_study_table's job (a :class:`posgen.workflow.job.StepJob`): :func:`reproduction_section` of every
+    model variant's band_interventions.nc, on its own (target ``band_study``)."""
+    from pathlib import Path
+
+    text = reproduction_section(job.input["band_interventions"])
+    Path(job.output["md"]).write_text(f"{text}\nconfig_hash {job.params['config_hash']}.\n")

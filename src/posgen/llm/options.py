@@ -129,7 +129,8 @@ class HeadAblationOptions(JobOptions):
 class BandOptions(JobOptions):
     """:func:`posgen.llm.band_interventions.band_job`'s options: the first ``n_samples`` windows cut to ``seq_len``
     tokens, each band setting of ``shares`` (from below and from above) and, with ``ablate``, each quarter zeroed
-    (posgen.llm.band_interventions.grid)."""
+    (posgen.llm.band_interventions.grid); the decomposition's options that Method A's reading of each setting's
+    logits takes (config ``decomposition``) and the tolerance of the logits rebuilt before it (``extract.check_rtol``)."""
 
     STEP: ClassVar[str] = "band_interventions"
 
@@ -137,3 +138,8 @@ class BandOptions(JobOptions):
     seq_len: int
     shares: tuple[float, ...]
     ablate: bool
+    dummy_distances: tuple[int, ...]
+    dummy_distance: int
+    lstsq_tol: float
+    precision: str
+    check_rtol: float

@@ -71,8 +71,9 @@ def _step(name: str, runner: str, **kw) -> Step:
 
 
 # The model jobs: run a model (or read its q/k) per (model, variant) and shard; what posgen.plan prices.
-MODEL_JOB_RULES = ("extract", "decompose", "bands", "perturb", "cap", "head_ablation")
-GPU_RULES = ("extract", "decompose", "perturb", "cap", "head_ablation")  # bands reads q/k on the CPU
+MODEL_JOB_RULES = ("extract", "decompose", "bands", "perturb", "cap", "head_ablation", "band_interventions")
+# bands reads q/k on the CPU
+GPU_RULES = ("extract", "decompose", "perturb", "cap", "head_ablation", "band_interventions")
 # rules only the store path runs (extract.analysis: store); the fused extraction writes their tables itself
 STORE_RULES = ("decompose", "bands")
 # CPU threads of each model job. One: a model job is parallel across jobs (variants, shards), and on a 2-core
@@ -236,6 +237,8 @@ STEPS = {
             "posgen.llm.band_interventions:band_step",
             leaves=leaves(
                 *(f"band_interventions.{key}" for key in ("n_samples", "seq_len", "shares", "ablate")),
+                *(f"decomposition.{key}" for key in ("dummy_distances", "dummy_distance", "lstsq_tol", "precision")),
+                "extract.check_rtol",
                 "dtype",
                 "device",
             ),
@@ -254,6 +257,8 @@ STEPS = {
             torch=True,
         ),
         _step("prefix_table", "posgen.llm.prefix_content:prefix_table_step", leaves=INTERVALS, per_model=False),
+        # the band-intervention study (target `band_study`): reproduction.md's band section on its own
+        _step("band_study_table", "posgen.llm.band_interventions:band_study_step", per_model=False),
         # the scale study (target `scale_study`): the first paper's numbers against model size
         _step("scale_table", "posgen.llm.scale:scale_step", per_model=False),
         _step(

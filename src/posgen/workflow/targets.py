@@ -6,7 +6,7 @@ from __future__ import annotations
 from posgen import paths
 from posgen.config import trajectory_models
 from posgen.paths import expand
-from posgen.workflow.figures import figure_outputs, of_group
+from posgen.workflow.figures import FIGURES, figure_outputs, of_group
 from posgen.workflow.sharding import shards_of
 from posgen.workflow.steps import STEPS, step_variants
 
@@ -78,6 +78,9 @@ def targets(config: dict, name: str) -> list[str]:
     if name == "scale_study":
         figures = [path for row in of_group("scale_study") for path in figure_outputs(row, {})]
         return [*paths.SCALE_TABLE.values(), *figures, paths.GAP_ORIGIN, *paths.REPRODUCTION.values()]
+    if name == "band_study":
+        each = {"model": [m["name"] for m in config["models"]], "variant": step_variants(config, "band_interventions")}
+        return [paths.BAND_STUDY, *figure_outputs(FIGURES["band_loss"], each)]
     if name == "confirmatory":
         return [*paths.CONFIRMATORY_TABLE.values(), *paths.REPRODUCTION.values()]
     if name == "prefix_study":
