@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import xarray as xr
+from tqdm.auto import tqdm
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
@@ -328,9 +329,10 @@ def band_job(run, options, bands_path, decomposition_path) -> xr.Dataset:
             recorder, Decomposer.from_options(decomposition), effective_rtol(options.check_rtol, run.dtype)
         )
         settings = grid(options.shares, options.ablate)
+        desc = f"band settings {run.model}/{run.variant}"
         parts = [
             band_effects(model, token_ids[i : i + 1], settings, inv_freq, reading=reading)
-            for i in range(len(token_ids))
+            for i in tqdm(range(len(token_ids)), desc=desc, unit="window")
         ]
     ds = xr.concat(parts, "sample").assign_coords(sample=sample_ids, layer=np.arange(inv_freq.shape[0]))
     ds = ds.assign_coords(head=np.arange(ds.sizes["head"])).merge(
