@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from posgen.config import schema_default, schema_defaults
+from posgen.llm.band_settings import grid
 from posgen.numerics import DENSE_TOKENS, SMOOTH_DEGREE, TOKEN_BLOCK
 from posgen.paths import MODELS_DIR
 from posgen.plan_model import (
@@ -269,22 +270,16 @@ def _head_ablation_cost(
     return _cost("head_ablation", device_bytes if on_gpu else 0, host, disk, load_s + flops / rates.forward)
 
 
-def band_settings(opts: dict) -> int:
-    """S, the settings of ``band_interventions`` section ``opts`` (posgen.llm.band_interventions.grid, which imports
-    torch): the unmodified model, each share stopped from below and from above, and (``ablate``) each quarter."""
-    return 1 + 2 * len(opts["shares"]) + (4 if opts["ablate"] else 0)
-
-
 def _band_cost(
     shape: Shape, cfg: dict, n: int, dtype: str, rates: Rates, load_s: float, weights: int, device: str
 ) -> Cost:
     """posgen.llm.band_interventions over ``n`` windows of the ``band_interventions`` section's ``seq_len`` tokens,
     one window at a time, after one capturing pass that reads the RoPE table: per window and setting
-    (:func:`band_settings`) a forward pass with the LM head through the band backend's eager attention, which keeps
+    (:func:`posgen.llm.band_settings.grid`) a forward pass with the LM head through the band backend's eager attention, which keeps
     every layer's float32 attention probabilities on the device (the unmodified pass's and this one's), the
     decomposition of its q/k (no error bound, no bands table), and the per-head KL and changes on the host."""
     opts = {**schema_defaults("band_interventions"), **cfg.get("band_interventions", {})}
-    T, S = opts["seq_len"], band_settings(opts)
+    T, S = opts["seq_len"], len(grid(opts["shares"], opts["ablate"]))
     on_gpu = device == "gpu"
     probs = shape.n_layers * shape.logits_bytes(T)  # one pass's probabilities, every layer
     forward_s = (CAPTURE_OVERHEAD * forward_flops(shape, T) + 2 * shape.vocab * shape.hidden * T) / rates.forward

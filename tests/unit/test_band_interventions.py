@@ -10,14 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posgen import rope
-from posgen.llm.band_interventions import (
-    BANDS_BACKEND,
-    BandSetting,
-    band_masks,
-    grid,
-    intervene,
-    intervening,
-)
+from posgen.llm.band_interventions import BANDS_BACKEND, intervene, intervening
+from posgen.llm.band_settings import BandSetting, band_masks, grid
 from posgen.llm.families import make_layout, to_canonical
 
 # 8 rotating bands, fastest first (as RoPE's table runs), then 2 that do not rotate (a partial-rotary head)

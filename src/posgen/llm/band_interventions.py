@@ -3,7 +3,7 @@
 A band is a pair of canonical head dims (l, l + d/2) that RoPE turns by ``inv_freq[l]`` per position
 (posgen.llm.families, "Canonical layout"); the rotating bands of a layer are those with ``inv_freq > 0`` (a
 partial-rotary head's unrotated dims and a NoPE layer have none), ordered here from the slowest (lowest frequency)
-to the fastest. A :class:`BandSetting` changes them in one of three ways:
+to the fastest. A :class:`posgen.llm.band_settings.BandSetting` changes them in one of three ways:
 
 * ``below``: the lowest ``share`` of the rotating bands stop rotating (angle 0: p-RoPE of Barbero et al. 2025,
   applied to a trained model without retraining);
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,60 +33,8 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from posgen import rope
 from posgen.llm import attention_layers, families
+from posgen.llm.band_settings import BandSetting, grid, layer_masks
 from posgen.llm.capture import BANDS_BACKEND, eager_forward, notify
-
-KINDS = ("none", "below", "above", "ablate")
-QUARTERS = ("lowest", "second", "third", "highest")
-
-
-@dataclass(frozen=True)
-class BandSetting:
-    """One intervention: ``kind`` (:data:`KINDS`), the ``share`` of the rotating bands it stops (below, above), or
-    the ``quarter`` it zeroes (ablate)."""
-
-    kind: str
-    share: float = 0.0
-    quarter: int = 0
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"band setting {self.kind!r}: not one of {', '.join(KINDS)}")
-        if not 0.0 <= self.share <= 1.0 or self.quarter not in range(len(QUARTERS)):
-            raise ValueError(f"band setting {self.label}: share in [0, 1], quarter in 0..{len(QUARTERS) - 1}")
-
-    @property
-    def label(self) -> str:
-        """``none``, ``below-25``, ``above-50``, ``ablate-lowest``: the setting's coordinate in band.nc."""
-        if self.kind == "ablate":
-            return f"ablate-{QUARTERS[self.quarter]}"
-        return self.kind if self.kind == "none" else f"{self.kind}-{round(100 * self.share)}"
-
-
-def grid(shares=(0.25, 0.5, 0.75), ablate: bool = True) -> list[BandSetting]:
-    """The unmodified model, truncation from below and from above at each of ``shares``, and (``ablate``) each
-    quarter zeroed."""
-    out = [BandSetting("none")]
-    out += [BandSetting(kind, share) for kind in ("below", "above") for share in shares]
-    return out + ([BandSetting("ablate", quarter=q) for q in range(len(QUARTERS))] if ablate else [])
-
-
-def band_masks(inv_freq: np.ndarray, setting: BandSetting) -> tuple[np.ndarray, np.ndarray]:
-    """(stop, zero): (band,) booleans of one layer's canonical table ``inv_freq`` (band,): the bands that stop
-    rotating and the bands whose components are zeroed under ``setting``."""
-    inv_freq = np.asarray(inv_freq, dtype=np.float64)
-    rotating = np.flatnonzero(inv_freq > 0)
-    slow_first = rotating[np.argsort(inv_freq[rotating], kind="stable")]  # (n,) lowest frequency first
-    n = slow_first.size
-    stop, zero = np.zeros(inv_freq.size, bool), np.zeros(inv_freq.size, bool)
-    count = int(round(setting.share * n))
-    if setting.kind == "below":
-        stop[slow_first[:count]] = True
-    elif setting.kind == "above":
-        stop[slow_first[n - count :]] = True
-    elif setting.kind == "ablate":
-        edges = np.linspace(0, n, len(QUARTERS) + 1).round().astype(int)  # quarters of the rotating bands
-        zero[slow_first[edges[setting.quarter] : edges[setting.quarter + 1]]] = True
-    return stop, zero
 
 
 def intervene(
@@ -124,21 +71,19 @@ AttentionMaskInterface.register(BANDS_BACKEND, eager_mask)
 
 
 @contextlib.contextmanager
-def intervening(model, setting: BandSetting, inv_freq: np.ndarray, layouts=None):
+def intervening(model, setting: BandSetting, inv_freq: np.ndarray):
     """Run ``model`` (loaded with ``attn_implementation=BANDS_BACKEND``) under ``setting``: ``inv_freq`` (layer,
-    band) the canonical RoPE table (``Capture.rope().inv_freq``), ``layouts`` each attention layer's
-    :class:`posgen.llm.families.Layout` (None: those a Capture that ran on this model left, else the head dims
-    are taken as canonical). A setting that changes no band leaves the model as it is."""
+    band) the canonical RoPE table (``Capture.rope().inv_freq``). Each layer's head dims are read in the layout a
+    Capture that ran on this model left on its module (else as canonical). A setting that changes no band leaves
+    the model as it is."""
     if model.config._attn_implementation != BANDS_BACKEND:
         raise RuntimeError(f"load the model with attn_implementation={BANDS_BACKEND!r} to change its bands")
     modules = attention_layers.attention_modules(model)
+    stops, zeros = layer_masks(inv_freq, setting)  # (layer, band) each
     for layer, module in enumerate(modules):
-        stop, zero = band_masks(inv_freq[layer], setting)
-        if layouts is not None:  # else a Capture that ran on this model left each layer's (as the backend sees it)
-            module.posgen_layout = None if layouts[layer].backend.identity else layouts[layer].backend
-        if stop.any() or zero.any():
+        if stops[layer].any() or zeros[layer].any():
             table = torch.as_tensor(inv_freq[layer], dtype=torch.float32)
-            module.posgen_bands = (table, torch.as_tensor(stop), torch.as_tensor(zero))
+            module.posgen_bands = (table, torch.as_tensor(stops[layer]), torch.as_tensor(zeros[layer]))
     try:
         yield model
     finally:
@@ -172,10 +117,9 @@ class LogitReading:
         """:data:`READINGS` of the pass just run, each (N, layer, head)."""
         from posgen.llm.extract import verify_logits
 
-        inv = self.rope.inv_freq  # (layer, band)
-        masks = [band_masks(inv[layer], setting) for layer in range(self.rope.n_layers)]
-        table = dataclasses.replace(self.rope, inv_freq=np.stack([inv[i] * ~stop for i, (stop, _) in enumerate(masks)]))
-        keep = np.stack([np.tile(~zero, 2) for _, zero in masks]).astype(np.float32)[:, None, None]  # (layer,1,1,d)
+        stops, zeros = layer_masks(self.rope.inv_freq, setting)  # (layer, band) each
+        table = dataclasses.replace(self.rope, inv_freq=self.rope.inv_freq * ~stops)  # a stopped band does not turn
+        keep = np.tile(~zeros, 2).astype(np.float32)[:, None, None]  # (layer, 1, 1, d): band l is dims l, l + d/2
         out = []
         for b in range(self.recorder.q[0].shape[0]):
             q, k = self.recorder.stacked(b)  # (layer, H, T, d), (layer, H_kv, T, d)
@@ -207,7 +151,7 @@ class LogitReading:
         return {"method_a_r": r, "method_a_r_rc": r_rc, "method_a_f_share": r_f**2 / (r_f**2 + r_g**2)}
 
 
-def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, layouts, reading=None):
+def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, reading=None):
     """(loss (N,): mean next-token NLL of each window, probs: per layer (N, H, T, T), readings: ``reading``'s of
     the pass or None) of one forward pass under ``setting``."""
     modules = attention_layers.attention_modules(model)
@@ -216,7 +160,7 @@ def _pass(model, ids: torch.Tensor, setting: BandSetting, inv_freq: np.ndarray, 
     if reading is not None:
         reading.start(ids.shape[1])
     try:
-        with intervening(model, setting, inv_freq, layouts), torch.inference_mode():
+        with intervening(model, setting, inv_freq), torch.inference_mode():
             logits = model(input_ids=ids, use_cache=False).logits  # (N, T, vocab)
         nll = torch.nn.functional.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none"
@@ -243,7 +187,7 @@ def _head_changes(ref: torch.Tensor, mod: torch.Tensor) -> tuple[np.ndarray, np.
 
 
 def band_effects(
-    model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, layouts=None, reading: LogitReading | None = None
+    model, token_ids: np.ndarray, settings, inv_freq: np.ndarray, reading: LogitReading | None = None
 ) -> xr.Dataset:
     """Every setting of ``settings`` (the first must be ``none``) on the windows ``token_ids`` (N, T): the next-token
     loss (nats per token, mean over each window's targets) and its change from the unmodified model's (paired);
@@ -254,13 +198,11 @@ def band_effects(
     if settings[0].kind != "none":
         raise ValueError("band_effects: the first setting must be the unmodified model ('none')")
     ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long, device=model.device)
-    base = _pass(model, ids, settings[0], inv_freq, layouts, reading)
+    base = _pass(model, ids, settings[0], inv_freq, reading)
     base_loss, base_probs = base[0], base[1]
     loss, kl, prev, diag, readings = [], [], [], [], []
     for setting in settings:
-        this_loss, probs, read = (
-            base if setting is settings[0] else _pass(model, ids, setting, inv_freq, layouts, reading)
-        )
+        this_loss, probs, read = base if setting is settings[0] else _pass(model, ids, setting, inv_freq, reading)
         changes = [_head_changes(ref.cpu(), mod.cpu()) for ref, mod in zip(base_probs, probs, strict=True)]
         loss.append(this_loss)
         readings.append(read)
@@ -318,8 +260,14 @@ def band_job(run, options, bands_path, decomposition_path) -> xr.Dataset:
     start = time.perf_counter()
     token_ids, sample_ids = run.token_windows(options.n_samples, options.seq_len, section="band_interventions")
     model, _tokenizer, manifest = run.load(backend=BANDS_BACKEND)
-    decomposition = DecompositionOptions(
-        options.dummy_distances, options.dummy_distance, options.lstsq_tol, options.precision, 0, 0, run.device
+    decomposition = DecompositionOptions(  # no error and bound pass: bound_rows and bound_samples unused
+        options.dummy_distances,
+        options.dummy_distance,
+        options.lstsq_tol,
+        options.precision,
+        bound_rows=0,
+        bound_samples=0,
+        device=run.device,
     )
     # the last layer's logits rebuilt from the captured q/k under each setting: the reading is of what attention saw
     with capture.Capture(model, ref_layers=(-1,)) as recorder:  # leaves each layer's layout on its module
@@ -483,5 +431,8 @@ def band_study_step(job) -> None:
     model variant's band_interventions.nc, on its own (target ``band_study``)."""
     from pathlib import Path
 
+    from posgen.store import atomic_path
+
     text = reproduction_section(job.input["band_interventions"])
-    Path(job.output["md"]).write_text(f"{text}\nconfig_hash {job.params['config_hash']}.\n")
+    with atomic_path(job.output["md"]) as tmp:
+        Path(tmp).write_text(f"{text}\nconfig_hash {job.params['config_hash']}.\n")

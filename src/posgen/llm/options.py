@@ -129,7 +129,7 @@ class HeadAblationOptions(JobOptions):
 class BandOptions(JobOptions):
     """:func:`posgen.llm.band_interventions.band_job`'s options: the first ``n_samples`` windows cut to ``seq_len``
     tokens, each band setting of ``shares`` (from below and from above) and, with ``ablate``, each quarter zeroed
-    (posgen.llm.band_interventions.grid); the decomposition's options that Method A's reading of each setting's
+    (posgen.llm.band_settings.grid); the decomposition's options that Method A's reading of each setting's
     logits takes (config ``decomposition``) and the tolerance of the logits rebuilt before it (``extract.check_rtol``)."""
 
     STEP: ClassVar[str] = "band_interventions"
